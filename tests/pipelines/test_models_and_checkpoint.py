@@ -1,0 +1,64 @@
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from trainflow.config import ConfigError, ModelConfig, PipelineConfig
+from trainflow.pipelines.checkpoint import load_checkpoint, save_checkpoint
+from trainflow.pipelines.models import build_model, model_spec
+from trainflow.pipelines.preprocess import Preprocessor
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_models_map_features_to_class_logits(kind):
+    spec = model_spec(ModelConfig(kind=kind), num_features=64, num_classes=10)
+    json.dumps(spec)
+    assert build_model(spec)(torch.randn(5, 64)).shape == (5, 10)
+
+
+def test_cnn_needs_an_image_shape_that_fits():
+    assert model_spec(ModelConfig(kind="cnn", image_shape=[3, 4, 4]), 48, 2)["image_shape"] == [3, 4, 4]
+    with pytest.raises(ConfigError, match=r"model\.image_shape: 10 features are not a square image"):
+        model_spec(ModelConfig(kind="cnn"), 10, 2)
+    with pytest.raises(ConfigError, match=r"model\.image_shape \[1, 4, 4\]: .* the number of features, 64"):
+        model_spec(ModelConfig(kind="cnn", image_shape=[1, 4, 4]), 64, 2)
+
+
+def test_checkpoint_round_trip_predicts_the_same(tmp_path):
+    torch.manual_seed(0)
+    spec = model_spec(ModelConfig(kind="mlp", hidden_sizes=[8]), 3, 3)
+    model = build_model(spec).eval()
+    pre = Preprocessor(["a", "b", "c"], "label", ["x", "y", "z"], True, [1.0, 2.0, 3.0], [1.0, 2.0, 4.0])
+    save_checkpoint(
+        tmp_path,
+        model=model,
+        spec=spec,
+        preprocessor=pre.to_dict(),
+        config=PipelineConfig().model_dump(mode="json"),
+        metrics={"epoch": 1},
+    )
+    loaded = load_checkpoint(tmp_path)
+    frame = pd.DataFrame(np.random.default_rng(0).normal(size=(6, 3)), columns=["a", "b", "c"])
+    with torch.no_grad():
+        expected = model(torch.from_numpy(pre.features(frame))).numpy()
+    np.testing.assert_allclose(loaded.predict_logits(pre.features(frame)), expected, rtol=1e-6)
+    assert set(loaded.predict(frame)) <= {"x", "y", "z"}
+    np.testing.assert_allclose(loaded.predict_proba(frame).sum(axis=1), 1.0, rtol=1e-5)
+    assert loaded.config["name"] == "digits"
+
+
+def test_a_checkpoint_missing_a_file_is_refused(tmp_path):
+    spec = model_spec(ModelConfig(kind="mlp"), 2, 2)
+    save_checkpoint(
+        tmp_path,
+        model=build_model(spec),
+        spec=spec,
+        preprocessor=Preprocessor(["a", "b"], "l", [0, 1]).to_dict(),
+        config={},
+        metrics={},
+    )
+    (tmp_path / "preprocessor.json").unlink()
+    with pytest.raises(FileNotFoundError, match="missing preprocessor.json"):
+        load_checkpoint(tmp_path)

@@ -1,0 +1,280 @@
+"""The config schema: one typed place for every setting of a training run.
+
+A config arrives as a dict (a deployment's parameters, Python), a YAML or JSON file,
+plus dotted overrides from the command line (``train.lr=0.01``). Unknown keys and
+wrong types are refused with a :class:`ConfigError` that names the dotted field.
+The defaults below are the bundled digits job; ``configs/digits.yaml`` spells them out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the field and what would be valid."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SplitConfig(_Section):
+    val: float = Field(0.1, ge=0.0, lt=1.0)
+    test: float = Field(0.2, gt=0.0, lt=1.0)
+    seed: int = 0
+    stratify: bool = True
+
+    @model_validator(mode="after")
+    def _leaves_training_rows(self) -> SplitConfig:
+        if self.val + self.test >= 1.0:
+            raise ValueError(
+                f"val + test must be below 1 so rows remain for training, got {self.val + self.test}"
+            )
+        return self
+
+
+class DataConfig(_Section):
+    # A local Parquet or CSV file or folder, or builtin:digits (scikit-learn's 8x8 digits).
+    source: str = "builtin:digits"
+    label_column: str = "label"
+    # None: every column but the label is a feature.
+    feature_columns: list[str] | None = None
+    split: SplitConfig = SplitConfig()
+
+
+class PreprocessConfig(_Section):
+    standardize: bool = True
+
+
+class ModelConfig(_Section):
+    kind: Literal["mlp", "cnn"] = "cnn"
+    hidden_sizes: list[int] = [128]
+    channels: list[int] = [32, 64]
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    # [channels, height, width] of image-shaped features for the cnn; None infers a
+    # single-channel square image from the number of features (64 -> [1, 8, 8]).
+    image_shape: list[int] | None = None
+
+    @field_validator("hidden_sizes", "channels", "image_shape")
+    @classmethod
+    def _positive(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(n < 1 for n in v):
+            raise ValueError(f"every size must be a positive integer, got {v}")
+        return v
+
+
+class TrainConfig(_Section):
+    epochs: int = Field(20, ge=1)
+    batch_size: int = Field(64, ge=1)  # per worker
+    lr: float = Field(1e-3, gt=0.0)
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    weight_decay: float = Field(0.0, ge=0.0)
+    seed: int = 0
+    # Keep each worker's shard in memory after the first read ("auto": when the prepared
+    # train split is under 1 GB), instead of streaming it from Ray Data every epoch.
+    in_memory: Literal["auto", "always", "never"] = "auto"
+
+
+class ScalingSection(_Section):
+    num_workers: int = Field(2, ge=1)
+    use_gpu: bool = False
+    # Half a CPU per worker: two workers on a 2-core machine leave a core for Ray Data.
+    resources_per_worker: dict[str, float] = {"CPU": 0.5}
+
+
+class CheckpointSection(_Section):
+    keep: int = Field(2, ge=1)
+    metric: Literal["val_accuracy", "val_loss", "train_loss"] = "val_accuracy"
+    mode: Literal["max", "min"] = "max"
+
+
+class FailureSection(_Section):
+    max_failures: int = Field(1, ge=-1)  # -1: retry without end
+
+
+class EvaluationConfig(_Section):
+    batch_size: int = Field(512, ge=1)
+
+
+class RegistryConfig(_Section):
+    gate_metric: Literal["accuracy", "macro_f1"] = "accuracy"
+    # The champion alias moves when new >= champion + min_improvement and new >= min_value.
+    min_improvement: float = 0.0
+    min_value: float = 0.9
+
+
+class RayConfig(_Section):
+    # A running cluster ("ray://host:10001" or "host:6379"); None: RAY_ADDRESS, else a
+    # local cluster started for the run.
+    address: str | None = None
+
+
+class PipelineConfig(_Section):
+    name: str = Field("digits", description="The registered model's name.")
+    data: DataConfig = DataConfig()
+    preprocess: PreprocessConfig = PreprocessConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    scaling: ScalingSection = ScalingSection()
+    checkpoint: CheckpointSection = CheckpointSection()
+    failure: FailureSection = FailureSection()
+    evaluation: EvaluationConfig = EvaluationConfig()
+    registry: RegistryConfig = RegistryConfig()
+    ray: RayConfig = RayConfig()
+    # Ray Train storage for runs; None: TRAINFLOW_HOME/runs. Use s3://... or a shared
+    # filesystem when the Ray cluster has more than one node.
+    storage: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _registry_name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", v):
+            raise ValueError(
+                f"must start with a letter or digit and hold only letters, digits, '_', '.', '-'; got {v!r}"
+            )
+        return v
+
+    def config_hash(self) -> str:
+        """A stable short hash of the canonical JSON of the whole config."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+    def to_train_loop_config(self, **extra: Any) -> dict[str, Any]:
+        """The plain, JSON-serializable dict that TorchTrainer hands to every worker.
+
+        ``extra`` adds values computed at run time (the model spec, the preprocessor
+        state). A value that JSON cannot carry raises ConfigError naming it here,
+        instead of a pickling error deep inside Ray.
+        """
+        loop_config = {
+            "pipeline": self.model_dump(mode="json"),
+            **{key: self.train.model_dump()[key] for key in TrainConfig.model_fields},
+            "checkpoint_metric": self.checkpoint.metric,
+            **extra,
+        }
+        _check_json(loop_config, "train_loop_config")
+        return loop_config
+
+
+def _check_json(value: Any, path: str) -> None:
+    if value is None or isinstance(value, (str, bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"{path}: {value} is not a finite number")
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"{path}: key {key!r} must be a string")
+            _check_json(item, f"{path}.{key}")
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_json(item, f"{path}[{i}]")
+        return
+    raise ConfigError(
+        f"{path}: a {type(value).__name__} cannot be passed to Ray Train workers; "
+        "use str, int, float, bool, None, lists or dicts of them"
+    )
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "config"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            parent = e["loc"][:-1]
+            model: type[BaseModel] = PipelineConfig
+            for p in parent:
+                model = model.model_fields[str(p)].annotation  # type: ignore[assignment]
+            known = ", ".join(model.model_fields) if isinstance(model, type) else ""
+            msg = f"unknown key; valid keys here: {known}"
+        elif "input" in e and not isinstance(e["input"], (dict, list)):
+            msg = f"{msg} (got {e['input']!r})"
+        parts.append(f"{field}: {msg}")
+    return "invalid config: " + "; ".join(parts)
+
+
+def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
+    """Turn ``["train.lr=0.01", "scaling.num_workers=1"]`` into a nested dict.
+
+    Values are read as YAML, so ``0.01`` is a float, ``true`` a bool, ``null`` None and
+    ``[1, 8, 8]`` a list.
+    """
+    nested: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"override {item!r}: expected KEY=VALUE such as train.lr=0.01")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {key}: cannot read value {raw!r}: {e}") from None
+        node = nested
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {key}: {part} is set twice")
+            node = child
+        node[parts[-1]] = value
+    return nested
+
+
+def _merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path}: no such file")
+    try:
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"config file {path}: not valid {path.suffix.lstrip('.') or 'YAML'}: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping at the top, got {type(data).__name__}")
+    return data
+
+
+def load_config(
+    source: PipelineConfig | Mapping[str, Any] | str | Path | None = None,
+    overrides: Iterable[str] = (),
+) -> PipelineConfig:
+    """Validate a config from a dict, a YAML/JSON file or the defaults, plus overrides."""
+    if isinstance(source, PipelineConfig):
+        raw = source.model_dump(mode="json")
+    elif isinstance(source, Mapping):
+        raw = dict(source)
+    elif source is None:
+        raw = {}
+    else:
+        raw = read_config_file(source)
+    raw = _merge(raw, parse_overrides(overrides))
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e)) from None

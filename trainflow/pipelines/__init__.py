@@ -1,0 +1,1 @@
+"""Pure Ray and PyTorch logic, one stage per module; never imports prefect."""

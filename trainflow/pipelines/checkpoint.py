@@ -1,0 +1,108 @@
+"""The self-describing checkpoint folder, and the predictor it loads into.
+
+``model.pt`` (a state_dict, loaded with ``weights_only=True``), ``model.json`` (the
+architecture spec), ``preprocessor.json``, ``config.json`` and ``metrics.json``;
+``train_state.pt`` adds the optimizer and epoch so a run can resume. Loading needs
+trainflow and the folder, nothing pickled with code in it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from trainflow.pipelines.models import build_model
+from trainflow.pipelines.preprocess import Preprocessor
+
+MODEL = "model.pt"
+SPEC = "model.json"
+PREPROCESSOR = "preprocessor.json"
+CONFIG = "config.json"
+METRICS = "metrics.json"
+TRAIN_STATE = "train_state.pt"
+REQUIRED = (MODEL, SPEC, PREPROCESSOR, CONFIG, METRICS)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    # DistributedDataParallel keeps the real model in .module.
+    return model.module if hasattr(model, "module") else model
+
+
+def save_checkpoint(
+    folder: str | Path,
+    *,
+    model: nn.Module,
+    spec: dict[str, Any],
+    preprocessor: dict[str, Any],
+    config: dict[str, Any],
+    metrics: dict[str, Any],
+    train_state: dict[str, Any] | None = None,
+) -> Path:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(_unwrap(model).state_dict(), folder / MODEL)
+    for name, value in ((SPEC, spec), (PREPROCESSOR, preprocessor), (CONFIG, config), (METRICS, metrics)):
+        (folder / name).write_text(json.dumps(value, indent=2))
+    if train_state is not None:
+        torch.save(train_state, folder / TRAIN_STATE)
+    return folder
+
+
+def read_json(folder: str | Path, name: str) -> Any:
+    return json.loads((Path(folder) / name).read_text())
+
+
+@dataclass
+class Predictor:
+    """A trained model with the preprocessing it was trained with."""
+
+    model: nn.Module
+    spec: dict[str, Any]
+    preprocessor: Preprocessor
+    config: dict[str, Any]
+    metrics: dict[str, Any]
+    path: Path
+
+    @property
+    def classes(self) -> list[Any]:
+        return self.preprocessor.classes
+
+    @torch.inference_mode()
+    def predict_logits(self, features: np.ndarray) -> np.ndarray:
+        return self.model(torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))).numpy()
+
+    def predict_proba(self, frame: pd.DataFrame) -> np.ndarray:
+        """Class probabilities, one column per entry of ``classes``, for raw rows."""
+        logits = self.predict_logits(self.preprocessor.features(frame))
+        return torch.softmax(torch.from_numpy(logits), dim=1).numpy()
+
+    def predict(self, frame: pd.DataFrame) -> np.ndarray:
+        """The predicted class value (as the label column holds it) for raw rows."""
+        index = self.predict_logits(self.preprocessor.features(frame)).argmax(axis=1)
+        return np.asarray(self.classes)[index]
+
+
+def load_checkpoint(folder: str | Path) -> Predictor:
+    folder = Path(folder)
+    missing = [name for name in REQUIRED if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint {folder}: missing {', '.join(missing)}")
+    spec = read_json(folder, SPEC)
+    model = build_model(spec)
+    model.load_state_dict(torch.load(folder / MODEL, map_location="cpu", weights_only=True))
+    model.eval()
+    return Predictor(
+        model=model,
+        spec=spec,
+        preprocessor=Preprocessor.from_dict(read_json(folder, PREPROCESSOR)),
+        config=read_json(folder, CONFIG),
+        metrics=read_json(folder, METRICS),
+        path=folder,
+    )

@@ -1,0 +1,68 @@
+"""The small, serializable values that pass between tasks: URIs, fingerprints, metrics.
+
+Never Ray Datasets, models or Ray Results: big objects stay in storage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class Ingested(BaseModel):
+    source: str
+    format: str
+    files: list[str]
+    label_column: str
+    feature_columns: list[str]
+    fingerprint: str
+
+
+class Prepared(BaseModel):
+    path: str  # the cache entry: train/, val/, test/ Parquet and preprocessor.json
+    counts: dict[str, int]
+    preprocessor: dict[str, Any]
+    num_features: int
+    num_classes: int
+    fingerprint: str  # the input's fingerprint plus the split and preprocess settings
+    reused: bool  # a finished entry with the same key was found and used as is
+
+    def split_path(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+
+class Trained(BaseModel):
+    run_name: str
+    run_path: str
+    best_checkpoint: str
+    best_metrics: dict[str, Any]
+    history: list[dict[str, float]]
+
+
+class Evaluated(BaseModel):
+    checkpoint: str
+    metrics: dict[str, Any]
+
+    @property
+    def headline(self) -> dict[str, float]:
+        return {k: v for k, v in self.metrics.items() if isinstance(v, float)}
+
+
+class Registered(BaseModel):
+    name: str
+    version: str
+    run_id: str
+    champion: bool
+    decision: dict[str, Any]
+    source: str
+
+
+class PipelineResult(BaseModel):
+    name: str
+    config_hash: str
+    test_metrics: dict[str, float]
+    registered: Registered
+    checkpoint: str
+    prepared_reused: bool
+    timings: dict[str, float]  # seconds per step

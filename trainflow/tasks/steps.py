@@ -1,0 +1,288 @@
+"""The training pipeline's steps as Prefect tasks.
+
+Each calls one pipelines function, logs what a user wants to see, publishes artifacts
+and returns a small pydantic value. Retries live on the decorators.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from trainflow.config import PipelineConfig
+from trainflow.pipelines import checkpoint as ckpt
+from trainflow.pipelines import data, models, registry
+from trainflow.pipelines import evaluate as ev
+from trainflow.pipelines import preprocess as prep
+from trainflow.pipelines import train as tr
+from trainflow.runtime import workspace
+from trainflow.tasks.results import Evaluated, Ingested, Prepared, Registered, Trained
+
+# Splits whose prepared Parquet is below this are read once into each worker's memory.
+IN_MEMORY_BYTES = 1 << 30
+
+
+@task(name="ingest", cache_policy=NO_CACHE)
+def ingest(config: PipelineConfig) -> Ingested:
+    """Check the source and its columns and fingerprint it; runs in the driver, before Ray."""
+    info = data.inspect_source(config.data)
+    get_run_logger().info(
+        "source %s (%s, %d files): %d features, label %r, fingerprint %s",
+        info.source,
+        info.format,
+        len(info.files),
+        len(info.feature_columns),
+        info.label_column,
+        info.fingerprint,
+    )
+    return Ingested(**info.to_dict())
+
+
+@task(name="preprocess", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
+def preprocess(config: PipelineConfig, ingested: Ingested) -> Prepared:
+    """Split, fit on train, write every split as Parquet under the cache (or reuse it)."""
+    logger = get_run_logger()
+    entry = prep.prepare(
+        data.SourceInfo(**ingested.model_dump()), config.data.split, config.preprocess, workspace().cache
+    )
+    pre = entry.preprocessor
+    logger.info(
+        "%s prepared splits %s at %s: %d classes",
+        "reused" if entry.reused else "wrote",
+        entry.counts,
+        entry.path,
+        len(pre.classes),
+    )
+    return Prepared(
+        path=str(entry.path),
+        counts=entry.counts,
+        preprocessor=pre.to_dict(),
+        num_features=len(pre.feature_columns),
+        num_classes=len(pre.classes),
+        fingerprint=entry.key,
+        reused=entry.reused,
+    )
+
+
+def _split_bytes(path: str) -> int:
+    from pathlib import Path
+
+    return sum(f.stat().st_size for f in Path(path).rglob("*.parquet"))
+
+
+@task(name="train", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
+def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
+    """TorchTrainer on the prepared splits. The run name is fixed per flow run, so a
+    retry of this task resumes the same Ray run from its latest checkpoint."""
+    import ray.data
+
+    logger = get_run_logger()
+    in_memory = config.train.in_memory == "always" or (
+        config.train.in_memory == "auto" and _split_bytes(prepared.split_path("train")) < IN_MEMORY_BYTES
+    )
+    spec = models.model_spec(config.model, prepared.num_features, prepared.num_classes)
+    progress = f"trainflow-progress-{run_name}"
+    loop_config = config.to_train_loop_config(
+        model_spec=spec,
+        preprocessor=prepared.preprocessor,
+        progress_actor=progress,
+        in_memory=in_memory,
+    )
+    datasets = {name: ray.data.read_parquet(prepared.split_path(name)) for name in ("train", "val")}
+    storage = config.storage or str(workspace().runs)
+    trainer = tr.build_trainer(config, loop_config, datasets, run_name=run_name, storage_path=storage)
+    s = config.scaling
+    logger.info(
+        "training %s for %d epochs on %d workers (%s each)%s; Ray run %s/%s",
+        config.model.kind,
+        config.train.epochs,
+        s.num_workers,
+        s.resources_per_worker,
+        ", shards in memory" if in_memory else "",
+        storage,
+        run_name,
+    )
+    epochs = config.train.epochs
+
+    def on_epoch(m: dict[str, Any]) -> None:
+        logger.info(
+            "epoch %d/%d  train_loss %.4f  val_loss %.4f  val_accuracy %.4f",
+            m["epoch"],
+            epochs,
+            m["train_loss"],
+            m["val_loss"],
+            m["val_accuracy"],
+        )
+
+    with tr.follow_progress(progress, on_epoch):
+        result = trainer.fit()
+    best = result.get_best_checkpoint(config.checkpoint.metric, config.checkpoint.mode)
+    best_metrics = ckpt.read_json(best.path, ckpt.METRICS)
+    history = ckpt.read_json(result.checkpoint.path, ckpt.METRICS)["history"]
+    best_metrics.pop("history", None)
+    logger.info(
+        "best checkpoint (epoch %d, %s %.4f): %s",
+        best_metrics["epoch"],
+        config.checkpoint.metric,
+        best_metrics[config.checkpoint.metric],
+        best.path,
+    )
+    return Trained(
+        run_name=run_name,
+        run_path=str(result.path),
+        best_checkpoint=best.path,
+        best_metrics=best_metrics,
+        history=history,
+    )
+
+
+@task(name="evaluate", cache_policy=NO_CACHE)
+def evaluate(config: PipelineConfig, prepared: Prepared, trained: Trained) -> Evaluated:
+    """The best checkpoint over the test split; metrics published as artifacts."""
+    import ray.data
+
+    logger = get_run_logger()
+    test = ray.data.read_parquet(prepared.split_path("test"))
+    metrics = ev.evaluate_checkpoint(trained.best_checkpoint, test, config.evaluation.batch_size)
+    logger.info(
+        "test accuracy %.4f, macro F1 %.4f on %d examples",
+        metrics["accuracy"],
+        metrics["macro_f1"],
+        metrics["num_examples"],
+    )
+    create_table_artifact(
+        key=f"{artifact_key(config.name)}-per-class",
+        table=[{"class": c, **v} for c, v in metrics["per_class"].items()],
+        description=f"{config.name}: per-class test metrics",
+    )
+    create_markdown_artifact(
+        key=f"{artifact_key(config.name)}-evaluation",
+        markdown=_evaluation_markdown(config.name, metrics),
+        description=f"{config.name}: test metrics and confusion matrix",
+    )
+    return Evaluated(checkpoint=trained.best_checkpoint, metrics=metrics)
+
+
+@task(name="register", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10])
+def register(
+    config: PipelineConfig,
+    ingested: Ingested,
+    prepared: Prepared,
+    trained: Trained,
+    evaluated: Evaluated,
+) -> Registered:
+    """One MLflow model version with lineage; the champion alias moves only if the gate passes."""
+    from prefect.artifacts import create_link_artifact
+    from prefect.runtime import flow_run
+
+    logger = get_run_logger()
+    ws = workspace()
+    tags = {
+        "trainflow.config_hash": config.config_hash(),
+        "trainflow.data_fingerprint": ingested.fingerprint,
+        registry.TEST_FINGERPRINT_TAG: prepared.fingerprint,
+        "trainflow.ray_run": trained.run_path,
+        "trainflow.best_epoch": str(trained.best_metrics["epoch"]),
+    }
+    if flow_run.id:
+        tags["prefect.flow_run_id"] = str(flow_run.id)
+    commit = _git_commit()
+    if commit:
+        tags["git.commit"] = commit
+    headline = {k: v for k, v in evaluated.metrics.items() if isinstance(v, float)}
+    reg = registry.register_checkpoint(
+        ws,
+        name=config.name,
+        checkpoint_dir=trained.best_checkpoint,
+        params=config.model_dump(mode="json"),
+        metrics=headline,
+        history=trained.history,
+        tags=tags,
+        gate=config.registry,
+    )
+    d = reg.decision
+    logger.info(
+        "registered %s version %s; %s: %s",
+        reg.name,
+        reg.version,
+        "champion" if reg.champion else "champion unchanged",
+        d.reason,
+    )
+    create_markdown_artifact(
+        key=f"{artifact_key(config.name)}-gate",
+        markdown=(
+            f"# {reg.name} v{reg.version}: {'promoted to champion' if reg.champion else 'not promoted'}\n\n"
+            f"{d.reason}\n\n"
+            "| metric | candidate | champion | min_improvement | min_value |\n|---|---|---|---|---|\n"
+            f"| {d.metric} | {d.candidate:.4f} | "
+            f"{'none' if d.champion is None else f'{d.champion:.4f} (v{d.champion_version})'} | "
+            f"{d.min_improvement} | {d.min_value} |\n\n"
+            f'Load it: `trainflow.load_model("{reg.name}/{reg.version}")`'
+        ),
+        description=f"{reg.name}: registration and promotion gate",
+    )
+    create_link_artifact(
+        key=f"{artifact_key(config.name)}-model",
+        link=_model_link(ws, reg.name, reg.version, reg.source),
+        link_text=f"{reg.name} version {reg.version}",
+        description="The registered model version",
+    )
+    return Registered(
+        name=reg.name,
+        version=reg.version,
+        run_id=reg.run_id,
+        champion=reg.champion,
+        decision=d.to_dict(),
+        source=reg.source,
+    )
+
+
+def artifact_key(name: str) -> str:
+    # Prefect artifact keys hold lowercase letters, digits and dashes only.
+    return "".join(ch if ch.isalnum() else "-" for ch in name.lower())
+
+
+def _model_link(ws, name: str, version: str, source: str) -> str:
+    uri = registry.tracking_uri(ws)
+    if uri.startswith(("http://", "https://")):
+        return f"{uri.rstrip('/')}/#/models/{name}/versions/{version}"
+    return source
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _evaluation_markdown(name: str, metrics: dict[str, Any]) -> str:
+    classes = list(metrics["per_class"])
+    lines = [
+        f"# {name}: test metrics",
+        "",
+        f"accuracy **{metrics['accuracy']:.4f}**, macro F1 **{metrics['macro_f1']:.4f}**, "
+        f"{metrics['num_examples']} examples",
+        "",
+        "## Confusion matrix (rows: true class, columns: predicted)",
+        "",
+        "| | " + " | ".join(classes) + " |",
+        "|---" * (len(classes) + 1) + "|",
+    ]
+    for c, row in zip(classes, metrics["confusion_matrix"], strict=True):
+        lines.append(f"| **{c}** | " + " | ".join(str(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def timed(fn, *args, **kwargs) -> tuple[Any, float]:
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - start

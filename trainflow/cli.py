@@ -117,7 +117,7 @@ def models_show(model: Annotated[str, typer.Argument(help="NAME, NAME@ALIAS or N
         json.dumps(
             {
                 "name": mv.name,
-                "version": mv.version,
+                "version": str(mv.version),
                 "aliases": list(mv.aliases),
                 "source": mv.source,
                 "metrics": {k: v for k, v in run.data.metrics.items() if k.startswith("test_")},

@@ -27,7 +27,7 @@ def small_config(**sections) -> dict:
     config: dict = {
         "name": "digits-test",
         "model": {"kind": "mlp", "hidden_sizes": [32]},
-        "train": {"epochs": 1, "batch_size": 64},
+        "train": {"epochs": 1, "batch_size": 32, "lr": 0.01},
         "registry": {"min_value": 0.0},
     }
     for key, value in sections.items():

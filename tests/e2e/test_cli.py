@@ -1,0 +1,71 @@
+"""`trainflow` as a user runs it: a subprocess, its exit code and what it prints."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TRAINFLOW = [sys.executable, "-m", "trainflow.cli"]
+
+
+def trainflow(*args, home: Path, timeout=600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TRAINFLOW_HOME": str(home)}
+    for key in ("RAY_ADDRESS", "PREFECT_API_URL", "MLFLOW_TRACKING_URI"):
+        env.pop(key, None)
+    return subprocess.run(
+        [*TRAINFLOW, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--set", "train.learning_rate=0.1"], r"train.learning_rate: unknown key"),
+        (["--set", "train.epochs=ten"], r"train.epochs: Input should be a valid integer"),
+        (["--set", "data.label_column=target"], r"data.label_column 'target' is not a column"),
+        (["--set", "data.source=/no/such/data.csv"], r"data.source /no/such/data.csv: no such file"),
+        (["configs/missing.yaml"], r"config file configs/missing.yaml: no such file"),
+    ],
+)
+def test_bad_input_fails_in_one_line_before_ray_and_registers_nothing(tmp_path, args, message):
+    import re
+
+    out = trainflow("run", *args, home=tmp_path / "home")
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert re.search(message, lines[0])
+    # Neither Prefect, Ray nor MLflow started: nothing was written.
+    assert not (tmp_path / "home" / "mlflow.db").exists()
+    assert not list((tmp_path / "home").glob("runs/*"))
+    assert "Ray" not in out.stdout + out.stderr
+
+
+def test_validate_checks_config_and_source(tmp_path):
+    out = trainflow("validate", "configs/digits.yaml", "--set", "train.epochs=2", home=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ok: digits (config hash ")
+
+
+@pytest.mark.slow
+def test_run_trains_and_prints_a_summary(tmp_path):
+    home = tmp_path / "home"
+    out = trainflow(
+        "run", "configs/digits.yaml",
+        "--set", "name=cli-smoke", "--set", "train.epochs=2", "--set", "model.kind=mlp",
+        "--set", "registry.min_value=0.5",
+        home=home,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = out.stdout[out.stdout.index("model       cli-smoke") :]
+    assert "cli-smoke version 1 -> champion" in summary
+    assert "test        accuracy 0." in summary and "macro_f1" in summary
+    assert "steps       ingest" in summary
+    assert (home / "mlflow.db").is_file()
+
+    show = trainflow("models", "show", "cli-smoke@champion", home=home)
+    assert show.returncode == 0, show.stderr
+    assert '"version": "1"' in show.stdout and '"champion"' in show.stdout

@@ -1,0 +1,92 @@
+"""The real training flow: Prefect test server, a 2-CPU Ray cluster, MLflow on SQLite."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from trainflow.config import load_config
+from trainflow.flows.training import training_pipeline
+from trainflow.pipelines import registry
+from trainflow.pipelines.data import inspect_source, load_dataset, split_dataset
+from trainflow.runtime import workspace
+from trainflow.testing import small_config
+
+pytestmark = pytest.mark.slow
+
+
+def flow_logs(flow_run_id) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    APILogHandler().flush()
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+
+    return [log.message for log in asyncio.run(read())]
+
+
+def artifact_keys() -> set[str]:
+    from prefect.client.orchestration import get_client
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts()
+
+    return {a.key for a in asyncio.run(read()) if a.key}
+
+
+def test_flow_trains_registers_and_the_champion_predicts_as_reported(
+    ray_cluster, prefect_harness, trainflow_home
+):
+    config = load_config(small_config(train={"epochs": 3}))
+    state = training_pipeline(config=config, return_state=True)
+    assert state.is_completed(), state.message
+    first = state.result()
+
+    # A registered version with its metrics, lineage and the gate's decision.
+    reg = first.registered
+    assert (reg.name, reg.version, reg.champion) == ("digits-test", "1", True)
+    assert first.test_metrics["accuracy"] > 0.85
+    assert set(first.timings) == {"ingest", "preprocess", "train", "evaluate", "register"}
+    c = registry.client(workspace())
+    run = c.get_run(reg.run_id)
+    assert run.data.metrics["test_accuracy"] == pytest.approx(first.test_metrics["accuracy"])
+    assert run.data.tags["trainflow.config_hash"] == config.config_hash()
+    assert run.data.tags["prefect.flow_run_id"] == str(state.state_details.flow_run_id)
+    # One report per epoch, and training lowered the loss.
+    losses = [m.value for m in sorted(c.get_metric_history(reg.run_id, "train_loss"), key=lambda m: m.step)]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+
+    # Per-epoch metrics reached the train task's Prefect logs, and the artifacts exist.
+    logs = flow_logs(state.state_details.flow_run_id)
+    assert any(line.startswith("epoch 3/3  train_loss") for line in logs)
+    assert {
+        "digits-test-summary",
+        "digits-test-gate",
+        "digits-test-evaluation",
+        "digits-test-per-class",
+        "digits-test-model",
+    } <= artifact_keys()
+
+    # The champion, loaded through the public API, predicts the raw test rows with
+    # the accuracy the flow reported.
+    import trainflow
+
+    info = inspect_source(config.data)
+    test = split_dataset(load_dataset(info), config.data.split, info.label_column)["test"].to_pandas()
+    model = trainflow.load_model("digits-test@champion")
+    accuracy = np.mean(model.predict(test) == test["label"].to_numpy())
+    assert accuracy == pytest.approx(first.test_metrics["accuracy"])
+
+    # A second run reuses the prepared splits, registers version 2, and moves the
+    # champion only if the gate passes.
+    second = training_pipeline(config=config)
+    assert second.prepared_reused and second.registered.version == "2"
+    improved = second.test_metrics["accuracy"] - first.test_metrics["accuracy"] >= 0.0
+    assert second.registered.champion == improved
+    champion = c.get_model_version_by_alias("digits-test", "champion")
+    assert str(champion.version) == ("2" if improved else "1")

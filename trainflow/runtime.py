@@ -57,6 +57,9 @@ def quiet_worker() -> None:
         os.path.dirname(ray.__file__), "train", "v2", "_internal", "execution", "context.py"
     )
     logging.getLogger(context_py).setLevel(logging.WARNING)
+    # Each Dataset execution in a worker (the training splits) warns that progress
+    # bars are off: trainflow turns them off on purpose away from a terminal.
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.")
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
@@ -160,8 +163,10 @@ def configure_ray_data() -> None:
     ctx.enable_progress_bars = interactive
     ctx.print_on_execution_start = interactive
     if not interactive:
-        # One INFO line per Dataset execution; trainflow's step logs say the same.
+        # One INFO line per Dataset execution, and a warning that the bars are off;
+        # trainflow's step logs say what ran.
         logging.getLogger("ray.data").setLevel(logging.WARNING)
+        logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
 
 
 def worker_resources(scaling: ScalingSection) -> tuple[float, float]:

@@ -46,6 +46,7 @@ class Evaluated(BaseModel):
 
     @property
     def headline(self) -> dict[str, float]:
+        """The scalar metrics (accuracy, macro_f1), without the per-class tables."""
         return {k: v for k, v in self.metrics.items() if isinstance(v, float)}
 
 

@@ -7,7 +7,8 @@ and returns a small pydantic value. Retries live on the decorators.
 from __future__ import annotations
 
 import subprocess
-import time
+import uuid
+from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -70,8 +71,6 @@ def preprocess(config: PipelineConfig, ingested: Ingested) -> Prepared:
 
 
 def _split_bytes(path: str) -> int:
-    from pathlib import Path
-
     return sum(f.stat().st_size for f in Path(path).rglob("*.parquet"))
 
 
@@ -86,7 +85,8 @@ def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
         config.train.in_memory == "auto" and _split_bytes(prepared.split_path("train")) < IN_MEMORY_BYTES
     )
     spec = models.model_spec(config.model, prepared.num_features, prepared.num_classes)
-    progress = f"trainflow-progress-{run_name}"
+    # Unique per attempt: a retry must not race the last attempt's actor for the name.
+    progress = f"trainflow-progress-{run_name}-{uuid.uuid4().hex[:8]}"
     loop_config = config.to_train_loop_config(
         model_spec=spec,
         preprocessor=prepared.preprocessor,
@@ -194,13 +194,12 @@ def register(
     commit = _git_commit()
     if commit:
         tags["git.commit"] = commit
-    headline = {k: v for k, v in evaluated.metrics.items() if isinstance(v, float)}
     reg = registry.register_checkpoint(
         ws,
         name=config.name,
         checkpoint_dir=trained.best_checkpoint,
         params=config.model_dump(mode="json"),
-        metrics=headline,
+        metrics=evaluated.headline,
         history=trained.history,
         tags=tags,
         gate=config.registry,
@@ -280,9 +279,3 @@ def _evaluation_markdown(name: str, metrics: dict[str, Any]) -> str:
     for c, row in zip(classes, metrics["confusion_matrix"], strict=True):
         lines.append(f"| **{c}** | " + " | ".join(str(v) for v in row) + " |")
     return "\n".join(lines)
-
-
-def timed(fn, *args, **kwargs) -> tuple[Any, float]:
-    start = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - start

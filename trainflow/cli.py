@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from trainflow.config import ConfigError, PipelineConfig, load_config
+from trainflow.config import ConfigError, PipelineConfig, load_config, smoke_config
 
 app = typer.Typer(
     help="Train, evaluate and register PyTorch models on Ray, orchestrated by Prefect.",
@@ -36,9 +36,20 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _config(config: Path | None, overrides: list[str] | None) -> PipelineConfig:
+SmokeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--smoke",
+        help="A quick end-to-end check of the config: a data sample, one epoch, one worker, "
+        "registered as NAME-smoke.",
+    ),
+]
+
+
+def _config(config: Path | None, overrides: list[str] | None, smoke: bool = False) -> PipelineConfig:
     try:
-        return load_config(config, overrides or [])
+        cfg = load_config(config, overrides or [])
+        return smoke_config(cfg) if smoke else cfg
     except ConfigError as e:
         raise _fail(str(e)) from None
 
@@ -61,9 +72,9 @@ def validate(config: ConfigArg = None, set_: SetOpt = None) -> None:
 
 
 @app.command()
-def run(config: ConfigArg = None, set_: SetOpt = None) -> None:
+def run(config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False) -> None:
     """Run the training pipeline flow and print a summary."""
-    cfg = _config(config, set_)
+    cfg = _config(config, set_, smoke)
     _check_source(cfg)  # before Prefect and Ray start: a bad path costs no start-up
 
     from trainflow.pipelines.data import DataError
@@ -97,6 +108,83 @@ def run(config: ConfigArg = None, set_: SetOpt = None) -> None:
     if result.prepared_reused:
         lines.insert(5, "cache       prepared splits reused (same data, split and preprocessing)")
     typer.echo("\n".join(lines))
+
+
+@app.command()
+def serve(
+    config: Annotated[
+        str,
+        typer.Argument(help="The config the scheduled runs use, a path relative to where they run."),
+    ] = "configs/digits.yaml",
+    set_: SetOpt = None,
+    smoke: SmokeOpt = False,
+    name: Annotated[str, typer.Option(help="The deployment's name.")] = "served",
+    cron: Annotated[str | None, typer.Option(help="A cron schedule, such as '0 2 * * *'.")] = None,
+    interval: Annotated[int | None, typer.Option(help="Seconds between runs.")] = None,
+) -> None:
+    """Serve the training flow on a schedule from this process: no work pool needed.
+
+    Needs a Prefect server (PREFECT_API_URL); runs go on until you stop this command.
+    """
+    import os
+
+    _config(Path(config), set_, smoke)  # refuse a bad config now, not at the first scheduled run
+    if not os.environ.get("PREFECT_API_URL"):
+        raise _fail(
+            "serve needs a Prefect server for its schedule: run `prefect server start` and "
+            "export PREFECT_API_URL=http://127.0.0.1:4200/api"
+        )
+    if (cron is None) == (interval is None):
+        raise _fail("give one schedule: --cron '0 2 * * *' or --interval SECONDS")
+
+    from trainflow.flows.training import training_pipeline
+    from trainflow.runtime import apply_quiet_env
+
+    apply_quiet_env()
+    training_pipeline.serve(
+        name=name,
+        cron=cron,
+        interval=interval,
+        parameters={"config": config, "overrides": set_ or [], "smoke": smoke},
+        limit=1,
+    )
+
+
+@app.command()
+def deploy(
+    prefect_file: Annotated[Path, typer.Option(help="The deployments to create.")] = Path(
+        "deployments/prefect.yaml"
+    ),
+) -> None:
+    """Create or update every deployment in deployments/prefect.yaml, from this checkout.
+
+    The same as `prefect deploy --all --prefect-file deployments/prefect.yaml` with
+    TRAINFLOW_CHECKOUT (this folder), TRAINFLOW_GIT_URL (origin, else this folder) and
+    TRAINFLOW_HOME (default ./.trainflow) set for the deployments' pull steps and runs.
+    """
+    import os
+    import subprocess
+
+    if not prefect_file.is_file():
+        raise _fail(f"{prefect_file}: no such file; run trainflow deploy from the trainflow checkout")
+    if not os.environ.get("PREFECT_API_URL"):
+        raise _fail(
+            "deploy needs a Prefect server: run `prefect server start` and "
+            "export PREFECT_API_URL=http://127.0.0.1:4200/api"
+        )
+    prefect = Path(sys.executable).with_name("prefect")
+    checkout = Path.cwd()
+    origin = subprocess.run(
+        ["git", "remote", "get-url", "origin"], cwd=checkout, capture_output=True, text=True
+    ).stdout.strip()
+    env = {
+        **os.environ,
+        "TRAINFLOW_CHECKOUT": str(checkout),
+        "TRAINFLOW_GIT_URL": os.environ.get("TRAINFLOW_GIT_URL") or origin or str(checkout),
+        "TRAINFLOW_HOME": str(Path(os.environ.get("TRAINFLOW_HOME") or checkout / ".trainflow").resolve()),
+    }
+    cmd = [str(prefect), "--no-prompt", "deploy", "--all", "--prefect-file", str(prefect_file)]
+    raise typer.Exit(subprocess.run(cmd, env=env).returncode)
 
 
 @models_app.command("show")

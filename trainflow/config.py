@@ -49,6 +49,8 @@ class DataConfig(_Section):
     label_column: str = "label"
     # None: every column but the label is a feature.
     feature_columns: list[str] | None = None
+    # Read only the first N rows (smoke runs, quick trials); None reads everything.
+    limit: int | None = Field(None, ge=1)
     split: SplitConfig = SplitConfig()
 
 
@@ -164,6 +166,23 @@ class PipelineConfig(_Section):
         }
         _check_json(loop_config, "train_loop_config")
         return loop_config
+
+
+# What `--smoke` changes: a small sample, one epoch, one worker, and its own registered
+# model, so that checking a new config end to end never touches the real champion.
+SMOKE_OVERRIDES = {
+    "data": {"limit": 600},
+    "train": {"epochs": 1},
+    "scaling": {"num_workers": 1},
+    "registry": {"min_value": 0.0},
+}
+
+
+def smoke_config(config: PipelineConfig) -> PipelineConfig:
+    """The config as a smoke run: validates everything, trains in well under a minute."""
+    raw = _merge(config.model_dump(mode="json"), SMOKE_OVERRIDES)
+    raw["name"] = f"{config.name}-smoke"
+    return PipelineConfig.model_validate(raw)
 
 
 def _check_json(value: Any, path: str) -> None:

@@ -1,5 +1,6 @@
 """`trainflow` as a user runs it: a subprocess, its exit code and what it prints."""
 
+import json
 import os
 import subprocess
 import sys
@@ -51,21 +52,27 @@ def test_validate_checks_config_and_source(tmp_path):
 
 
 @pytest.mark.slow
-def test_run_trains_and_prints_a_summary(tmp_path):
+def test_smoke_run_trains_and_prints_a_summary(tmp_path):
     home = tmp_path / "home"
-    out = trainflow(
-        "run", "configs/digits.yaml",
-        "--set", "name=cli-smoke", "--set", "train.epochs=2", "--set", "model.kind=mlp",
-        "--set", "registry.min_value=0.5",
-        home=home,
-    )  # fmt: skip
+    out = trainflow("run", "configs/digits.yaml", "--smoke", home=home)
     assert out.returncode == 0, out.stderr[-3000:]
-    summary = out.stdout[out.stdout.index("model       cli-smoke") :]
-    assert "cli-smoke version 1 -> champion" in summary
+    # A smoke run registers under its own name: the real model's champion is untouched.
+    summary = out.stdout[out.stdout.index("model       digits-smoke") :]
+    assert "digits-smoke version 1 -> champion" in summary
     assert "test        accuracy 0." in summary and "macro_f1" in summary
     assert "steps       ingest" in summary
     assert (home / "mlflow.db").is_file()
 
-    show = trainflow("models", "show", "cli-smoke@champion", home=home)
+    show = trainflow("models", "show", "digits-smoke@champion", home=home)
     assert show.returncode == 0, show.stderr
-    assert '"version": "1"' in show.stdout and '"champion"' in show.stdout
+    shown = json.loads(show.stdout)
+    assert shown["version"] == "1" and shown["aliases"] == ["champion"]
+    assert shown["tags"]["gate.passed"] == "True"
+
+
+def test_serve_and_deploy_refuse_to_start_without_a_server(tmp_path):
+    served = trainflow("serve", "--interval", "60", home=tmp_path)
+    assert served.returncode == 2 and "serve needs a Prefect server" in served.stderr
+    assert trainflow("serve", "configs/nope.yaml", "--interval", "60", home=tmp_path).returncode == 2
+    deployed = trainflow("deploy", home=tmp_path)
+    assert deployed.returncode == 2 and "deploy needs a Prefect server" in deployed.stderr

@@ -1,26 +1,61 @@
 """The training pipeline: ingest -> preprocess -> train -> evaluate -> register."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: Prefect builds the flow's parameter
+# model from these annotations, and a served run fails to when they are strings.
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
+from prefect.concurrency.sync import concurrency
 from prefect.runtime import flow_run
 
-from trainflow.config import PipelineConfig
+from trainflow.config import ConfigError, PipelineConfig, load_config, smoke_config
 from trainflow.runtime import preflight, ray_session
 from trainflow.tasks import evaluate, ingest, preprocess, register, train
 from trainflow.tasks.results import PipelineResult
 from trainflow.tasks.steps import artifact_key
 
 
+def resolve_config(
+    config: PipelineConfig | str, overrides: list[str] | None = None, smoke: bool = False
+) -> PipelineConfig:
+    """The run's config from a flow parameter: a config, or a YAML/JSON path in the checkout."""
+    resolved = load_config(config, overrides or [])
+    return smoke_config(resolved) if smoke else resolved
+
+
 def _run_name() -> str:
-    config = flow_run.parameters.get("config")
-    if not isinstance(config, PipelineConfig):
-        config = PipelineConfig.model_validate(config or {})
+    """Flow run names say what ran: the model's name and the config's hash."""
+    params = flow_run.parameters
+    try:
+        config = resolve_config(
+            params.get("config", DEFAULT_CONFIG), params.get("overrides"), params.get("smoke", False)
+        )
+    except ConfigError:
+        return "invalid-config"
     return f"{config.name}-{config.config_hash()[:8]}"
+
+
+@contextmanager
+def one_run_per_model(name: str) -> Iterator[None]:
+    """Hold the model's Prefect concurrency slot: two trainings of one model never overlap,
+    whichever deployments, schedules or hands started them; the later one waits."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectAlreadyExists
+
+    limit = f"trainflow-model-{name}"
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=limit, limit=1))
+        except ObjectAlreadyExists:
+            pass
+    with concurrency(limit, occupy=1, strict=True):
+        yield
 
 
 # The bundled digits job: what a deployment runs when given no config.
@@ -34,27 +69,42 @@ def timed(step, *args) -> tuple[Any, float]:
     return out, time.perf_counter() - start
 
 
-@flow(name="training-pipeline", flow_run_name=_run_name)
-def training_pipeline(config: PipelineConfig = DEFAULT_CONFIG) -> PipelineResult:
-    """Train, evaluate and register one model from one config."""
+# Retries live on the tasks (a retried train task resumes its Ray run); results stay
+# small and are not persisted.
+@flow(name="training-pipeline", flow_run_name=_run_name, persist_result=False)
+def training_pipeline(
+    config: PipelineConfig | str = DEFAULT_CONFIG,
+    overrides: list[str] | None = None,
+    smoke: bool = False,
+) -> PipelineResult:
+    """Train, evaluate and register one model.
+
+    Args:
+        config: the run's config, or the path of a YAML/JSON config in the checkout.
+        overrides: dotted overrides applied on top, such as ``["train.lr=0.01"]``.
+        smoke: a quick end-to-end check: a sample of the data, one epoch, one worker,
+            registered as ``<name>-smoke``.
+    """
     logger = get_run_logger()
+    config = resolve_config(config, overrides, smoke)
     timings: dict[str, float] = {}
 
     # ingest: in the driver, before any Ray worker starts, so bad input fails fast
     ingested, timings["ingest"] = timed(ingest, config)
 
-    with ray_session(config):
-        preflight(config.scaling)
-        # preprocess
-        prepared, timings["preprocess"] = timed(preprocess, config, ingested)
-        # train: one Ray run per flow run, so a retry of the task resumes it
-        run_name = f"{config.name}-{str(flow_run.id or 'local')[:8]}"
-        trained, timings["train"] = timed(train, config, prepared, run_name)
-        # evaluate
-        evaluated, timings["evaluate"] = timed(evaluate, config, prepared, trained)
+    with one_run_per_model(config.name):
+        with ray_session(config):
+            preflight(config.scaling)
+            # preprocess
+            prepared, timings["preprocess"] = timed(preprocess, config, ingested)
+            # train: one Ray run per flow run, so a retry of the task resumes it
+            run_name = f"{config.name}-{str(flow_run.id or 'local')[:8]}"
+            trained, timings["train"] = timed(train, config, prepared, run_name)
+            # evaluate
+            evaluated, timings["evaluate"] = timed(evaluate, config, prepared, trained)
 
-    # register: the champion alias moves only if the gate passes
-    registered, timings["register"] = timed(register, config, ingested, prepared, trained, evaluated)
+        # register: the champion alias moves only if the gate passes
+        registered, timings["register"] = timed(register, config, ingested, prepared, trained, evaluated)
 
     result = PipelineResult(
         name=config.name,

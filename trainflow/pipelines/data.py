@@ -43,6 +43,7 @@ class SourceInfo:
     label_column: str
     feature_columns: list[str]
     fingerprint: str
+    limit: int | None = None  # read only the first N rows
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,7 +136,7 @@ def inspect_source(cfg: DataConfig) -> SourceInfo:
             f"data.feature_columns: {', '.join(not_numeric)} in {cfg.source} are not numeric; "
             "features must be int, float or bool columns (name the numeric ones in data.feature_columns)"
         )
-    return SourceInfo(cfg.source, fmt, files, cfg.label_column, features, fingerprint)
+    return SourceInfo(cfg.source, fmt, files, cfg.label_column, features, fingerprint, cfg.limit)
 
 
 def load_dataset(info: SourceInfo) -> ray.data.Dataset:
@@ -144,10 +145,12 @@ def load_dataset(info: SourceInfo) -> ray.data.Dataset:
 
     columns = [*info.feature_columns, info.label_column]
     if info.format == "digits":
-        return ray.data.from_pandas(_digits_frame()[columns])
-    if info.format == "parquet":
-        return ray.data.read_parquet(info.files, columns=columns)
-    return ray.data.read_csv(info.files).select_columns(columns)
+        ds = ray.data.from_pandas(_digits_frame()[columns])
+    elif info.format == "parquet":
+        ds = ray.data.read_parquet(info.files, columns=columns)
+    else:
+        ds = ray.data.read_csv(info.files).select_columns(columns)
+    return ds.limit(info.limit) if info.limit else ds
 
 
 def class_values(ds: ray.data.Dataset, label_column: str) -> list[Any]:

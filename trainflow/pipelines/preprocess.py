@@ -174,6 +174,7 @@ def cache_key(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig) -> st
         "fingerprint": info.fingerprint,
         "features": info.feature_columns,
         "label": info.label_column,
+        "limit": info.limit,
         "split": split.model_dump(),
         "preprocess": cfg.model_dump(),
         "version": __version__,

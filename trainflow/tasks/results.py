@@ -17,6 +17,7 @@ class Ingested(BaseModel):
     label_column: str
     feature_columns: list[str]
     fingerprint: str
+    limit: int | None = None
 
 
 class Prepared(BaseModel):

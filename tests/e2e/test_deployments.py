@@ -1,0 +1,166 @@
+"""Deployments as users run them, with real components: `prefect server start` on a
+free localhost port, a process work pool and worker, the deployments from
+deployments/prefect.yaml, `prefect deployment run ... --watch`, and `trainflow serve`
+on an interval schedule that fires by itself."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args, env, log: Path) -> subprocess.Popen:
+    # Its own process group, so teardown stops the flow runs it spawned too.
+    return subprocess.Popen(
+        args, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run(args, env, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("prefect")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RAY_ADDRESS", "MLFLOW_"))}
+    env.update(
+        PREFECT_HOME=str(tmp / "prefect-home"),
+        PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_UI_ENABLED="false",
+        # Short loops so that a schedule fires and workers pick runs up within seconds.
+        PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="5",
+        PREFECT_WORKER_QUERY_SECONDS="2",
+        PREFECT_RUNNER_POLL_FREQUENCY="2",
+        TRAINFLOW_HOME=str(tmp / "trainflow-home"),
+        # The git pull step clones this checkout: a real clone, with no network.
+        TRAINFLOW_GIT_URL=str(REPO),
+    )
+    proc = start([BIN / "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)], env,
+                 tmp / "server.log")  # fmt: skip
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            if httpx.get(f"{env['PREFECT_API_URL']}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp / "server.log").read_text()[-3000:]
+        time.sleep(1)
+    yield env, tmp
+    stop(proc)
+
+
+def flow_runs(env, deployment_name: str) -> list[dict]:
+    api = env["PREFECT_API_URL"]
+    deployments = httpx.post(
+        f"{api}/deployments/filter", json={"deployments": {"name": {"any_": [deployment_name]}}}
+    ).json()
+    if not deployments:
+        return []
+    body = {"flow_runs": {"deployment_id": {"any_": [deployments[0]["id"]]}}}
+    return httpx.post(f"{api}/flow_runs/filter", json=body).json()
+
+
+def test_deployments_run_on_a_worker_and_a_served_schedule_fires(server):
+    env, tmp = server
+    assert (
+        run([BIN / "prefect", "work-pool", "create", "trainflow", "--type", "process"], env).returncode == 0
+    )
+    deployed = run([BIN / "trainflow", "deploy"], env)
+    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+    for name in ("nightly", "on-demand", "on-demand-git"):
+        assert f"training-pipeline/{name}" in deployed.stdout
+
+    # The nightly deployment carries its cron schedule.
+    nightly = httpx.post(
+        f"{env['PREFECT_API_URL']}/deployments/filter", json={"deployments": {"name": {"any_": ["nightly"]}}}
+    ).json()[0]
+    assert [s["schedule"]["cron"] for s in nightly["schedules"]] == ["0 2 * * *"]
+
+    worker = start([BIN / "prefect", "worker", "start", "--pool", "trainflow"], env, tmp / "worker.log")
+    served = None
+    try:
+        # `prefect deployment run ... --watch`: Prefect 3's way to run a deployment by hand.
+        ran = run(
+            [BIN / "prefect", "deployment", "run", "training-pipeline/on-demand",
+             "--params", json.dumps({"config": "configs/digits.yaml", "smoke": True}), "--watch"],
+            env,
+        )  # fmt: skip
+        assert ran.returncode == 0, ran.stdout[-3000:] + (tmp / "worker.log").read_text()[-3000:]
+        assert "Completed" in ran.stdout
+        shown = run([BIN / "trainflow", "models", "show", "digits-smoke/1"], env)
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["tags"]["gate.passed"] == "True"
+
+        # The same from a fresh git clone of the repository.
+        cloned = run(
+            [BIN / "prefect", "deployment", "run", "training-pipeline/on-demand-git",
+             "--param", "smoke=true", "--watch"],
+            env,
+        )  # fmt: skip
+        assert cloned.returncode == 0, cloned.stdout[-3000:] + (tmp / "worker.log").read_text()[-3000:]
+        assert "Executing deployment step: git_clone" in (tmp / "worker.log").read_text()
+        assert run([BIN / "trainflow", "models", "show", "digits-smoke/2"], env).returncode == 0
+
+        # A bad parameter fails the run, and its state names the field.
+        bad = run(
+            [BIN / "prefect", "deployment", "run", "training-pipeline/on-demand",
+             "--params", json.dumps({"config": {"train": {"epochs": "many"}}}), "--watch"],
+            env,
+        )  # fmt: skip
+        assert bad.returncode != 0
+        failed = [r for r in flow_runs(env, "on-demand") if r["state"]["type"] == "FAILED"]
+        assert len(failed) == 1 and "train.epochs" in failed[0]["state"]["message"]
+
+        # A served deployment's interval schedule creates and runs a flow run by itself.
+        # (Started last: on 2 cores, runs side by side would slow each other down.)
+        stop(worker)
+        served = start(
+            [BIN / "trainflow", "serve", "configs/digits.yaml", "--smoke", "--set", "name=served",
+             "--name", "every-20s", "--interval", "20"],
+            env, tmp / "serve.log",
+        )  # fmt: skip
+        deadline = time.monotonic() + 400
+        while not any(
+            r["auto_scheduled"] and r["state"]["type"] == "COMPLETED" for r in flow_runs(env, "every-20s")
+        ):
+            assert served.poll() is None, (tmp / "serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (tmp / "serve.log").read_text()[-3000:]
+            time.sleep(3)
+        assert re.search(r"served-smoke-[0-9a-f]{8}", (tmp / "serve.log").read_text())
+    finally:
+        if served is not None:
+            stop(served)
+        stop(worker)

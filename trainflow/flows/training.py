@@ -90,13 +90,13 @@ def training_pipeline(
     timings: dict[str, float] = {}
 
     # ingest: in the driver, before any Ray worker starts, so bad input fails fast
-    ingested, timings["ingest"] = timed(ingest, config)
+    source, timings["ingest"] = timed(ingest, config)
 
     with one_run_per_model(config.name):
         with ray_session(config):
             preflight(config.scaling)
             # preprocess
-            prepared, timings["preprocess"] = timed(preprocess, config, ingested)
+            prepared, timings["preprocess"] = timed(preprocess, config, source)
             # train: one Ray run per flow run, so a retry of the task resumes it
             run_name = f"{config.name}-{str(flow_run.id or 'local')[:8]}"
             trained, timings["train"] = timed(train, config, prepared, run_name)
@@ -104,7 +104,7 @@ def training_pipeline(
             evaluated, timings["evaluate"] = timed(evaluate, config, prepared, trained)
 
         # register: the champion alias moves only if the gate passes
-        registered, timings["register"] = timed(register, config, ingested, prepared, trained, evaluated)
+        registered, timings["register"] = timed(register, config, source, prepared, trained, evaluated)
 
     result = PipelineResult(
         name=config.name,

@@ -7,7 +7,7 @@ column fails before any Ray worker starts. :func:`load_dataset` then reads lazil
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,9 +44,6 @@ class SourceInfo:
     feature_columns: list[str]
     fingerprint: str
     limit: int | None = None  # read only the first N rows
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _digits_frame() -> pd.DataFrame:

@@ -1,5 +1,7 @@
 """The small, serializable values that pass between tasks: URIs, fingerprints, metrics.
 
+(The ingest task returns the pipelines' own SourceInfo, already small and plain.)
+
 Never Ray Datasets, models or Ray Results: big objects stay in storage.
 """
 
@@ -8,16 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel
-
-
-class Ingested(BaseModel):
-    source: str
-    format: str
-    files: list[str]
-    label_column: str
-    feature_columns: list[str]
-    fingerprint: str
-    limit: int | None = None
 
 
 class Prepared(BaseModel):

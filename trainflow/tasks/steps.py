@@ -22,14 +22,14 @@ from trainflow.pipelines import evaluate as ev
 from trainflow.pipelines import preprocess as prep
 from trainflow.pipelines import train as tr
 from trainflow.runtime import workspace
-from trainflow.tasks.results import Evaluated, Ingested, Prepared, Registered, Trained
+from trainflow.tasks.results import Evaluated, Prepared, Registered, Trained
 
 # Splits whose prepared Parquet is below this are read once into each worker's memory.
 IN_MEMORY_BYTES = 1 << 30
 
 
 @task(name="ingest", cache_policy=NO_CACHE)
-def ingest(config: PipelineConfig) -> Ingested:
+def ingest(config: PipelineConfig) -> data.SourceInfo:
     """Check the source and its columns and fingerprint it; runs in the driver, before Ray."""
     info = data.inspect_source(config.data)
     get_run_logger().info(
@@ -41,16 +41,14 @@ def ingest(config: PipelineConfig) -> Ingested:
         info.label_column,
         info.fingerprint,
     )
-    return Ingested(**info.to_dict())
+    return info
 
 
 @task(name="preprocess", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
-def preprocess(config: PipelineConfig, ingested: Ingested) -> Prepared:
+def preprocess(config: PipelineConfig, source: data.SourceInfo) -> Prepared:
     """Split, fit on train, write every split as Parquet under the cache (or reuse it)."""
     logger = get_run_logger()
-    entry = prep.prepare(
-        data.SourceInfo(**ingested.model_dump()), config.data.split, config.preprocess, workspace().cache
-    )
+    entry = prep.prepare(source, config.data.split, config.preprocess, workspace().cache)
     pre = entry.preprocessor
     logger.info(
         "%s prepared splits %s at %s: %d classes",
@@ -171,7 +169,7 @@ def evaluate(config: PipelineConfig, prepared: Prepared, trained: Trained) -> Ev
 @task(name="register", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10])
 def register(
     config: PipelineConfig,
-    ingested: Ingested,
+    source: data.SourceInfo,
     prepared: Prepared,
     trained: Trained,
     evaluated: Evaluated,
@@ -184,7 +182,7 @@ def register(
     ws = workspace()
     tags = {
         "trainflow.config_hash": config.config_hash(),
-        "trainflow.data_fingerprint": ingested.fingerprint,
+        "trainflow.data_fingerprint": source.fingerprint,
         registry.TEST_FINGERPRINT_TAG: prepared.fingerprint,
         "trainflow.ray_run": trained.run_path,
         "trainflow.best_epoch": str(trained.best_metrics["epoch"]),

@@ -90,3 +90,31 @@ def test_flow_trains_registers_and_the_champion_predicts_as_reported(
     assert second.registered.champion == improved
     champion = c.get_model_version_by_alias("digits-test", "champion")
     assert str(champion.version) == ("2" if improved else "1")
+
+
+def task_runs(flow_run_id) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+            )
+
+    return asyncio.run(read())
+
+
+def test_a_diverging_loss_stops_the_run_with_a_clear_error_and_no_retry(
+    ray_cluster, prefect_harness, trainflow_home
+):
+    config = load_config(small_config(train={"epochs": 3, "lr": 1e6, "optimizer": "sgd"}))
+    state = training_pipeline(config=config, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(
+        Exception, match=r"train loss became nan in epoch 1; lower train.lr \(now 1000000.0\)"
+    ):
+        state.result()
+    train_runs = [t for t in task_runs(state.state_details.flow_run_id) if t.name.startswith("train")]
+    assert [t.run_count for t in train_runs] == [1]  # the task's retry was not spent on it
+    assert not [t for t in task_runs(state.state_details.flow_run_id) if t.name.startswith("register")]

@@ -8,6 +8,7 @@ splits, trains, and reports per-epoch metrics with a checkpoint from rank 0.
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import threading
 from collections.abc import Callable
@@ -28,6 +29,10 @@ if TYPE_CHECKING:
     from ray.train.torch import TorchTrainer
 
     from trainflow.config import PipelineConfig
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite: training again with the same settings would too."""
 
 
 def make_optimizer(name: str, params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -96,7 +101,7 @@ def validate(model: nn.Module, batches, loss_fn) -> tuple[float, float]:
     return total_loss / max(count, 1), total_correct / max(count, 1)
 
 
-def train_loop_per_worker(config: dict[str, Any]) -> None:
+def train_loop_per_worker(config: dict[str, Any]) -> str | None:
     """Runs on every Ray Train worker. Every key is read here, once; a missing one fails now."""
     import ray
     import ray.train
@@ -154,6 +159,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             )
             val_batches = val_shard.iter_torch_batches(batch_size=batch_size)
         train_loss = train_epoch(model, train_batches, optimizer, loss_fn)
+        if not math.isfinite(train_loss):
+            # Every worker holds the same all-reduced figure, so all stop here together.
+            # A returned message, not an exception: Ray would restart the workers and
+            # diverge again from the last checkpoint.
+            return (
+                f"train loss became {train_loss} in epoch {epoch + 1}; lower train.lr "
+                f"(now {config['lr']}) or check the data for extreme values"
+            )
         val_loss, val_accuracy = validate(model, val_batches, loss_fn)
         metrics = {
             "epoch": epoch + 1,
@@ -182,6 +195,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 if progress_actor:
                     ray.get_actor(progress_actor).add.remote(metrics)
             ray.train.report(metrics, checkpoint=report_checkpoint)
+    return None
 
 
 class ProgressLog:

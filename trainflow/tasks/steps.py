@@ -72,7 +72,18 @@ def _split_bytes(path: str) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*.parquet"))
 
 
-@task(name="train", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
+def _retry_unless_diverged(task, task_run, state) -> bool:
+    # A diverged loss comes back on every retry; anything else (a lost node) may not.
+    return not isinstance(state.result(raise_on_failure=False), tr.TrainingDiverged)
+
+
+@task(
+    name="train",
+    cache_policy=NO_CACHE,
+    retries=1,
+    retry_delay_seconds=5,
+    retry_condition_fn=_retry_unless_diverged,
+)
 def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
     """TorchTrainer on the prepared splits. The run name is fixed per flow run, so a
     retry of this task resumes the same Ray run from its latest checkpoint."""
@@ -119,6 +130,8 @@ def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
 
     with tr.follow_progress(progress, on_epoch):
         result = trainer.fit()
+    if result.return_value:
+        raise tr.TrainingDiverged(result.return_value)
     best = result.get_best_checkpoint(config.checkpoint.metric, config.checkpoint.mode)
     best_metrics = ckpt.read_json(best.path, ckpt.METRICS)
     history = ckpt.read_json(result.checkpoint.path, ckpt.METRICS)["history"]

@@ -110,6 +110,17 @@ def run(config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False) 
     typer.echo("\n".join(lines))
 
 
+def _require_server(command: str) -> None:
+    """Schedules and deployments live on a Prefect server; the temporary one refuses them."""
+    import os
+
+    if not os.environ.get("PREFECT_API_URL"):
+        raise _fail(
+            f"{command} needs a Prefect server: run `prefect server start` and "
+            "export PREFECT_API_URL=http://127.0.0.1:4200/api"
+        )
+
+
 @app.command()
 def serve(
     config: Annotated[
@@ -126,14 +137,8 @@ def serve(
 
     Needs a Prefect server (PREFECT_API_URL); runs go on until you stop this command.
     """
-    import os
-
     _config(Path(config), set_, smoke)  # refuse a bad config now, not at the first scheduled run
-    if not os.environ.get("PREFECT_API_URL"):
-        raise _fail(
-            "serve needs a Prefect server for its schedule: run `prefect server start` and "
-            "export PREFECT_API_URL=http://127.0.0.1:4200/api"
-        )
+    _require_server("serve")
     if (cron is None) == (interval is None):
         raise _fail("give one schedule: --cron '0 2 * * *' or --interval SECONDS")
 
@@ -167,11 +172,7 @@ def deploy(
 
     if not prefect_file.is_file():
         raise _fail(f"{prefect_file}: no such file; run trainflow deploy from the trainflow checkout")
-    if not os.environ.get("PREFECT_API_URL"):
-        raise _fail(
-            "deploy needs a Prefect server: run `prefect server start` and "
-            "export PREFECT_API_URL=http://127.0.0.1:4200/api"
-        )
+    _require_server("deploy")
     prefect = Path(sys.executable).with_name("prefect")
     checkout = Path.cwd()
     origin = subprocess.run(

@@ -128,7 +128,10 @@ def ray_session(config: PipelineConfig) -> Iterator[None]:
     address = ray_address(config)
     if address:
         log.info("connecting to the Ray cluster at %s", address)
-    ray.init(address=address, **ray_init_kwargs())
+    # "local" starts a cluster for this run. Ray's own default (None) would attach to
+    # whichever cluster `ray start` last left on this machine: a cluster is only ever
+    # shared when the config or RAY_ADDRESS says so.
+    ray.init(address=address or "local", **ray_init_kwargs())
     configure_ray_data()
     try:
         yield

@@ -45,7 +45,8 @@ def ray_cluster() -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
-    ray.init(num_cpus=max(2, os.cpu_count() or 2), **ray_init_kwargs())
+    # Always a cluster of the session's own, never one that `ray start` left running.
+    ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), **ray_init_kwargs())
     configure_ray_data()
     yield
     ray.shutdown()

@@ -75,16 +75,61 @@ class ModelConfig(_Section):
         return v
 
 
+class EarlyStoppingConfig(_Section):
+    # Stop when `metric` has not improved by more than `min_delta` for `patience` epochs.
+    # The metric is the same all-reduced figure on every worker, so all stop together.
+    metric: Literal["val_accuracy", "val_loss", "train_loss"] = "val_loss"
+    mode: Literal["max", "min"] = "min"
+    patience: int = Field(3, ge=1)
+    min_delta: float = Field(0.0, ge=0.0)
+
+
 class TrainConfig(_Section):
     epochs: int = Field(20, ge=1)
     batch_size: int = Field(64, ge=1)  # per worker
     lr: float = Field(1e-3, gt=0.0)
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)  # sgd only
     weight_decay: float = Field(0.0, ge=0.0)
+    # Learning-rate schedule, stepped once per epoch after `warmup_epochs` of linear
+    # warm-up: none (constant), cosine (to 0 at the last epoch), or step (times `gamma`
+    # every `step_size` epochs).
+    scheduler: Literal["none", "cosine", "step"] = "none"
+    warmup_epochs: int = Field(0, ge=0)
+    step_size: int = Field(10, ge=1)
+    gamma: float = Field(0.1, gt=0.0, le=1.0)
+    # Clip the global gradient norm to this value; None: no clipping.
+    grad_clip_norm: float | None = Field(None, gt=0.0)
+    # "32": full precision. "bf16-mixed" / "16-mixed": torch.autocast in bfloat16 /
+    # float16 (fp16 with a gradient scaler); bf16 also runs on CPUs.
+    precision: Literal["32", "bf16-mixed", "16-mixed"] = "32"
     seed: int = 0
+    # Deterministic algorithms on every worker (ray.train.torch.enable_reproducibility):
+    # the same config gives the same weights, at some cost in speed on GPUs.
+    deterministic: bool = False
+    early_stopping: EarlyStoppingConfig | None = None
+    # Log the running train loss every N optimizer steps (rank 0) as well as per epoch.
+    log_every_n_steps: int | None = Field(None, ge=1)
+    # Import paths ("package.module:function") called on every worker after each epoch
+    # with (epoch, metrics, rank): custom logging, fault drills, extra stopping rules.
+    callbacks: list[str] = []
     # Keep each worker's shard in memory after the first read ("auto": when the prepared
     # train split is under 1 GB), instead of streaming it from Ray Data every epoch.
     in_memory: Literal["auto", "always", "never"] = "auto"
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision_as_text(cls, v: Any) -> Any:
+        # YAML reads `precision: 32` as a number.
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @field_validator("callbacks")
+    @classmethod
+    def _import_paths(cls, v: list[str]) -> list[str]:
+        for path in v:
+            if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", path):
+                raise ValueError(f"{path!r} is not an import path such as 'mypackage.hooks:on_epoch'")
+        return v
 
 
 class ScalingSection(_Section):
@@ -92,6 +137,14 @@ class ScalingSection(_Section):
     use_gpu: bool = False
     # Half a CPU per worker: two workers on a 2-core machine leave a core for Ray Data.
     resources_per_worker: dict[str, float] = {"CPU": 0.5}
+    # How Ray places the workers on nodes: PACK fills a node first, SPREAD spreads them.
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    # When the workers and Ray Data's CPU do not fit: "fail" at once with what would
+    # fit, or "shrink" each worker's CPU to fit (logged as a warning).
+    on_cpu_shortage: Literal["fail", "shrink"] = "fail"
+    # On an autoscaling cluster, wait up to this many seconds for the resources to
+    # appear before failing; 0 checks once.
+    wait_for_resources_s: float = Field(0.0, ge=0.0)
 
 
 class CheckpointSection(_Section):

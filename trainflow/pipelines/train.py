@@ -11,8 +11,9 @@ import json
 import math
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,14 +36,68 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite: training again with the same settings would too."""
 
 
-def make_optimizer(name: str, params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+def make_optimizer(
+    name: str, params, lr: float, weight_decay: float, momentum: float = 0.9
+) -> torch.optim.Optimizer:
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     raise ValueError(f"train.optimizer {name!r}: use adam, adamw or sgd")
+
+
+def lr_factor(epoch: int, *, epochs: int, scheduler: str, warmup_epochs: int, step_size: int, gamma: float):
+    """The multiple of train.lr used in ``epoch`` (0-based): linear warm-up, then the schedule."""
+    if epoch < warmup_epochs:
+        return (epoch + 1) / (warmup_epochs + 1)
+    after = epoch - warmup_epochs
+    if scheduler == "cosine":
+        span = max(epochs - warmup_epochs, 1)
+        return 0.5 * (1.0 + math.cos(math.pi * after / span))
+    if scheduler == "step":
+        return gamma ** (after // step_size)
+    return 1.0
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, config: dict[str, Any]):
+    """A LambdaLR stepped once per epoch; its state (the epoch count) resumes with the run."""
+    settings = {k: config[k] for k in ("epochs", "scheduler", "warmup_epochs", "step_size", "gamma")}
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: lr_factor(epoch, **settings))
+
+
+AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+class Precision:
+    """``train.precision`` on one device: the autocast context and, for fp16, a gradient scaler."""
+
+    def __init__(self, precision: str, device: torch.device):
+        self.device_type = device.type
+        self.dtype = AUTOCAST_DTYPES.get(precision)
+        # fp16 gradients underflow without loss scaling; bf16 has fp32's range.
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "16-mixed")
+
+    def autocast(self):
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
+
+
+def seed_everything(seed: int) -> None:
+    """Python, NumPy and torch (every device) from one seed."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    """Each epoch draws from a seed of its own per worker, so a run resumed at epoch k
+    draws the same shuffles and dropout masks as one that never stopped."""
+    return seed * 1_000_003 + epoch * 7_919 + rank
 
 
 def _all_sum(*values: float) -> list[float]:
@@ -53,47 +108,73 @@ def _all_sum(*values: float) -> list[float]:
     return t.tolist()
 
 
-def train_epoch(model: nn.Module, batches, optimizer, loss_fn) -> float:
+def train_epoch(
+    model: nn.Module,
+    batches,
+    optimizer,
+    loss_fn,
+    precision: Precision | None = None,
+    grad_clip_norm: float | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+) -> float:
+    """One pass over ``batches``; returns the mean train loss over every worker's examples."""
+    precision = precision or Precision("32", torch.device("cpu"))
+    scaler = precision.scaler
     model.train()
     loss_sum, n = 0.0, 0
-    for batch in batches:
+    for step, batch in enumerate(batches, start=1):
         x, y = batch[FEATURES], batch[LABEL]
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        optimizer.step()
-        loss_sum += loss.item() * len(y)
+        with precision.autocast():
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        if grad_clip_norm is not None:
+            scaler.unscale_(optimizer)
+            nn.utils.clip_grad_norm_(model.parameters(), grad_clip_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        batch_loss = loss.item()
+        loss_sum += batch_loss * len(y)
         n += len(y)
+        if on_step is not None:
+            on_step(step, batch_loss)
     total, count = _all_sum(loss_sum, n)
     return total / max(count, 1)
 
 
-def load_shard(shard) -> tuple[torch.Tensor, torch.Tensor]:
-    """This worker's whole shard as two tensors, read once from Ray Data."""
+def load_shard(shard, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """This worker's whole shard as two tensors on ``device``, read once from Ray Data."""
     xs, ys = [], []
-    for batch in shard.iter_torch_batches(batch_size=4096):
+    for batch in shard.iter_torch_batches(batch_size=4096, device="cpu"):
         xs.append(batch[FEATURES])
         ys.append(batch[LABEL])
-    return torch.cat(xs), torch.cat(ys)
+    x, y = torch.cat(xs), torch.cat(ys)
+    return (x.to(device), y.to(device)) if device is not None else (x, y)
 
 
 def tensor_batches(
     x: torch.Tensor, y: torch.Tensor, batch_size: int, generator: torch.Generator | None = None
 ):
     """Mini-batches of in-memory tensors, shuffled when a generator is given."""
-    order = torch.randperm(len(y), generator=generator) if generator is not None else torch.arange(len(y))
+    if generator is not None:
+        order = torch.randperm(len(y), generator=generator).to(y.device)
+    else:
+        order = torch.arange(len(y), device=y.device)
     for i in range(0, len(y), batch_size):
         idx = order[i : i + batch_size]
         yield {FEATURES: x[idx], LABEL: y[idx]}
 
 
 @torch.no_grad()
-def validate(model: nn.Module, batches, loss_fn) -> tuple[float, float]:
+def validate(model: nn.Module, batches, loss_fn, precision: Precision | None = None) -> tuple[float, float]:
+    precision = precision or Precision("32", torch.device("cpu"))
     model.eval()
     loss_sum, correct, n = 0.0, 0, 0
     for batch in batches:
         x, y = batch[FEATURES], batch[LABEL]
-        logits = model(x)
+        with precision.autocast():
+            logits = model(x)
+        logits = logits.float()
         loss_sum += loss_fn(logits, y).item() * len(y)
         correct += (logits.argmax(dim=1) == y).sum().item()
         n += len(y)
@@ -101,8 +182,60 @@ def validate(model: nn.Module, batches, loss_fn) -> tuple[float, float]:
     return total_loss / max(count, 1), total_correct / max(count, 1)
 
 
-def train_loop_per_worker(config: dict[str, Any]) -> str | None:
-    """Runs on every Ray Train worker. Every key is read here, once; a missing one fails now."""
+class EarlyStopping:
+    """Counts epochs without improvement of one metric; its state resumes with the run."""
+
+    def __init__(self, metric: str, mode: str, patience: int, min_delta: float):
+        self.metric, self.mode, self.patience, self.min_delta = metric, mode, patience, min_delta
+        self.best: float | None = None
+        self.bad_epochs = 0
+
+    def update(self, metrics: dict[str, float]) -> bool:
+        """Record an epoch; True when training should stop."""
+        value = metrics[self.metric]
+        if self.best is None:
+            improved = True
+        elif self.mode == "max":
+            improved = value > self.best + self.min_delta
+        else:
+            improved = value < self.best - self.min_delta
+        if improved:
+            self.best, self.bad_epochs = value, 0
+        else:
+            self.bad_epochs += 1
+        return self.bad_epochs >= self.patience
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "bad_epochs": self.bad_epochs}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.bad_epochs = state["best"], state["bad_epochs"]
+
+
+def load_callbacks(paths: list[str]) -> list[Callable[..., None]]:
+    """Import ``train.callbacks`` ("package.module:function") on the worker."""
+    import importlib
+
+    out = []
+    for path in paths:
+        module, _, name = path.partition(":")
+        try:
+            out.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"train.callbacks: cannot import {path!r} on the Ray worker: {e}") from e
+    return out
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if hasattr(model, "module") else model
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
+    """Runs on every Ray Train worker. Every key is read here, once; a missing one fails now.
+
+    Returns how training ended, the same on every worker: ``{"status": "completed" |
+    "early_stopped" | "diverged", "epoch": last epoch, "message": ...}``.
+    """
     import ray
     import ray.train
     import ray.train.torch
@@ -115,13 +248,28 @@ def train_loop_per_worker(config: dict[str, Any]) -> str | None:
     pipeline = config["pipeline"]
     progress_actor = config["progress_actor"]
     in_memory = config["in_memory"]
+    grad_clip_norm = config["grad_clip_norm"]
+    log_every = config["log_every_n_steps"]
+    callbacks = load_callbacks(config["callbacks"])
+    stopping = EarlyStopping(**config["early_stopping"]) if config["early_stopping"] else None
 
-    torch.manual_seed(seed)
+    if config["deterministic"]:
+        ray.train.torch.enable_reproducibility(seed)
+    else:
+        seed_everything(seed)
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
+    device = ray.train.torch.get_device()
+    # The same initial weights on every worker, whatever each drew before.
+    torch.manual_seed(seed)
     model = ray.train.torch.prepare_model(build_model(spec))
-    optimizer = make_optimizer(config["optimizer"], model.parameters(), config["lr"], config["weight_decay"])
+    optimizer = make_optimizer(
+        config["optimizer"], model.parameters(), config["lr"], config["weight_decay"], config["momentum"]
+    )
+    scheduler = make_scheduler(optimizer, config)
+    precision = Precision(config["precision"], device)
     loss_fn = nn.CrossEntropyLoss()
+    progress = ray.get_actor(progress_actor) if progress_actor else None
 
     # Resume: Ray hands back the latest checkpoint after a worker failure or when the
     # same run name is fitted again (a Prefect retry of the train task).
@@ -131,50 +279,77 @@ def train_loop_per_worker(config: dict[str, Any]) -> str | None:
         with checkpoint.as_directory() as folder:
             state = torch.load(Path(folder) / TRAIN_STATE, map_location="cpu", weights_only=True)
             model_state = torch.load(Path(folder) / "model.pt", map_location="cpu", weights_only=True)
-        (model.module if hasattr(model, "module") else model).load_state_dict(model_state)
+        _unwrap(model).load_state_dict(model_state)
         optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        precision.scaler.load_state_dict(state["scaler"])
+        if stopping is not None and state["early_stopping"]:
+            stopping.load_state_dict(json.loads(state["early_stopping"]))
         start_epoch = state["epoch"]
         history = json.loads(state["history"])
+    if progress is not None:
+        progress.started.remote(rank, ray.get_runtime_context().get_node_id(), start_epoch)
 
     train_shard = ray.train.get_dataset_shard("train")
     val_shard = ray.train.get_dataset_shard("val")
     if in_memory:
         # Small splits are read from Ray Data once and kept as tensors: a streaming pass
         # per epoch costs seconds of scheduling that dwarf the epoch itself.
-        train_x, train_y = load_shard(train_shard)
-        val_x, val_y = load_shard(val_shard)
+        train_x, train_y = load_shard(train_shard, device)
+        val_x, val_y = load_shard(val_shard, device)
+    pin_memory = device.type == "cuda"
 
+    outcome = {"status": "completed", "epoch": epochs, "message": ""}
     for epoch in range(start_epoch, epochs):
-        shuffle_seed = seed * 100_003 + epoch * 101 + rank
+        this_seed = epoch_seed(seed, epoch, rank)
+        seed_everything(this_seed)
         if in_memory:
             train_batches = tensor_batches(
-                train_x, train_y, batch_size, torch.Generator().manual_seed(shuffle_seed)
+                train_x, train_y, batch_size, torch.Generator().manual_seed(this_seed)
             )
             val_batches = tensor_batches(val_x, val_y, batch_size)
         else:
             train_batches = train_shard.iter_torch_batches(
                 batch_size=batch_size,
                 local_shuffle_buffer_size=batch_size * 8,
-                local_shuffle_seed=shuffle_seed,
+                local_shuffle_seed=this_seed,
+                device=device,
+                pin_memory=pin_memory,
             )
-            val_batches = val_shard.iter_torch_batches(batch_size=batch_size)
-        train_loss = train_epoch(model, train_batches, optimizer, loss_fn)
+            val_batches = val_shard.iter_torch_batches(
+                batch_size=batch_size, device=device, pin_memory=pin_memory
+            )
+
+        on_step = None
+        if log_every and rank == 0 and progress is not None:
+
+            def on_step(step: int, loss: float, epoch: int = epoch) -> None:
+                if step % log_every == 0:
+                    progress.step.remote({"epoch": epoch + 1, "step": step, "loss": loss})
+
+        lr = optimizer.param_groups[0]["lr"]
+        train_loss = train_epoch(model, train_batches, optimizer, loss_fn, precision, grad_clip_norm, on_step)
         if not math.isfinite(train_loss):
             # Every worker holds the same all-reduced figure, so all stop here together.
-            # A returned message, not an exception: Ray would restart the workers and
+            # A returned outcome, not an exception: Ray would restart the workers and
             # diverge again from the last checkpoint.
-            return (
-                f"train loss became {train_loss} in epoch {epoch + 1}; lower train.lr "
-                f"(now {config['lr']}) or check the data for extreme values"
-            )
-        val_loss, val_accuracy = validate(model, val_batches, loss_fn)
+            return {
+                "status": "diverged",
+                "epoch": epoch + 1,
+                "message": f"train loss became {train_loss} in epoch {epoch + 1}; lower train.lr "
+                f"(now {config['lr']}) or check the data for extreme values",
+            }
+        val_loss, val_accuracy = validate(model, val_batches, loss_fn, precision)
+        scheduler.step()
         metrics = {
             "epoch": epoch + 1,
             "train_loss": train_loss,
             "val_loss": val_loss,
             "val_accuracy": val_accuracy,
+            "lr": lr,
         }
         history.append(metrics)
+        stop = stopping.update(metrics) if stopping is not None else False
         with tempfile.TemporaryDirectory() as tmp:
             report_checkpoint = None
             if rank == 0:
@@ -187,15 +362,27 @@ def train_loop_per_worker(config: dict[str, Any]) -> str | None:
                     metrics={**metrics, "history": history},
                     train_state={
                         "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "scaler": precision.scaler.state_dict(),
+                        "early_stopping": json.dumps(stopping.state_dict()) if stopping else "",
                         "epoch": epoch + 1,
                         "history": json.dumps(history),
                     },
                 )
                 report_checkpoint = ray.train.Checkpoint.from_directory(tmp)
-                if progress_actor:
-                    ray.get_actor(progress_actor).add.remote(metrics)
+                if progress is not None:
+                    progress.add.remote(metrics)
             ray.train.report(metrics, checkpoint=report_checkpoint)
-    return None
+        for callback in callbacks:
+            callback(epoch + 1, metrics, rank)
+        if stop:
+            outcome = {
+                "status": "early_stopped",
+                "epoch": epoch + 1,
+                "message": f"{stopping.metric} did not improve for {stopping.patience} epochs",
+            }
+            break
+    return outcome
 
 
 class ProgressLog:
@@ -206,28 +393,62 @@ class ProgressLog:
 
     def __init__(self):
         self.rows: list[dict[str, Any]] = []
+        self.workers: list[dict[str, Any]] = []
 
     def add(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
+        self.rows.append({"kind": "epoch", **row})
+
+    def step(self, row: dict[str, Any]) -> None:
+        self.rows.append({"kind": "step", **row})
+
+    def started(self, rank: int, node_id: str, start_epoch: int) -> None:
+        """A worker (re)started: its node, and the epoch it resumes after (0: from scratch)."""
+        worker = {"rank": rank, "node_id": node_id, "start_epoch": start_epoch}
+        self.workers.append(worker)
+        if rank == 0:
+            self.rows.append({"kind": "start", **worker})
 
     def since(self, start: int) -> list[dict[str, Any]]:
         return self.rows[start:]
 
+    def started_workers(self) -> list[dict[str, Any]]:
+        return self.workers
+
+
+@dataclass
+class Progress:
+    """What :func:`follow_progress` saw: after the block, every worker (re)start."""
+
+    workers: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def starts(self) -> list[int]:
+        """The epoch each start of the worker group resumed after (0: from scratch)."""
+        return [w["start_epoch"] for w in self.workers if w["rank"] == 0]
+
+    @property
+    def nodes(self) -> list[str]:
+        return sorted({w["node_id"] for w in self.workers})
+
 
 @contextmanager
-def follow_progress(name: str, on_epoch: Callable[[dict[str, Any]], None], every_s: float = 0.5):
-    """Start the ProgressLog actor ``name`` and call ``on_epoch`` for each row as it arrives."""
+def follow_progress(
+    name: str, on_row: Callable[[dict[str, Any]], None], every_s: float = 0.5
+) -> Iterator[Progress]:
+    """Start the ProgressLog actor ``name`` and call ``on_row`` for each row as it arrives:
+    ``{"kind": "start" | "epoch" | "step", ...}``."""
     import ray
 
     actor = ray.remote(num_cpus=0)(ProgressLog).options(name=name).remote()
     stop = threading.Event()
     seen = 0
+    progress = Progress()
 
     def drain() -> None:
         nonlocal seen
         for row in ray.get(actor.since.remote(seen)):
             seen += 1
-            on_epoch(row)
+            on_row(row)
 
     def poll() -> None:
         while not stop.wait(every_s):
@@ -236,11 +457,12 @@ def follow_progress(name: str, on_epoch: Callable[[dict[str, Any]], None], every
     thread = threading.Thread(target=poll, name=f"{name}-progress", daemon=True)
     thread.start()
     try:
-        yield
+        yield progress
     finally:
         stop.set()
         thread.join()
         drain()
+        progress.workers = ray.get(actor.started_workers.remote())
         ray.kill(actor)
 
 
@@ -263,6 +485,7 @@ def build_trainer(
             num_workers=config.scaling.num_workers,
             use_gpu=config.scaling.use_gpu,
             resources_per_worker=dict(config.scaling.resources_per_worker),
+            placement_strategy=config.scaling.placement_strategy,
         ),
         run_config=RunConfig(
             name=run_name,

@@ -31,6 +31,11 @@ class Trained(BaseModel):
     best_checkpoint: str
     best_metrics: dict[str, Any]
     history: list[dict[str, float]]
+    status: str = "completed"  # completed | early_stopped
+    # The epoch each start of the worker group resumed after, in this attempt of the
+    # task: [0] ran from scratch; [0, 3] lost a worker and resumed after epoch 3.
+    starts: list[int] = []
+    nodes: list[str] = []  # the Ray node ids the training workers ran on
 
 
 class Evaluated(BaseModel):

@@ -117,21 +117,40 @@ def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
         run_name,
     )
     epochs = config.train.epochs
+    meter = _ProgressMeter(config.name, epochs, logger)
 
-    def on_epoch(m: dict[str, Any]) -> None:
-        logger.info(
-            "epoch %d/%d  train_loss %.4f  val_loss %.4f  val_accuracy %.4f",
-            m["epoch"],
-            epochs,
-            m["train_loss"],
-            m["val_loss"],
-            m["val_accuracy"],
-        )
+    def on_row(row: dict[str, Any]) -> None:
+        if row["kind"] == "start":
+            if row["start_epoch"]:
+                logger.info("resuming from the checkpoint of epoch %d", row["start_epoch"])
+        elif row["kind"] == "step":
+            logger.info("epoch %d step %d  loss %.4f", row["epoch"], row["step"], row["loss"])
+        else:
+            logger.info(
+                "epoch %d/%d  train_loss %.4f  val_loss %.4f  val_accuracy %.4f  lr %.3g",
+                row["epoch"],
+                epochs,
+                row["train_loss"],
+                row["val_loss"],
+                row["val_accuracy"],
+                row["lr"],
+            )
+            meter.update(row["epoch"])
 
-    with tr.follow_progress(progress, on_epoch):
+    with tr.follow_progress(progress, on_row) as seen:
         result = trainer.fit()
-    if result.return_value:
-        raise tr.TrainingDiverged(result.return_value)
+    outcome = result.return_value or {"status": "completed", "epoch": epochs, "message": ""}
+    if outcome["status"] == "diverged":
+        raise tr.TrainingDiverged(outcome["message"])
+    if outcome["status"] == "early_stopped":
+        logger.info("stopped early after epoch %d: %s", outcome["epoch"], outcome["message"])
+    meter.update(epochs)
+    if len(seen.starts) > 1:
+        logger.warning(
+            "the worker group started %d times (a worker or node failed); it resumed after epochs %s",
+            len(seen.starts),
+            seen.starts[1:],
+        )
     best = result.get_best_checkpoint(config.checkpoint.metric, config.checkpoint.mode)
     best_metrics = ckpt.read_json(best.path, ckpt.METRICS)
     history = ckpt.read_json(result.checkpoint.path, ckpt.METRICS)["history"]
@@ -149,7 +168,33 @@ def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
         best_checkpoint=best.path,
         best_metrics=best_metrics,
         history=history,
+        status=outcome["status"],
+        starts=seen.starts,
+        nodes=seen.nodes,
     )
+
+
+class _ProgressMeter:
+    """The train task's Prefect progress artifact, moved as epochs finish."""
+
+    def __init__(self, name: str, epochs: int, logger):
+        from prefect.artifacts import create_progress_artifact
+
+        self.epochs, self.logger, self.done = epochs, logger, 0
+        self.id = create_progress_artifact(
+            progress=0.0, key=f"{artifact_key(name)}-training", description=f"{name}: epochs trained"
+        )
+
+    def update(self, epoch: int) -> None:
+        from prefect.artifacts import update_progress_artifact
+
+        if epoch <= self.done:
+            return
+        self.done = epoch
+        try:
+            update_progress_artifact(self.id, progress=100.0 * epoch / self.epochs)
+        except Exception as e:  # a display aid: never worth failing the training for
+            self.logger.warning("could not update the training progress artifact: %s", e)
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)

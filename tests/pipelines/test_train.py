@@ -1,0 +1,140 @@
+"""The training loop: schedules, precision, clipping, early stopping, and resuming a run
+exactly where it stopped. Fits run on real Ray Train workers over the prepared digits."""
+
+import math
+import uuid
+
+import pytest
+import torch
+from torch import nn
+
+from trainflow.config import DataConfig, PreprocessConfig, load_config
+from trainflow.pipelines import models
+from trainflow.pipelines import train as tr
+from trainflow.pipelines.data import inspect_source
+from trainflow.pipelines.preprocess import FEATURES, LABEL, prepare
+from trainflow.testing import small_config
+
+
+def test_lr_schedules_warm_up_then_decay():
+    def factors(scheduler, **kw):
+        settings = {"epochs": 10, "warmup_epochs": 0, "step_size": 3, "gamma": 0.5, **kw}
+        return [tr.lr_factor(e, scheduler=scheduler, **settings) for e in range(settings["epochs"])]
+
+    assert factors("none") == [1.0] * 10
+    assert factors("step") == [1, 1, 1, 0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.125]
+    cosine = factors("cosine", warmup_epochs=2)
+    assert cosine[:3] == [pytest.approx(1 / 3), pytest.approx(2 / 3), 1.0]
+    assert all(a > b for a, b in zip(cosine[2:], cosine[3:], strict=False))  # decays after warm-up
+    assert cosine[-1] == pytest.approx(0.5 * (1 + math.cos(math.pi * 7 / 8)))
+
+
+def test_early_stopping_counts_epochs_without_improvement():
+    stop = tr.EarlyStopping("val_loss", "min", patience=2, min_delta=0.01)
+    assert [stop.update({"val_loss": v}) for v in (1.0, 0.9, 0.895, 0.95)] == [False, False, False, True]
+    resumed = tr.EarlyStopping("val_loss", "min", patience=2, min_delta=0.01)
+    resumed.load_state_dict(stop.state_dict())
+    assert (resumed.best, resumed.bad_epochs) == (0.9, 2)
+    assert tr.EarlyStopping("val_accuracy", "max", 1, 0.0).update({"val_accuracy": 0.5}) is False
+
+
+def _batches(n=4, size=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        {FEATURES: torch.randn(size, 8, generator=g), LABEL: torch.randint(0, 3, (size,), generator=g)}
+    ] * n
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_mixed_precision_autocasts_on_the_cpu(precision):
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    seen = []
+    model[0].register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
+    p = tr.Precision(precision, torch.device("cpu"))
+    assert p.scaler.is_enabled() == (precision == "16-mixed")
+    before = [w.detach().clone() for w in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = tr.train_epoch(model, _batches(), opt, nn.CrossEntropyLoss(), p)
+    assert math.isfinite(loss)
+    assert set(seen) == {tr.AUTOCAST_DTYPES[precision]}
+    assert all(w.dtype == torch.float32 for w in model.parameters())  # master weights stay fp32
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_gradient_clipping_bounds_each_update():
+    torch.manual_seed(0)
+    model = nn.Linear(8, 3)
+    before = torch.cat([w.detach().flatten() for w in model.parameters()])
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    tr.train_epoch(model, _batches(n=1), opt, nn.CrossEntropyLoss(), grad_clip_norm=0.01)
+    after = torch.cat([w.detach().flatten() for w in model.parameters()])
+    assert (after - before).norm() == pytest.approx(0.01, rel=1e-4)  # lr x clipped norm
+
+
+def test_momentum_reaches_sgd():
+    opt = tr.make_optimizer("sgd", nn.Linear(2, 2).parameters(), 0.1, 0.0, momentum=0.5)
+    assert opt.param_groups[0]["momentum"] == 0.5
+
+
+@pytest.fixture(scope="module")
+def prepared(ray_cluster, tmp_path_factory):
+    info = inspect_source(DataConfig(limit=600))
+    return prepare(info, DataConfig().split, PreprocessConfig(), tmp_path_factory.mktemp("cache"))
+
+
+def fit(prepared, storage, run_name=None, **train):
+    """Train the small MLP the way the train task does; (outcome, history, progress)."""
+    import ray.data
+
+    config = load_config(small_config(train=train))
+    spec = models.model_spec(config.model, len(prepared.preprocessor.feature_columns), 10)
+    actor = f"test-progress-{uuid.uuid4().hex[:8]}"
+    loop_config = config.to_train_loop_config(
+        model_spec=spec, preprocessor=prepared.preprocessor.to_dict(), progress_actor=actor, in_memory=True
+    )
+    datasets = {name: ray.data.read_parquet(str(prepared.path / name)) for name in ("train", "val")}
+    trainer = tr.build_trainer(
+        config,
+        loop_config,
+        datasets,
+        run_name=run_name or f"test-{uuid.uuid4().hex[:8]}",
+        storage_path=str(storage),
+    )
+    rows = []
+    with tr.follow_progress(actor, rows.append) as progress:
+        result = trainer.fit()
+    history = [r for r in rows if r["kind"] == "epoch"]
+    return result.return_value, history, progress
+
+
+def test_early_stopping_stops_every_worker_together(prepared, tmp_path):
+    # No epoch can beat the first by 10: the run stops after 1 + patience epochs.
+    outcome, history, _ = fit(
+        prepared,
+        tmp_path,
+        epochs=6,
+        early_stopping={"metric": "val_loss", "mode": "min", "patience": 2, "min_delta": 10.0},
+    )
+    assert outcome["status"] == "early_stopped" and outcome["epoch"] == 3
+    assert [m["epoch"] for m in history] == [1, 2, 3]
+
+
+def test_a_run_that_lost_a_worker_resumes_exactly_where_it_stopped(prepared, tmp_path):
+    # Dropout, SGD momentum, a cosine schedule with warm-up: all of it must resume.
+    settings = dict(
+        epochs=4, optimizer="sgd", lr=0.05, scheduler="cosine", warmup_epochs=1, deterministic=True
+    )
+    _, straight, progress = fit(prepared, tmp_path / "straight", **settings)
+    assert progress.starts == [0]
+    outcome, resumed, progress = fit(
+        prepared, tmp_path / "killed", callbacks=["tests.faults:kill_rank1_at_epoch3"], **settings
+    )
+    assert outcome["status"] == "completed"
+    assert progress.starts[0] == 0 and len(progress.starts) == 2 and progress.starts[1] >= 1
+    start = progress.starts[1]
+    # Epochs after the checkpoint are trained again; what they give equals the straight run.
+    assert [m["epoch"] for m in resumed] == [1, 2, 3, *range(start + 1, 5)]
+    by_epoch = {m["epoch"]: m for m in resumed}  # the last report of each epoch
+    for m in straight:
+        for key in ("train_loss", "val_loss", "val_accuracy", "lr"):
+            assert by_epoch[m["epoch"]][key] == pytest.approx(m[key], rel=1e-5), (m["epoch"], key)

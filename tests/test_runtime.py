@@ -1,11 +1,16 @@
 """Preflight: what the config asks of the cluster is checked before fit(), not waited on."""
 
+import logging
 import time
 
 import pytest
 
-from trainflow.config import ScalingSection
-from trainflow.runtime import PreflightError, preflight
+from trainflow.config import PipelineConfig, ScalingSection
+from trainflow.runtime import PreflightError, check_storage, fit_scaling, preflight
+
+
+def config(**scaling) -> PipelineConfig:
+    return PipelineConfig(scaling=ScalingSection(**scaling))
 
 
 def test_gpus_asked_of_a_cpu_cluster_fail_at_once(ray_cluster):
@@ -13,27 +18,78 @@ def test_gpus_asked_of_a_cpu_cluster_fail_at_once(ray_cluster):
     with pytest.raises(
         PreflightError, match=r"2 workers x 1 GPU = 2 GPUs, the Ray cluster has 0: set scaling.use_gpu=false"
     ):
-        preflight(ScalingSection(num_workers=2, use_gpu=True))
+        preflight(config(num_workers=2, use_gpu=True))
     assert time.monotonic() - start < 10
+
+
+def test_gpu_workers_fit_a_cluster_that_declares_gpus(ray_cluster):
+    import ray
+
+    total = {**ray.cluster_resources(), "GPU": 2.0}
+    gpu = ScalingSection(num_workers=2, use_gpu=True)
+    assert fit_scaling(gpu, total) is gpu
+    with pytest.raises(PreflightError, match=r"3 workers x 1 GPU = 3 GPUs, the Ray cluster has 2"):
+        fit_scaling(ScalingSection(num_workers=3, use_gpu=True), total)
 
 
 def test_more_cpus_than_the_cluster_has_fail_with_what_fits(ray_cluster):
     import ray
 
     cpus = ray.cluster_resources()["CPU"]
+    start = time.monotonic()
     with pytest.raises(PreflightError, match=r"set scaling.resources_per_worker.CPU to at most"):
-        preflight(ScalingSection(num_workers=int(cpus) + 1, resources_per_worker={"CPU": 1}))
+        preflight(config(num_workers=int(cpus) + 1, resources_per_worker={"CPU": 1}))
+    assert time.monotonic() - start < 10
     # Workers that take every CPU leave none for Ray Data: the run would hang.
     with pytest.raises(PreflightError, match=r"plus 1 CPU for Ray Data"):
-        preflight(ScalingSection(num_workers=int(cpus), resources_per_worker={"CPU": 1}))
+        preflight(config(num_workers=int(cpus), resources_per_worker={"CPU": 1}))
+
+
+def test_shrink_gives_each_worker_what_fits_and_says_so(ray_cluster, caplog):
+    import ray
+
+    cpus = ray.cluster_resources()["CPU"]
+    asked = config(num_workers=int(cpus), resources_per_worker={"CPU": 1}, on_cpu_shortage="shrink")
+    with caplog.at_level(logging.WARNING, logger="trainflow"):
+        run = preflight(asked)
+    each = run.scaling.resources_per_worker["CPU"]
+    assert 0 < each <= (cpus - 1) / int(cpus)
+    assert "leaves Ray Data no CPU" in caplog.text and f"with {each:g} CPU each" in caplog.text
+    assert run.train == asked.train and asked.scaling.resources_per_worker == {"CPU": 1}
+
+
+def test_an_autoscaling_wait_asks_for_the_resources_then_gives_up(ray_cluster):
+    start = time.monotonic()
+    with pytest.raises(PreflightError, match=r"the Ray cluster has 0: .*\(waited 2 s\)"):
+        preflight(config(use_gpu=True, wait_for_resources_s=2))
+    assert 2 <= time.monotonic() - start < 10
 
 
 def test_unknown_custom_resources_fail(ray_cluster):
     with pytest.raises(
         PreflightError, match=r"resources_per_worker.TPU: 2 workers x 1 = 2, the Ray cluster has 0"
     ):
-        preflight(ScalingSection(num_workers=2, resources_per_worker={"CPU": 0.5, "TPU": 1}))
+        preflight(config(num_workers=2, resources_per_worker={"CPU": 0.5, "TPU": 1}))
 
 
 def test_the_default_scaling_fits_a_two_core_machine(ray_cluster):
-    preflight(ScalingSection())
+    assert preflight(PipelineConfig()) == PipelineConfig()
+
+
+def _node(host: str) -> dict:
+    # The fields of ray.nodes() that the storage check reads.
+    return {"NodeManagerAddress": host, "Alive": True}
+
+
+def test_several_hosts_need_shared_storage():
+    two_hosts = [_node("10.0.0.1"), _node("10.0.0.2")]
+    with pytest.raises(
+        PreflightError, match=r"TRAINFLOW_HOME/runs \(the default\) is a folder on this machine"
+    ):
+        check_storage(None, two_hosts)
+    with pytest.raises(PreflightError, match=r"spans 2 hosts \(10.0.0.1, 10.0.0.2\): set storage to shared"):
+        check_storage("/data/runs", two_hosts)
+    check_storage("s3://bucket/trainflow", two_hosts)
+    check_storage("file:///mnt/nfs/trainflow", two_hosts)
+    # Two nodes on one machine (the tests' two-node cluster) share its disk.
+    check_storage(None, [_node("10.0.0.1"), _node("10.0.0.1"), {**_node("10.0.0.9"), "Alive": False}])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -113,7 +114,9 @@ def ray_address(config: PipelineConfig) -> str | None:
 
 
 @contextmanager
-def ray_session(config: PipelineConfig) -> Iterator[None]:
+def ray_session(
+    config: PipelineConfig, logger: logging.Logger | logging.LoggerAdapter = log
+) -> Iterator[None]:
     """Connect to Ray for the length of a run, and shut down only what this started.
 
     An already initialized Ray (a test's session cluster, a notebook) is used as is.
@@ -127,7 +130,7 @@ def ray_session(config: PipelineConfig) -> Iterator[None]:
         return
     address = ray_address(config)
     if address:
-        log.info("connecting to the Ray cluster at %s", address)
+        logger.info("connecting to the Ray cluster at %s", address)
     # "local" starts a cluster for this run. Ray's own default (None) would attach to
     # whichever cluster `ray start` last left on this machine: a cluster is only ever
     # shared when the config or RAY_ADDRESS says so.
@@ -180,15 +183,13 @@ def worker_resources(scaling: ScalingSection) -> tuple[float, float]:
     return cpu, gpu
 
 
-def preflight(scaling: ScalingSection) -> None:
-    """Fail now, with what to change, when the cluster cannot fit the training workers.
+def fit_scaling(scaling: ScalingSection, total: dict[str, float]) -> ScalingSection:
+    """The scaling to run on a cluster with ``total`` resources, or PreflightError saying
+    what was asked, what the cluster has and what to change.
 
-    Ray's own behaviour is to wait: for GPUs that do not exist, or for CPUs that the
-    training workers and Ray Data both need. A wait without end is worse than an error.
+    With ``on_cpu_shortage: shrink``, workers that leave Ray Data no CPU get a smaller
+    CPU share each instead (returned; the caller logs it).
     """
-    import ray
-
-    total = ray.cluster_resources()
     cpus, gpus = total.get("CPU", 0.0), total.get("GPU", 0.0)
     n = scaling.num_workers
     cpu_each, gpu_each = worker_resources(scaling)
@@ -206,10 +207,92 @@ def preflight(scaling: ScalingSection) -> None:
                 f"the Ray cluster has {total.get(name, 0.0):g}"
             )
     needed = n * cpu_each + DATA_CPU_RESERVE
-    if needed > cpus:
-        fit = max(cpus - DATA_CPU_RESERVE, 0.0) / n
-        raise PreflightError(
-            f"scaling asks for {n} workers x {cpu_each:g} CPU plus {DATA_CPU_RESERVE:g} CPU for "
-            f"Ray Data = {needed:g} CPUs, the Ray cluster has {cpus:g}: set "
-            f"scaling.resources_per_worker.CPU to at most {fit:g} or lower scaling.num_workers"
+    if needed <= cpus:
+        return scaling
+    fit = int(max(cpus - DATA_CPU_RESERVE, 0.0) / n * 100) / 100  # rounded down to 0.01
+    if scaling.on_cpu_shortage == "shrink" and fit >= 0.01:
+        return scaling.model_copy(
+            update={"resources_per_worker": {**scaling.resources_per_worker, "CPU": fit}}
         )
+    raise PreflightError(
+        f"scaling asks for {n} workers x {cpu_each:g} CPU plus {DATA_CPU_RESERVE:g} CPU for "
+        f"Ray Data = {needed:g} CPUs, the Ray cluster has {cpus:g}: set "
+        f"scaling.resources_per_worker.CPU to at most {fit:g}, lower scaling.num_workers, "
+        "or set scaling.on_cpu_shortage=shrink"
+    )
+
+
+def _worker_bundles(scaling: ScalingSection) -> list[dict[str, float]]:
+    cpu, gpu = worker_resources(scaling)
+    bundle = {**scaling.resources_per_worker, "CPU": cpu, **({"GPU": gpu} if gpu else {})}
+    return [bundle] * scaling.num_workers + [{"CPU": DATA_CPU_RESERVE}]
+
+
+def preflight(config: PipelineConfig, logger: logging.Logger | logging.LoggerAdapter = log) -> PipelineConfig:
+    """Fail now, with what to change, when the cluster cannot run the training workers;
+    return the config to run (its scaling shrunk when the config allows it).
+
+    Ray's own behaviour is to wait: for GPUs that do not exist, or for CPUs that the
+    training workers and Ray Data both need. A wait without end is worse than an error.
+    On an autoscaling cluster, ``scaling.wait_for_resources_s`` asks the autoscaler for
+    the workers' resources and waits that long for them to appear.
+    """
+    import ray
+
+    scaling = config.scaling
+    deadline = time.monotonic() + scaling.wait_for_resources_s
+    requested = False
+    try:
+        while True:
+            try:
+                fitted = fit_scaling(scaling, ray.cluster_resources())
+                break
+            except PreflightError as e:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    if requested:
+                        raise PreflightError(f"{e} (waited {scaling.wait_for_resources_s:g} s)") from None
+                    raise
+                if not requested:
+                    from ray.autoscaler.sdk import request_resources
+
+                    logger.info("waiting up to %.0f s for the cluster to scale up: %s", left, e)
+                    request_resources(bundles=_worker_bundles(scaling))
+                    requested = True
+                time.sleep(min(1.0, left))
+    finally:
+        if requested:
+            from ray.autoscaler.sdk import request_resources
+
+            request_resources(bundles=[])  # the trainer's own placement group holds them now
+    if fitted is not scaling:
+        logger.warning(
+            "scaling.resources_per_worker.CPU %g leaves Ray Data no CPU on this cluster (%g CPUs): "
+            "running %d workers with %g CPU each (scaling.on_cpu_shortage=shrink)",
+            worker_resources(scaling)[0],
+            ray.cluster_resources().get("CPU", 0.0),
+            scaling.num_workers,
+            fitted.resources_per_worker["CPU"],
+        )
+    check_storage(config.storage, ray.nodes())
+    return config.model_copy(update={"scaling": fitted})
+
+
+def _is_uri(path: str) -> bool:
+    return "://" in path
+
+
+def check_storage(storage: str | None, nodes: list[dict]) -> None:
+    """Ray Train writes checkpoints from the node of worker rank 0 and reads them back
+    wherever the next worker group lands: on a cluster of several machines the storage
+    must be shared. A plain local folder (the default under TRAINFLOW_HOME) is not."""
+    hosts = sorted({n["NodeManagerAddress"] for n in nodes if n.get("Alive")})
+    if len(hosts) < 2 or (storage and _is_uri(storage)):
+        return
+    where = storage or "TRAINFLOW_HOME/runs (the default)"
+    raise PreflightError(
+        f"storage {where} is a folder on this machine, but the Ray cluster spans {len(hosts)} hosts "
+        f"({', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''}): set storage to shared storage "
+        "every node reaches, such as s3://bucket/trainflow, gs://bucket/trainflow, or an NFS mount "
+        "written as file:///mnt/shared/trainflow"
+    )

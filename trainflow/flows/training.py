@@ -46,14 +46,19 @@ def one_run_per_model(name: str) -> Iterator[None]:
     whichever deployments, schedules or hands started them; the later one waits."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     limit = f"trainflow-model-{name}"
     with get_client(sync_client=True) as client:
+        # Look before creating: the server logs a refused duplicate as an error with a
+        # traceback, which users read as a failure of their run.
         try:
-            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=limit, limit=1))
-        except ObjectAlreadyExists:
-            pass
+            client.read_global_concurrency_limit_by_name(limit)
+        except ObjectNotFound:
+            try:
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=limit, limit=1))
+            except ObjectAlreadyExists:  # another run created it in between
+                pass
     with concurrency(limit, occupy=1, strict=True):
         yield
 
@@ -93,8 +98,9 @@ def training_pipeline(
     source, timings["ingest"] = timed(ingest, config)
 
     with one_run_per_model(config.name):
-        with ray_session(config):
-            preflight(config.scaling)
+        with ray_session(config, logger):
+            # what ScalingConfig asks, against the cluster: fail now rather than wait forever
+            config = preflight(config, logger)
             # preprocess
             prepared, timings["preprocess"] = timed(preprocess, config, source)
             # train: one Ray run per flow run, so a retry of the task resumes it

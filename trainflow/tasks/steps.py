@@ -145,6 +145,7 @@ def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
     if outcome["status"] == "early_stopped":
         logger.info("stopped early after epoch %d: %s", outcome["epoch"], outcome["message"])
     meter.update(epochs)
+    logger.info("%d workers trained on %d Ray node(s)", config.scaling.num_workers, len(seen.nodes))
     if len(seen.starts) > 1:
         logger.warning(
             "the worker group started %d times (a worker or node failed); it resumed after epochs %s",

@@ -1,0 +1,57 @@
+"""Faults during training: a killed worker and a failed train task both resume from the
+last checkpoint, and the run still ends with a registered model."""
+
+import pytest
+
+from tests.faults import marker
+from tests.flows.test_training_pipeline import flow_logs, task_runs
+from trainflow.config import load_config
+from trainflow.flows.training import training_pipeline
+from trainflow.testing import small_config
+
+pytestmark = pytest.mark.slow
+
+
+def epochs_logged(logs: list[str], epochs: int) -> list[int]:
+    return [e for line in logs for e in range(1, epochs + 1) if line.startswith(f"epoch {e}/{epochs} ")]
+
+
+# Three runs, three drills: each must end in a model that resumed and registered.
+@pytest.mark.parametrize("drill", ["kill_rank0_at_epoch2", "kill_rank1_at_epoch2", "kill_rank1_at_epoch3"])
+def test_a_worker_killed_mid_run_resumes_and_the_model_registers(
+    ray_cluster, prefect_harness, trainflow_home, drill
+):
+    config = load_config(
+        small_config(train={"epochs": 3, "callbacks": [f"tests.faults:{drill}"]}, failure={"max_failures": 1})
+    )
+    state = training_pipeline(config=config, return_state=True)
+    assert state.is_completed(), state.message
+    result = state.result()
+    assert result.registered.version == "1"
+    assert marker(result.checkpoint.split("/")[-2]).exists()  # the drill did kill a worker
+    logs = flow_logs(state.state_details.flow_run_id)
+    assert any(line.startswith("the worker group started 2 times") for line in logs), logs
+    resumed = [line for line in logs if line.startswith("resuming from the checkpoint of epoch ")]
+    assert len(resumed) == 1, logs
+
+
+def test_a_retried_train_task_resumes_its_ray_run_instead_of_starting_over(
+    ray_cluster, prefect_harness, trainflow_home
+):
+    # No Ray-level retries: the failure after epoch 2 fails the train task, and Prefect's
+    # retry of it fits the same Ray run again.
+    config = load_config(
+        small_config(
+            train={"epochs": 4, "callbacks": ["tests.faults:fail_at_epoch2"]}, failure={"max_failures": 0}
+        )
+    )
+    state = training_pipeline(config=config, return_state=True)
+    assert state.is_completed(), state.message
+    flow_run_id = state.state_details.flow_run_id
+    train = [t for t in task_runs(flow_run_id) if t.name.startswith("train")]
+    assert [t.run_count for t in train] == [2]
+    logs = flow_logs(flow_run_id)
+    assert "resuming from the checkpoint of epoch 2" in logs
+    # Epochs 1 and 2 were trained once, by the first attempt; the retry trained 3 and 4.
+    assert epochs_logged(logs, 4) == [1, 2, 3, 4]
+    assert state.result().registered.version == "1"

@@ -60,6 +60,11 @@ def test_flow_trains_registers_and_the_champion_predicts_as_reported(
     # One report per epoch, and training lowered the loss.
     losses = [m.value for m in sorted(c.get_metric_history(reg.run_id, "train_loss"), key=lambda m: m.step)]
     assert len(losses) == 3 and losses[-1] < losses[0]
+    # The plots went with the version's run, and the weighted F1 with the metrics.
+    logged = {a.path for a in c.list_artifacts(reg.run_id, "reports")}
+    assert logged == {"reports/learning_curve.png", "reports/confusion_matrix.png"}
+    assert run.data.metrics["test_weighted_f1"] == pytest.approx(first.test_metrics["weighted_f1"])
+    assert reg.aliases == ["champion"]
 
     # Per-epoch metrics reached the train task's Prefect logs, and the artifacts exist.
     logs = flow_logs(state.state_details.flow_run_id)
@@ -90,6 +95,7 @@ def test_flow_trains_registers_and_the_champion_predicts_as_reported(
     assert second.registered.champion == improved
     champion = c.get_model_version_by_alias("digits-test", "champion")
     assert str(champion.version) == ("2" if improved else "1")
+    assert second.registered.aliases == (["champion"] if improved else ["challenger"])
 
 
 def task_runs(flow_run_id) -> list:

@@ -1,4 +1,4 @@
-"""``trainflow run | validate | models``: the command line."""
+"""``trainflow run | validate | predict | models``: the command line."""
 
 from __future__ import annotations
 
@@ -109,6 +109,54 @@ def run(config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False) 
     if result.prepared_reused:
         lines.insert(5, "cache       prepared splits reused (same data, split and preprocessing)")
     typer.echo("\n".join(lines))
+
+
+@app.command()
+def predict(
+    model: Annotated[str, typer.Argument(help="NAME@ALIAS, NAME/VERSION or models:/NAME@ALIAS")],
+    input: Annotated[Path, typer.Argument(help="A Parquet or CSV file, or a folder of them")],
+    output: Annotated[Path, typer.Argument(help="A new folder for the Parquet predictions")],
+    batch_size: Annotated[int, typer.Option(min=1, help="Rows per batch.")] = 1024,
+    concurrency: Annotated[int, typer.Option(min=1, help="Actors, each holding the model once.")] = 1,
+    gpu: Annotated[bool, typer.Option("--gpu", help="One GPU per actor.")] = False,
+) -> None:
+    """Predict every row of INPUT with a registered model; write Parquet to OUTPUT."""
+    from mlflow.exceptions import MlflowException
+
+    from trainflow.pipelines.data import DataError
+    from trainflow.pipelines.predict import check_output, inspect_input
+    from trainflow.runtime import PreflightError, apply_quiet_env
+
+    registry, ws = _registry()
+    # Model, input and output are checked here, before Prefect and Ray start.
+    with _registry_errors():
+        mv = registry.resolve(ws, model)
+        features = registry.load_model(f"{mv.name}/{mv.version}", ws).preprocessor.feature_columns
+    try:
+        inspect_input(str(input), features)
+        check_output(str(output))
+    except DataError as e:
+        raise _fail(str(e)) from None
+
+    apply_quiet_env()
+    from trainflow.flows.batch_predict import batch_predict
+
+    try:
+        result = batch_predict(
+            model=f"{mv.name}/{mv.version}",
+            input=str(input),
+            output=str(output),
+            batch_size=batch_size,
+            concurrency=concurrency,
+            use_gpu=gpu,
+        )
+    except (DataError, PreflightError, MlflowException) as e:
+        raise _fail(str(e)) from None
+    except Exception as e:  # the flow's logs above hold the traceback
+        raise _fail(f"the batch-predict flow failed: {type(e).__name__}: {e}", code=1) from None
+    typer.echo(
+        f"{result.rows} predictions of {mv.name} v{result.version} in {output} ({result.seconds:.1f}s)"
+    )
 
 
 def _require_server(command: str) -> None:

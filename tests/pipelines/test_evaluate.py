@@ -57,3 +57,22 @@ def test_regression_metrics_equal_scikit_learns():
     assert m["rmse"] == pytest.approx(skm.root_mean_squared_error(y_true, y_pred))
     assert m["r2"] == pytest.approx(skm.r2_score(y_true, y_pred))
     assert m["num_examples"] == 5
+
+
+def test_a_checkpoint_scored_on_raw_rows_uses_its_own_preprocessing(ray_cluster, tmp_path):
+    """How the gate re-scores a champion on a challenger's raw test rows, on Ray Data."""
+    import ray.data
+
+    from tests.flows.test_batch_predict import PIXELS, digits_checkpoint
+    from trainflow.pipelines.checkpoint import load_checkpoint
+    from trainflow.pipelines.data import _digits_frame
+    from trainflow.pipelines.evaluate import evaluate_rows
+
+    folder = digits_checkpoint(tmp_path / "ckpt")
+    rows = _digits_frame().sample(300, random_state=0)
+    m = evaluate_rows(str(folder), ray.data.from_pandas(rows), "label", batch_size=64)
+    model = load_checkpoint(folder)
+    expected = model.predict(rows[PIXELS])
+    assert m["num_examples"] == 300
+    assert m["accuracy"] == pytest.approx(np.mean(expected == rows["label"].to_numpy()))
+    assert m["confusion_matrix"] == skm.confusion_matrix(rows["label"], expected, labels=range(10)).tolist()

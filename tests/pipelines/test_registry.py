@@ -108,6 +108,23 @@ def test_a_champion_from_other_test_data_is_reevaluated_before_the_comparison(tr
     assert not worse.champion and worse.decision.champion == 0.80
 
 
+def test_a_champion_that_cannot_score_the_new_data_leaves_min_value_to_decide(trainflow_home, tmp_path):
+    from trainflow.pipelines.data import DataError
+
+    ws = workspace()
+    register(ws, make_checkpoint(tmp_path / "c1"), 0.95, fingerprint="old-data")
+
+    def reevaluate(folder):
+        raise DataError("input lacks feature columns b that the model was trained on")
+
+    reg = register(ws, make_checkpoint(tmp_path / "c2"), 0.6, fingerprint="new-data", reevaluate=reevaluate)
+    assert reg.champion and reg.decision.champion is None and reg.decision.champion_version == "1"
+    assert reg.decision.reason.startswith(
+        "champion v1 cannot score this test data (input lacks feature columns b"
+    )
+    assert reg.decision.reason.endswith("accuracy 0.6000 clears min_value 0.5")
+
+
 def test_min_value_blocks_even_the_first_model(trainflow_home, tmp_path):
     reg = register(workspace(), make_checkpoint(tmp_path / "c"), 0.4, gate=RegistryConfig(min_value=0.9))
     assert not reg.champion and "below min_value 0.9" in reg.decision.reason

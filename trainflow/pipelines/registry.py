@@ -244,8 +244,13 @@ def decide(
     champion_version: str | None = None,
     same_test_data: bool | None = None,
     champion_reevaluated: bool = False,
+    champion_note: str | None = None,
 ) -> GateDecision:
-    """The promotion gate: clear min_value, and beat the champion by min_improvement."""
+    """The promotion gate: clear min_value, and beat the champion by min_improvement.
+
+    A champion without a number to compare (``champion`` None) leaves min_value alone to
+    decide; ``champion_note`` says why, in the reason.
+    """
     common = dict(
         metric=metric,
         candidate=candidate,
@@ -263,7 +268,8 @@ def decide(
     if champion is None:
         return GateDecision(
             True,
-            reason=f"no champion yet; {metric} {candidate:.4f} clears min_value {gate.min_value}",
+            reason=f"{champion_note or 'no champion yet'}; {metric} {candidate:.4f} "
+            f"clears min_value {gate.min_value}",
             **common,
         )
     where = " (champion re-evaluated on this test data)" if champion_reevaluated else ""
@@ -297,13 +303,21 @@ def _champion_number(
     metric: str,
     fingerprint: str | None,
     reevaluate: Reevaluate | None,
-) -> tuple[float | None, bool, bool]:
-    """(the champion's metric on the candidate's test data, same test data, re-evaluated)."""
+) -> tuple[float | None, bool, bool, str | None]:
+    """The champion's metric on the candidate's test data, whether that is the data it was
+    measured on, whether it was re-scored now, and why there is no number if there is none."""
     same = champ.tags.get(TEST_FINGERPRINT_TAG) == fingerprint
     if same or reevaluate is None:
-        return c.get_run(champ.run_id).data.metrics.get(f"test_{metric}"), same, False
-    value = reevaluate(local_checkpoint(ws, champ))[metric]
-    return float(value), same, True
+        value = c.get_run(champ.run_id).data.metrics.get(f"test_{metric}")
+        note = None if value is not None else f"champion v{champ.version} has no test_{metric}"
+        return value, same, False, note
+    try:
+        value = reevaluate(local_checkpoint(ws, champ))[metric]
+    except ValueError as e:
+        # Other features or classes than the new data has (DataError), or an altered
+        # checkpoint (IntegrityError): the champion cannot be compared on these rows.
+        return None, same, False, f"champion v{champ.version} cannot score this test data ({e})"
+    return float(value), same, True, None
 
 
 def register_checkpoint(
@@ -366,10 +380,10 @@ def register_checkpoint(
     metric = gate.gate_metric
     with registry_lock(ws):
         champ = _alias(c, name, CHAMPION)
-        champ_value = same = None
+        champ_value = same = note = None
         reevaluated = False
         if champ is not None:
-            champ_value, same, reevaluated = _champion_number(
+            champ_value, same, reevaluated, note = _champion_number(
                 ws, c, champ, metric, tags.get(TEST_FINGERPRINT_TAG), reevaluate
             )
         decision = decide(
@@ -380,6 +394,7 @@ def register_checkpoint(
             champion_version=str(champ.version) if champ else None,
             same_test_data=same,
             champion_reevaluated=reevaluated,
+            champion_note=note,
         )
         for key, value in decision.to_dict().items():
             c.set_model_version_tag(name, version.version, f"gate.{key}", str(value))
@@ -565,7 +580,10 @@ def local_checkpoint(ws: Workspace, mv: ModelVersion) -> Path:
         tmp = local.parent / f".tmp-{uuid.uuid4().hex[:8]}"
         tmp.mkdir(parents=True)
         try:
-            got = download_artifacts(artifact_uri=mv.source, dst_path=str(tmp), tracking_uri=tracking_uri(ws))
+            with _no_progress_bar():
+                got = download_artifacts(
+                    artifact_uri=mv.source, dst_path=str(tmp), tracking_uri=tracking_uri(ws)
+                )
             try:
                 Path(got).rename(local)
             except OSError:
@@ -577,6 +595,21 @@ def local_checkpoint(ws: Workspace, mv: ModelVersion) -> Path:
     if expected:
         verify_files(local, json.loads(expected), f"{mv.name} version {mv.version}")
     return local
+
+
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """MLflow draws a progress bar on stderr for a few small files; a command's one-line
+    error or a Prefect log should not start with it. The user's own setting wins."""
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    if key in os.environ:
+        yield
+        return
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        os.environ.pop(key, None)
 
 
 def load_model(uri: str, ws: Workspace | None = None) -> Predictor:

@@ -1,0 +1,112 @@
+"""Batch prediction: new rows in, a Parquet folder of predictions out.
+
+:func:`inspect_input` reads only file metadata in the driver, so an input that lacks a
+column the model needs fails before any Ray worker starts. :func:`predict_to_parquet`
+streams the rows through an actor pool that applies the checkpoint's saved
+preprocessing, and writes the result to a temporary folder renamed into place when
+complete: readers never see half an output.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+
+from trainflow.pipelines.data import FORMATS, DataError, _is_numeric, _list_files
+from trainflow.pipelines.evaluate import predict_rows
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    path: str
+    format: str  # "parquet" | "csv"
+    files: list[str]
+    columns: list[str]
+
+
+def inspect_input(path: str, feature_columns: list[str]) -> InputInfo:
+    """Check that the input exists and holds every feature column, numeric; read no rows."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise DataError(f"input {path}: no such file or folder")
+    try:
+        fmt, files = _list_files(p)
+    except DataError as e:
+        raise DataError(str(e).replace("data.source", "input", 1)) from None
+    try:
+        schema = pads.dataset(files, format=fmt).schema
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DataError(f"input {path}: cannot read as {fmt}: {e}") from None
+    missing = [c for c in feature_columns if c not in schema.names]
+    if missing:
+        shown = ", ".join(schema.names[:20]) + (", ..." if len(schema.names) > 20 else "")
+        raise DataError(
+            f"input {path} lacks the feature column{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(map(repr, missing))} that the model was trained on; its columns are: {shown}"
+        )
+    not_numeric = [
+        f"{c} ({schema.field(c).type})" for c in feature_columns if not _is_numeric(schema.field(c).type)
+    ]
+    if not_numeric:
+        raise DataError(f"input {path}: feature columns {', '.join(not_numeric)} are not numeric")
+    return InputInfo(str(p), fmt, files, list(schema.names))
+
+
+def check_output(output: str) -> Path:
+    out = Path(output).expanduser()
+    if out.exists():
+        raise DataError(f"output {output} already exists; choose a new folder or remove it")
+    if out.suffix.lower() in FORMATS:
+        raise DataError(
+            f"output {output}: give a folder (Parquet files are written into it), not a file name"
+        )
+    return out
+
+
+def predict_to_parquet(
+    info: InputInfo,
+    checkpoint_dir: str,
+    output: str,
+    *,
+    version: str,
+    feature_columns: list[str],
+    batch_size: int,
+    concurrency: int = 1,
+    num_gpus: float = 0,
+) -> int:
+    """Predict every input row and write Parquet into ``output``; return the row count.
+
+    The output holds the input's other columns (ids, a label if present), ``prediction``,
+    one ``proba_<class>`` column per class and ``model_version``.
+    """
+    import pyarrow.parquet as pq
+    import ray.data
+
+    out = check_output(output)
+    ds = ray.data.read_parquet(info.files) if info.format == "parquet" else ray.data.read_csv(info.files)
+    keep = tuple(c for c in info.columns if c not in feature_columns)
+    predicted = predict_rows(
+        ds,
+        checkpoint_dir,
+        batch_size,
+        concurrency=concurrency,
+        num_gpus=num_gpus,
+        version=version,
+        keep=keep,
+    )
+    tmp = out.parent / f".tmp-{out.name}-{uuid.uuid4().hex[:8]}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        predicted.write_parquet(str(tmp))
+        rows = sum(pq.ParquetFile(f).metadata.num_rows for f in tmp.glob("*.parquet"))
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return rows

@@ -97,6 +97,19 @@ def test_flow_trains_registers_and_the_champion_predicts_as_reported(
     assert str(champion.version) == ("2" if improved else "1")
     assert second.registered.aliases == (["champion"] if improved else ["challenger"])
 
+    # New data (a different test split): the gate scores the champion again on the new
+    # test rows, with its own preprocessing, before comparing.
+    champion_before = trainflow.load_model("digits-test@champion")
+    newer = load_config(small_config(train={"epochs": 3}, data={"limit": 1500}))
+    third = training_pipeline(config=newer).registered
+    d = third.decision
+    assert third.version == "3" and d["same_test_data"] is False and d["champion_reevaluated"] is True
+    info = inspect_source(newer.data)
+    new_test = split_dataset(load_dataset(info), newer.data.split, info.label_column)["test"].to_pandas()
+    expected = np.mean(champion_before.predict(new_test) == new_test["label"].to_numpy())
+    assert d["champion"] == pytest.approx(expected)
+    assert "re-evaluated on this test data" in d["reason"]
+
 
 def task_runs(flow_run_id) -> list:
     from prefect.client.orchestration import get_client

@@ -97,7 +97,7 @@ def run(config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False) 
     lines = [
         "",
         f"model       {reg.name} version {reg.version}"
-        + (" -> champion" if reg.champion else " (champion unchanged)"),
+        + (" -> champion" if reg.champion else " -> challenger (champion unchanged)"),
         f"gate        {reg.decision['reason']}",
         "test        " + ", ".join(f"{k} {v:.4f}" for k, v in result.test_metrics.items()),
         f"checkpoint  {result.checkpoint}",

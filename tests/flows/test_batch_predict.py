@@ -144,3 +144,26 @@ def test_an_existing_output_and_an_unknown_model_are_refused(
     )
     with pytest.raises(registry.RegistryError, match="digits-batch has no alias 'staging'"):
         state.result()
+
+
+def test_asking_for_a_gpu_the_cluster_lacks_fails_instead_of_waiting(
+    ray_cluster, prefect_harness, trainflow_home, tmp_path
+):
+    import ray
+
+    from trainflow.runtime import PreflightError
+
+    if ray.cluster_resources().get("GPU"):
+        pytest.skip("this machine has a GPU")
+    register_digits_model(tmp_path)
+    digits_rows(10).to_parquet(tmp_path / "input.parquet", index=False)
+    state = batch_predict(
+        model="digits-batch/1",
+        input=str(tmp_path / "input.parquet"),
+        output=str(tmp_path / "out"),
+        use_gpu=True,
+        return_state=True,
+    )
+    with pytest.raises(PreflightError, match="use_gpu asks for 1 GPU per actor, the Ray cluster has 0"):
+        state.result()
+    assert not (tmp_path / "out").exists()

@@ -86,9 +86,19 @@ def predict_to_parquet(
     one ``proba_<class>`` column per class and ``model_version``.
     """
     import pyarrow.parquet as pq
+    import ray
     import ray.data
 
+    from trainflow.runtime import PreflightError
+
     out = check_output(output)
+    gpus = ray.cluster_resources().get("GPU", 0.0)
+    if num_gpus and gpus < num_gpus:
+        # Ray Data would wait for a GPU forever instead of failing.
+        raise PreflightError(
+            f"use_gpu asks for {num_gpus:g} GPU per actor, the Ray cluster has {gpus:g}: "
+            "predict without --gpu, or run on a cluster with GPUs"
+        )
     ds = ray.data.read_parquet(info.files) if info.format == "parquet" else ray.data.read_csv(info.files)
     keep = tuple(c for c in info.columns if c not in feature_columns)
     predicted = predict_rows(

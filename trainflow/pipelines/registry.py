@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -409,15 +410,17 @@ def register_checkpoint(
 def _log_checkpoint(c: MlflowClient, run_id: str, checkpoint_dir: str) -> dict[str, str]:
     """Log the checkpoint folder with a hashes.json beside its files; return the hashes."""
     hashes = file_hashes(checkpoint_dir)
-    staged = Path(checkpoint_dir).parent / f".tmp-register-{uuid.uuid4().hex[:8]}"
+    # A private copy (the run folder may be shared or read-only): Ray prunes its
+    # checkpoints, and what is registered must be what was hashed.
+    workdir = Path(tempfile.mkdtemp(prefix="trainflow-register-"))
+    staged = workdir / "checkpoint"
     try:
-        # A copy: Ray prunes its checkpoints, and the registered one must not change under us.
         shutil.copytree(checkpoint_dir, staged)
         verify_files(staged, hashes, f"checkpoint {checkpoint_dir}")
         (staged / HASHES_FILE).write_text(json.dumps(hashes, indent=2))
         c.log_artifacts(run_id, str(staged), artifact_path="checkpoint")
     finally:
-        shutil.rmtree(staged, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
     return hashes
 
 

@@ -18,8 +18,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from trainflow.pipelines.data import FORMATS, DataError, _is_numeric, _list_files
+from trainflow.pipelines.data import DataError
 from trainflow.pipelines.evaluate import predict_rows
+
+# What batch prediction reads: the tabular formats of the data layer.
+FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 
 
 @dataclass(frozen=True)
@@ -31,14 +34,11 @@ class InputInfo:
 
 
 def inspect_input(path: str, feature_columns: list[str]) -> InputInfo:
-    """Check that the input exists and holds every feature column, numeric; read no rows."""
+    """Check that the input exists and holds every feature column; read no rows."""
     p = Path(path).expanduser()
     if not p.exists():
         raise DataError(f"input {path}: no such file or folder")
-    try:
-        fmt, files = _list_files(p)
-    except DataError as e:
-        raise DataError(str(e).replace("data.source", "input", 1)) from None
+    fmt, files = _list_files(p, path)
     try:
         schema = pads.dataset(files, format=fmt).schema
     except (pa.ArrowInvalid, OSError) as e:
@@ -50,12 +50,24 @@ def inspect_input(path: str, feature_columns: list[str]) -> InputInfo:
             f"input {path} lacks the feature column{'s' if len(missing) > 1 else ''} "
             f"{', '.join(map(repr, missing))} that the model was trained on; its columns are: {shown}"
         )
-    not_numeric = [
-        f"{c} ({schema.field(c).type})" for c in feature_columns if not _is_numeric(schema.field(c).type)
-    ]
-    if not_numeric:
-        raise DataError(f"input {path}: feature columns {', '.join(not_numeric)} are not numeric")
     return InputInfo(str(p), fmt, files, list(schema.names))
+
+
+def _list_files(p: Path, path: str) -> tuple[str, list[str]]:
+    """One Parquet or CSV file, or a folder of files of one of those formats."""
+    kinds = ", ".join(sorted(FORMATS))
+    if p.is_file():
+        if p.suffix.lower() not in FORMATS:
+            raise DataError(f"input {path}: unsupported file type {p.suffix!r}; use one of {kinds}")
+        return FORMATS[p.suffix.lower()], [str(p)]
+    files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith((".", "_")))
+    found = {FORMATS[f.suffix.lower()] for f in files if f.suffix.lower() in FORMATS}
+    if not found:
+        raise DataError(f"input {path}: no {kinds} files in this folder")
+    if len(found) > 1:
+        raise DataError(f"input {path}: mixes {' and '.join(sorted(found))} files; keep one format")
+    fmt = found.pop()
+    return fmt, [str(f) for f in files if FORMATS.get(f.suffix.lower()) == fmt]
 
 
 def check_output(output: str) -> Path:

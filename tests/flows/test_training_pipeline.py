@@ -29,14 +29,18 @@ def flow_logs(flow_run_id) -> list[str]:
     return [log.message for log in asyncio.run(read())]
 
 
-def artifact_keys() -> set[str]:
+def read_artifacts() -> list:
     from prefect.client.orchestration import get_client
 
     async def read():
         async with get_client() as client:
             return await client.read_artifacts()
 
-    return {a.key for a in asyncio.run(read()) if a.key}
+    return asyncio.run(read())
+
+
+def artifact_keys() -> set[str]:
+    return {a.key for a in read_artifacts() if a.key}
 
 
 def test_flow_trains_registers_and_the_champion_predicts_as_reported(
@@ -76,6 +80,11 @@ def test_flow_trains_registers_and_the_champion_predicts_as_reported(
         "digits-test-per-class",
         "digits-test-model",
     } <= artifact_keys()
+    # The gate's artifact is the whole report: decision, metric tables and both plots.
+    gate = next(a.data for a in read_artifacts() if a.key == "digits-test-gate")
+    assert gate.startswith("# digits-test v1: promoted to **champion**")
+    assert "| accuracy |" in gate and "| weighted_f1 |" in gate and "## Per class" in gate
+    assert gate.count("](data:image/png;base64,iVBORw0KGgo") == 2
 
     # The champion, loaded through the public API, predicts the raw test rows with
     # the accuracy the flow reported.

@@ -1,10 +1,11 @@
-"""``trainflow run | validate | models``: the command line."""
+"""``trainflow run | validate | predict | models``: the command line."""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -18,7 +19,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-models_app = typer.Typer(help="Look at registered models.", no_args_is_help=True)
+models_app = typer.Typer(help="Look at registered models, promote and roll back.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 
 ConfigArg = Annotated[
@@ -96,7 +97,7 @@ def run(config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False) 
     lines = [
         "",
         f"model       {reg.name} version {reg.version}"
-        + (" -> champion" if reg.champion else " (champion unchanged)"),
+        + (" -> champion" if reg.champion else " -> challenger (champion unchanged)"),
         f"gate        {reg.decision['reason']}",
         "test        " + ", ".join(f"{k} {v:.4f}" for k, v in result.test_metrics.items()),
         f"checkpoint  {result.checkpoint}",
@@ -108,6 +109,54 @@ def run(config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False) 
     if result.prepared_reused:
         lines.insert(5, "cache       prepared splits reused (same data, split and preprocessing)")
     typer.echo("\n".join(lines))
+
+
+@app.command()
+def predict(
+    model: Annotated[str, typer.Argument(help="NAME@ALIAS, NAME/VERSION or models:/NAME@ALIAS")],
+    input: Annotated[Path, typer.Argument(help="A Parquet or CSV file, or a folder of them")],
+    output: Annotated[Path, typer.Argument(help="A new folder for the Parquet predictions")],
+    batch_size: Annotated[int, typer.Option(min=1, help="Rows per batch.")] = 1024,
+    concurrency: Annotated[int, typer.Option(min=1, help="Actors, each holding the model once.")] = 1,
+    gpu: Annotated[bool, typer.Option("--gpu", help="One GPU per actor.")] = False,
+) -> None:
+    """Predict every row of INPUT with a registered model; write Parquet to OUTPUT."""
+    from mlflow.exceptions import MlflowException
+
+    from trainflow.pipelines.data import DataError
+    from trainflow.pipelines.predict import check_output, inspect_input
+    from trainflow.runtime import PreflightError, apply_quiet_env
+
+    registry, ws = _registry()
+    # Model, input and output are checked here, before Prefect and Ray start.
+    with _registry_errors():
+        mv = registry.resolve(ws, model)
+        features = registry.load_model(f"{mv.name}/{mv.version}", ws).preprocessor.feature_columns
+    try:
+        inspect_input(str(input), features)
+        check_output(str(output))
+    except DataError as e:
+        raise _fail(str(e)) from None
+
+    apply_quiet_env()
+    from trainflow.flows.batch_predict import batch_predict
+
+    try:
+        result = batch_predict(
+            model=f"{mv.name}/{mv.version}",
+            input=str(input),
+            output=str(output),
+            batch_size=batch_size,
+            concurrency=concurrency,
+            use_gpu=gpu,
+        )
+    except (DataError, PreflightError, MlflowException) as e:
+        raise _fail(str(e)) from None
+    except Exception as e:  # the flow's logs above hold the traceback
+        raise _fail(f"the batch-predict flow failed: {type(e).__name__}: {e}", code=1) from None
+    typer.echo(
+        f"{result.rows} predictions of {mv.name} v{result.version} in {output} ({result.seconds:.1f}s)"
+    )
 
 
 def _require_server(command: str) -> None:
@@ -188,33 +237,117 @@ def deploy(
     raise typer.Exit(subprocess.run(cmd, env=env).returncode)
 
 
-@models_app.command("show")
-def models_show(model: Annotated[str, typer.Argument(help="NAME, NAME@ALIAS or NAME/VERSION")]) -> None:
-    """Show a registered version: its aliases, test metrics, lineage and gate decision."""
-    from mlflow.exceptions import MlflowException
-
+def _registry():
+    """The registry module and the workspace, with MLflow's own logging kept quiet."""
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
     from trainflow.pipelines import registry
     from trainflow.runtime import workspace
 
-    ws = workspace()
-    try:
+    return registry, workspace()
+
+
+def _registry_errors():
+    """One-line errors for unknown models, versions and aliases, and impossible moves."""
+    from contextlib import contextmanager
+
+    from mlflow.exceptions import MlflowException
+
+    from trainflow.pipelines.registry import IntegrityError, RegistryError
+
+    @contextmanager
+    def handler():
+        try:
+            yield
+        except (RegistryError, IntegrityError) as e:
+            raise _fail(str(e)) from None
+        except MlflowException as e:
+            raise _fail(str(e).splitlines()[0]) from None
+
+    return handler()
+
+
+ModelArg = Annotated[str, typer.Argument(help="NAME, NAME@ALIAS or NAME/VERSION")]
+NameArg = Annotated[str, typer.Argument(help="The registered model's name")]
+
+
+@models_app.command("list")
+def models_list(name: NameArg) -> None:
+    """Every version of a model: its aliases, test metrics and gate decision."""
+    registry, ws = _registry()
+    with _registry_errors():
+        versions = registry.list_versions(ws, name)
+        c = registry.client(ws)
+        # Searched versions come without their aliases; the registered model holds them.
+        aliases: dict[str, list[str]] = {}
+        for alias, version in c.get_registered_model(name).aliases.items():
+            aliases.setdefault(str(version), []).append(alias)
+        rows = []
+        for mv in versions:
+            metrics = c.get_run(mv.run_id).data.metrics if mv.run_id else {}
+            rows.append(
+                (
+                    str(mv.version),
+                    ",".join(sorted(aliases.get(str(mv.version), []))) or "-",
+                    f"{metrics['test_accuracy']:.4f}" if "test_accuracy" in metrics else "-",
+                    f"{metrics['test_macro_f1']:.4f}" if "test_macro_f1" in metrics else "-",
+                    {"True": "passed", "False": "failed"}.get(mv.tags.get("gate.passed", ""), "-"),
+                    time.strftime("%Y-%m-%d %H:%M", time.gmtime(mv.creation_timestamp / 1000)),
+                )
+            )
+    header = ("version", "aliases", "accuracy", "macro_f1", "gate", "created (UTC)")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        typer.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+@models_app.command("show")
+def models_show(model: ModelArg) -> None:
+    """Show a registered version: its aliases, test metrics, lineage and gate decision."""
+    registry, ws = _registry()
+    with _registry_errors():
         mv = registry.resolve(ws, model)
-    except (MlflowException, ValueError) as e:
-        raise _fail(str(e).splitlines()[0]) from None
-    run = registry.client(ws).get_run(mv.run_id)
+        c = registry.client(ws)
+        run = c.get_run(mv.run_id)
+        history = [m for m in registry.moves(c, mv.name) if m["version"] == str(mv.version)]
+    tags = dict(mv.tags)
+    gate = {k.removeprefix("gate."): v for k, v in tags.items() if k.startswith("gate.")}
     typer.echo(
         json.dumps(
             {
                 "name": mv.name,
                 "version": str(mv.version),
-                "aliases": list(mv.aliases),
+                "status": mv.status,
+                "aliases": sorted(mv.aliases),
                 "source": mv.source,
                 "metrics": {k: v for k, v in run.data.metrics.items() if k.startswith("test_")},
-                "tags": dict(mv.tags),
+                "gate": gate,
+                "alias_moves": history,
+                "tags": tags,
             },
             indent=2,
         )
     )
+
+
+@models_app.command("promote")
+def models_promote(
+    name: NameArg, version: Annotated[str, typer.Argument(help="The version to promote")]
+) -> None:
+    """Make VERSION the champion, whatever its gate said; `rollback` undoes it."""
+    registry, ws = _registry()
+    with _registry_errors():
+        move = registry.promote(ws, name, version)
+    was = f" (was v{move['previous']})" if move["previous"] else ""
+    typer.echo(f"{name}: champion -> v{move['version']}{was}")
+
+
+@models_app.command("rollback")
+def models_rollback(name: NameArg) -> None:
+    """Move the champion back to the champion before it."""
+    registry, ws = _registry()
+    with _registry_errors():
+        move = registry.rollback(ws, name)
+    typer.echo(f"{name}: champion -> v{move['version']} (rolled back from v{move['previous']})")
 
 
 def main() -> None:

@@ -159,10 +159,12 @@ class FailureSection(_Section):
 
 class EvaluationConfig(_Section):
     batch_size: int = Field(512, ge=1)
+    # Actors in the map_batches pool; each loads the model once.
+    concurrency: int = Field(1, ge=1)
 
 
 class RegistryConfig(_Section):
-    gate_metric: Literal["accuracy", "macro_f1"] = "accuracy"
+    gate_metric: Literal["accuracy", "macro_f1", "weighted_f1"] = "accuracy"
     # The champion alias moves when new >= champion + min_improvement and new >= min_value.
     min_improvement: float = 0.0
     min_value: float = 0.9

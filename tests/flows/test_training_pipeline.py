@@ -29,14 +29,18 @@ def flow_logs(flow_run_id) -> list[str]:
     return [log.message for log in asyncio.run(read())]
 
 
-def artifact_keys() -> set[str]:
+def read_artifacts() -> list:
     from prefect.client.orchestration import get_client
 
     async def read():
         async with get_client() as client:
             return await client.read_artifacts()
 
-    return {a.key for a in asyncio.run(read()) if a.key}
+    return asyncio.run(read())
+
+
+def artifact_keys() -> set[str]:
+    return {a.key for a in read_artifacts() if a.key}
 
 
 def test_flow_trains_registers_and_the_champion_predicts_as_reported(
@@ -60,6 +64,11 @@ def test_flow_trains_registers_and_the_champion_predicts_as_reported(
     # One report per epoch, and training lowered the loss.
     losses = [m.value for m in sorted(c.get_metric_history(reg.run_id, "train_loss"), key=lambda m: m.step)]
     assert len(losses) == 3 and losses[-1] < losses[0]
+    # The plots went with the version's run, and the weighted F1 with the metrics.
+    logged = {a.path for a in c.list_artifacts(reg.run_id, "reports")}
+    assert logged == {"reports/learning_curve.png", "reports/confusion_matrix.png"}
+    assert run.data.metrics["test_weighted_f1"] == pytest.approx(first.test_metrics["weighted_f1"])
+    assert reg.aliases == ["champion"]
 
     # Per-epoch metrics reached the train task's Prefect logs, and the artifacts exist.
     logs = flow_logs(state.state_details.flow_run_id)
@@ -71,6 +80,11 @@ def test_flow_trains_registers_and_the_champion_predicts_as_reported(
         "digits-test-per-class",
         "digits-test-model",
     } <= artifact_keys()
+    # The gate's artifact is the whole report: decision, metric tables and both plots.
+    gate = next(a.data for a in read_artifacts() if a.key == "digits-test-gate")
+    assert gate.startswith("# digits-test v1: promoted to **champion**")
+    assert "| accuracy |" in gate and "| weighted_f1 |" in gate and "## Per class" in gate
+    assert gate.count("](data:image/png;base64,iVBORw0KGgo") == 2
 
     # The champion, loaded through the public API, predicts the raw test rows with
     # the accuracy the flow reported.
@@ -90,6 +104,20 @@ def test_flow_trains_registers_and_the_champion_predicts_as_reported(
     assert second.registered.champion == improved
     champion = c.get_model_version_by_alias("digits-test", "champion")
     assert str(champion.version) == ("2" if improved else "1")
+    assert second.registered.aliases == (["champion"] if improved else ["challenger"])
+
+    # New data (a different test split): the gate scores the champion again on the new
+    # test rows, with its own preprocessing, before comparing.
+    champion_before = trainflow.load_model("digits-test@champion")
+    newer = load_config(small_config(train={"epochs": 3}, data={"limit": 1500}))
+    third = training_pipeline(config=newer).registered
+    d = third.decision
+    assert third.version == "3" and d["same_test_data"] is False and d["champion_reevaluated"] is True
+    info = inspect_source(newer.data)
+    new_test = split_dataset(load_dataset(info), newer.data.split, info.label_column)["test"].to_pandas()
+    expected = np.mean(champion_before.predict(new_test) == new_test["label"].to_numpy())
+    assert d["champion"] == pytest.approx(expected)
+    assert "re-evaluated on this test data" in d["reason"]
 
 
 def task_runs(flow_run_id) -> list:

@@ -1,4 +1,8 @@
+import json
+import multiprocessing
 import shutil
+from pathlib import Path
+from urllib.parse import urlparse
 
 import numpy as np
 import pandas as pd
@@ -6,10 +10,12 @@ import pytest
 
 from trainflow.config import ModelConfig, PipelineConfig, RegistryConfig
 from trainflow.pipelines import registry
-from trainflow.pipelines.checkpoint import save_checkpoint
+from trainflow.pipelines.checkpoint import load_checkpoint, save_checkpoint
 from trainflow.pipelines.models import build_model, model_spec
 from trainflow.pipelines.preprocess import Preprocessor
 from trainflow.runtime import workspace
+
+FRAME = pd.DataFrame({"a": [0.1, -2.0, 3.0], "b": [1.0, 0.0, -1.0]})
 
 
 def make_checkpoint(folder, seed=0):
@@ -28,41 +34,101 @@ def make_checkpoint(folder, seed=0):
     return str(folder)
 
 
-def register(ws, folder, accuracy, gate=None, fingerprint="test-a"):
+def register(ws, folder, accuracy, gate=None, fingerprint="test-a", reevaluate=None, name="toy"):
     return registry.register_checkpoint(
         ws,
-        name="toy",
+        name=name,
         checkpoint_dir=folder,
         params={"train": {"lr": 0.1}},
         metrics={"accuracy": accuracy, "macro_f1": accuracy},
         history=[{"epoch": 1, "train_loss": 0.9}, {"epoch": 2, "train_loss": 0.5}],
         tags={registry.TEST_FINGERPRINT_TAG: fingerprint},
         gate=gate or RegistryConfig(min_value=0.5),
+        reevaluate=reevaluate,
     )
 
 
-def test_gate_promotes_only_a_better_model(trainflow_home, tmp_path):
+def alias_version(c, alias, name="toy"):
+    return str(c.get_model_version_by_alias(name, alias).version)
+
+
+def test_gate_promotes_a_better_model_and_a_worse_one_becomes_challenger(trainflow_home, tmp_path):
     ws = workspace()
     first = register(ws, make_checkpoint(tmp_path / "c1"), 0.80)
-    assert first.version == "1" and first.champion
+    assert first.version == "1" and first.champion and first.aliases == ["champion"]
     worse = register(ws, make_checkpoint(tmp_path / "c2"), 0.70)
-    assert worse.version == "2" and not worse.champion
+    assert worse.version == "2" and not worse.champion and worse.aliases == ["challenger"]
     assert "improvement -0.1000 < 0.0" in worse.decision.reason
     better = register(ws, make_checkpoint(tmp_path / "c3"), 0.90)
     assert better.champion and better.decision.champion_version == "1"
-    assert better.decision.same_test_data is True
+    assert better.decision.same_test_data is True and not better.decision.champion_reevaluated
     c = registry.client(ws)
-    assert str(c.get_model_version_by_alias("toy", "champion").version) == "3"
+    assert alias_version(c, "champion") == "3" and alias_version(c, "challenger") == "2"
     v2 = c.get_model_version("toy", "2")
     assert v2.tags["gate.passed"] == "False" and v2.tags["gate.candidate"] == "0.7"
+    assert v2.tags["gate.champion"] == "0.8" and v2.tags["gate.champion_version"] == "1"
     run = c.get_run(better.run_id)
     assert run.data.params["train.lr"] == "0.1" and run.data.metrics["test_accuracy"] == 0.9
     assert [m.step for m in c.get_metric_history(better.run_id, "train_loss")] == [1, 2]
+    assert [(m["alias"], m["version"], m["previous"]) for m in registry.moves(c, "toy")] == [
+        ("champion", "1", None),
+        ("challenger", "2", None),
+        ("champion", "3", "1"),
+    ]
+
+
+def test_a_champion_from_other_test_data_is_reevaluated_before_the_comparison(trainflow_home, tmp_path):
+    ws = workspace()
+    register(ws, make_checkpoint(tmp_path / "c1", seed=1), 0.99, fingerprint="old-data")
+    seen = []
+
+    def reevaluate(folder):
+        seen.append(folder)
+        # The champion's own registered checkpoint, as the registry holds it.
+        assert load_checkpoint(folder).predict_proba(FRAME).shape == (3, 2)
+        return {"accuracy": 0.60, "macro_f1": 0.55}
+
+    # Registered at 0.99 on old data, the champion scores 0.60 on the new test split:
+    # a challenger at 0.80 is better on the same rows and takes over.
+    reg = register(ws, make_checkpoint(tmp_path / "c2"), 0.80, fingerprint="new-data", reevaluate=reevaluate)
+    assert len(seen) == 1
+    d = reg.decision
+    assert reg.champion and d.champion == 0.60 and d.champion_reevaluated and d.same_test_data is False
+    assert "re-evaluated on this test data" in d.reason
+    tags = registry.client(ws).get_model_version("toy", "2").tags
+    assert tags["gate.champion"] == "0.6" and tags["gate.champion_reevaluated"] == "True"
+
+    # Same test data: the recorded number is used, nothing is re-scored.
+    def must_not_run(folder):
+        raise AssertionError("re-evaluated a champion measured on the same test data")
+
+    worse = register(
+        ws, make_checkpoint(tmp_path / "c3"), 0.70, fingerprint="new-data", reevaluate=must_not_run
+    )
+    assert not worse.champion and worse.decision.champion == 0.80
+
+
+def test_a_champion_that_cannot_score_the_new_data_leaves_min_value_to_decide(trainflow_home, tmp_path):
+    from trainflow.pipelines.data import DataError
+
+    ws = workspace()
+    register(ws, make_checkpoint(tmp_path / "c1"), 0.95, fingerprint="old-data")
+
+    def reevaluate(folder):
+        raise DataError("input lacks feature columns b that the model was trained on")
+
+    reg = register(ws, make_checkpoint(tmp_path / "c2"), 0.6, fingerprint="new-data", reevaluate=reevaluate)
+    assert reg.champion and reg.decision.champion is None and reg.decision.champion_version == "1"
+    assert reg.decision.reason.startswith(
+        "champion v1 cannot score this test data (input lacks feature columns b"
+    )
+    assert reg.decision.reason.endswith("accuracy 0.6000 clears min_value 0.5")
 
 
 def test_min_value_blocks_even_the_first_model(trainflow_home, tmp_path):
     reg = register(workspace(), make_checkpoint(tmp_path / "c"), 0.4, gate=RegistryConfig(min_value=0.9))
     assert not reg.champion and "below min_value 0.9" in reg.decision.reason
+    assert reg.aliases == ["challenger"]
 
 
 def test_decide_with_a_required_improvement():
@@ -71,23 +137,150 @@ def test_decide_with_a_required_improvement():
     assert registry.decide("accuracy", 0.93, 0.90, gate, champion_version="1").passed
 
 
+def test_promote_and_rollback_keep_a_history_of_champions(trainflow_home, tmp_path):
+    ws = workspace()
+    for i, acc in enumerate([0.8, 0.9, 0.7], start=1):
+        register(ws, make_checkpoint(tmp_path / f"c{i}"), acc)
+    c = registry.client(ws)
+    assert alias_version(c, "champion") == "2" and alias_version(c, "challenger") == "3"
+
+    assert registry.rollback(ws, "toy")["version"] == "1"
+    assert alias_version(c, "champion") == "1"
+    with pytest.raises(registry.RegistryError, match=r"toy has no previous champion .*champion: v1"):
+        registry.rollback(ws, "toy")
+
+    move = registry.promote(ws, "toy", "3")
+    assert (move["version"], move["previous"], move["action"]) == ("3", "1", "promote")
+    v3 = c.get_model_version("toy", "3")
+    assert v3.aliases == ["champion"]  # no longer the challenger
+    assert registry.rollback(ws, "toy")["version"] == "1"
+    actions = [(m["action"], m["version"]) for m in registry.moves(c, "toy") if m["alias"] == "champion"]
+    assert actions == [("gate", "1"), ("gate", "2"), ("rollback", "1"), ("promote", "3"), ("rollback", "1")]
+
+
+def test_unknown_models_versions_and_aliases_are_named(trainflow_home, tmp_path):
+    ws = workspace()
+    register(ws, make_checkpoint(tmp_path / "c"), 0.8)
+    with pytest.raises(registry.RegistryError, match="use NAME@ALIAS"):
+        registry.resolve(ws, "a/b/c")
+    with pytest.raises(registry.RegistryError, match=r"unknown model 'nobody'; registered models: toy"):
+        registry.resolve(ws, "nobody@champion")
+    with pytest.raises(registry.RegistryError, match=r"toy has no version 7; its versions: 1"):
+        registry.resolve(ws, "toy/7")
+    with pytest.raises(registry.RegistryError, match=r"toy has no alias 'staging'; its aliases: champion"):
+        registry.resolve(ws, "toy@staging")
+    with pytest.raises(registry.RegistryError, match=r"toy has no version 9"):
+        registry.promote(ws, "toy", "9")
+    with pytest.raises(registry.RegistryError, match=r"unknown model 'nobody'"):
+        registry.rollback(ws, "nobody")
+
+
 def test_a_registered_model_loads_after_its_checkpoint_folder_is_gone(trainflow_home, tmp_path):
     ws = workspace()
     folder = make_checkpoint(tmp_path / "run" / "checkpoint", seed=3)
     register(ws, folder, 0.8)
-    frame = pd.DataFrame({"a": [0.1, -2.0, 3.0], "b": [1.0, 0.0, -1.0]})
-    from trainflow.pipelines.checkpoint import load_checkpoint
-
-    expected = load_checkpoint(folder).predict_proba(frame)
+    expected = load_checkpoint(folder).predict_proba(FRAME)
     shutil.rmtree(tmp_path / "run")
     for uri in ("toy", "toy@champion", "toy/1", "models:/toy@champion", "models:/toy/1"):
-        np.testing.assert_allclose(registry.load_model(uri, ws).predict_proba(frame), expected, rtol=1e-6)
+        model = registry.load_model(uri, ws)
+        np.testing.assert_allclose(model.predict_proba(FRAME), expected, rtol=1e-6)
+        assert model.version == "1"
 
 
-def test_bad_model_uris(trainflow_home):
-    from mlflow.exceptions import MlflowException
+def _registered_copy(ws, name="toy", version="1"):
+    mv = registry.client(ws).get_model_version(name, version)
+    return registry.local_checkpoint(ws, mv), mv
 
-    with pytest.raises(ValueError, match="use NAME@ALIAS"):
-        registry.resolve(workspace(), "a/b/c")
-    with pytest.raises(MlflowException):
-        registry.resolve(workspace(), "nobody@champion")
+
+def test_an_altered_or_missing_checkpoint_file_is_refused(trainflow_home, tmp_path):
+    ws = workspace()
+    register(ws, make_checkpoint(tmp_path / "c"), 0.8)
+    local, mv = _registered_copy(ws)
+    recorded = json.loads((local / registry.HASHES_FILE).read_text())
+    assert set(recorded) >= {"model.pt", "model.json", "preprocessor.json", "config.json", "metrics.json"}
+    assert json.loads(mv.tags[registry.HASHES_TAG]) == recorded
+
+    # The local copy altered: refused, naming the file.
+    spec = json.loads((local / "model.json").read_text())
+    (local / "model.json").write_text(json.dumps({**spec, "dropout": 0.5}))
+    with pytest.raises(registry.IntegrityError, match=r"toy version 1: model.json in .* differs"):
+        registry.load_model("toy/1", ws)
+    # The registry's own copy altered: a fresh download is refused too.
+    shutil.rmtree(local)
+    stored = Path(urlparse(mv.source).path)
+    assert stored.is_relative_to(ws.artifacts)
+    with open(stored / "model.pt", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(registry.IntegrityError, match=r"model.pt in .* differs"):
+        registry.load_model("toy@champion", ws)
+    shutil.rmtree(ws.home / "models")
+    (stored / "preprocessor.json").unlink()
+    with pytest.raises(registry.IntegrityError, match=r"preprocessor.json is missing"):
+        registry.load_model("toy/1", ws)
+
+
+def test_weights_load_with_weights_only(tmp_path):
+    import torch
+
+    folder = make_checkpoint(tmp_path / "c")
+    # A model.pt that pickles an arbitrary object (here a pandas frame) is refused.
+    torch.save({"weights": FRAME}, tmp_path / "c" / "model.pt")
+    with pytest.raises(Exception, match="[Ww]eights only load failed"):
+        load_checkpoint(folder)
+
+
+def _register_in_a_process(args):
+    home, folder, accuracy = args
+    import os
+
+    os.environ["TRAINFLOW_HOME"] = home
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    reg = register(workspace(), folder, accuracy, name="par")
+    return reg.version, reg.run_id
+
+
+def test_parallel_registrations_get_distinct_versions_and_none_is_lost(trainflow_home, tmp_path):
+    folders = [make_checkpoint(tmp_path / "runs" / f"c{i}", seed=i) for i in range(8)]
+    accuracies = [0.6 + 0.04 * i for i in range(8)]
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(8) as pool:
+        jobs = [(str(trainflow_home), f, a) for f, a in zip(folders, accuracies, strict=True)]
+        got = pool.map(_register_in_a_process, jobs)
+    versions = sorted(int(v) for v, _ in got)
+    assert versions == list(range(1, 9)) and len({r for _, r in got}) == 8
+
+    ws = workspace()
+    c = registry.client(ws)
+    assert all(mv.status == "READY" for mv in c.search_model_versions("name='par'"))
+    assert len(registry.moves(c, "par")) == 8
+    # Every version loads from the registry's own copy after the run folders are gone.
+    shutil.rmtree(tmp_path / "runs")
+    for v in versions:
+        assert registry.load_model(f"par/{v}", ws).predict_proba(FRAME).shape == (3, 2)
+    # The gate ran one registration at a time: the champion is the best of the eight
+    # whichever order they finished in (each later one compared against the best so far).
+    best = max(zip(accuracies, got, strict=True))[1][0]
+    assert alias_version(c, "champion", "par") == best
+
+
+def test_a_locked_database_is_retried_and_other_errors_are_not():
+    import sqlite3
+
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise sqlite3.OperationalError("database is locked")
+        return "done"
+
+    assert registry.retry_locked(flaky) == "done" and len(calls) == 3
+
+    def broken():
+        calls.append(1)
+        raise sqlite3.OperationalError("no such table: runs")
+
+    calls.clear()
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        registry.retry_locked(broken)
+    assert len(calls) == 1

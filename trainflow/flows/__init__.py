@@ -1,5 +1,6 @@
 """Prefect flows: short recipes of task calls."""
 
+from trainflow.flows.batch_predict import batch_predict
 from trainflow.flows.training import training_pipeline
 
-__all__ = ["training_pipeline"]
+__all__ = ["batch_predict", "training_pipeline"]

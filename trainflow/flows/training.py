@@ -108,9 +108,9 @@ def training_pipeline(
             trained, timings["train"] = timed(train, config, prepared, run_name)
             # evaluate
             evaluated, timings["evaluate"] = timed(evaluate, config, prepared, trained)
-
-        # register: the champion alias moves only if the gate passes
-        registered, timings["register"] = timed(register, config, source, prepared, trained, evaluated)
+            # register: the champion alias moves only if the gate passes (a champion
+            # measured on other test data is scored on this run's, on Ray, first)
+            registered, timings["register"] = timed(register, config, source, prepared, trained, evaluated)
 
     result = PipelineResult(
         name=config.name,

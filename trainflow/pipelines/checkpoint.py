@@ -69,6 +69,7 @@ class Predictor:
     config: dict[str, Any]
     metrics: dict[str, Any]
     path: Path
+    version: str | None = None  # the registered version it was loaded from, if any
 
     @property
     def classes(self) -> list[Any]:
@@ -76,7 +77,9 @@ class Predictor:
 
     @torch.inference_mode()
     def predict_logits(self, features: np.ndarray) -> np.ndarray:
-        return self.model(torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))).numpy()
+        x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
+        device = next(self.model.parameters()).device  # a batch-predict actor may hold it on a GPU
+        return self.model(x.to(device)).cpu().numpy()
 
     def predict_proba(self, frame: pd.DataFrame) -> np.ndarray:
         """Class probabilities, one column per entry of ``classes``, for raw rows."""

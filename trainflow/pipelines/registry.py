@@ -2,17 +2,32 @@
 
 The registry is the embedded SQLite store under TRAINFLOW_HOME unless
 MLFLOW_TRACKING_URI points at an MLflow server. Every version owns a copy of its
-checkpoint folder as its artifact, so it outlives Ray's run folders.
+checkpoint folder as its artifact, with the SHA-256 of each file, so it outlives Ray's
+run folders and an altered copy is refused.
+
+Two aliases: ``champion`` (the version in use) moves only when the gate passes or a
+user promotes or rolls back; ``challenger`` marks the latest version that did not pass.
+Every alias move is kept as a registered-model tag ``trainflow.move.NNNNNN`` (JSON), so
+``rollback`` knows the previous champion and a user can read who moved what, when.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
+import getpass
+import hashlib
+import json
 import os
 import re
 import shutil
+import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,24 +35,107 @@ from trainflow.pipelines.checkpoint import Predictor, load_checkpoint
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
+    from mlflow.entities.model_registry import ModelVersion
 
     from trainflow.config import RegistryConfig
     from trainflow.runtime import Workspace
 
 CHAMPION = "champion"
+CHALLENGER = "challenger"
 EXPERIMENT = "trainflow"
 TEST_FINGERPRINT_TAG = "trainflow.test_fingerprint"
+HASHES_TAG = "trainflow.sha256"
+HASHES_FILE = "hashes.json"
+MOVE_TAG = "trainflow.move."
+# How long to wait for a version's artifacts to be READY before an alias may point at it.
+READY_TIMEOUT_S = 300
+
+
+class RegistryError(ValueError):
+    """A model, version or alias that does not exist, or a move that cannot be made."""
+
+
+class IntegrityError(ValueError):
+    """A registered checkpoint whose files are missing or differ from what was registered."""
 
 
 def tracking_uri(ws: Workspace) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{ws.mlflow_db}"
 
 
+def _embedded() -> bool:
+    return not os.environ.get("MLFLOW_TRACKING_URI")
+
+
+def _locked_database(e: BaseException) -> bool:
+    return "database is locked" in str(e) or "database table is locked" in str(e)
+
+
+def retry_locked(fn: Callable, *args, attempts: int = 12, **kwargs):
+    """Call fn, retrying with backoff while SQLite says the database is locked.
+
+    The embedded store is one SQLite file; flow runs registering at the same moment take
+    turns on its write lock, and SQLite answers the loser "database is locked" instead
+    of waiting. A locked write did not happen, so trying it again is safe.
+    """
+    delay = 0.05
+    for attempt in range(attempts):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            if attempt == attempts - 1 or not _locked_database(e):
+                raise
+            time.sleep(delay * (1 + (os.getpid() % 7) / 7))  # spread the processes apart
+            delay = min(delay * 2, 2.0)
+
+
+class _RetryingClient:
+    """An MlflowClient whose every call retries while the SQLite database is locked."""
+
+    def __init__(self, inner: MlflowClient):
+        self._inner = inner
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+        return functools.partial(retry_locked, attr)
+
+
+@contextlib.contextmanager
+def registry_lock(ws: Workspace) -> Iterator[None]:
+    """One process at a time reads the champion, decides and moves aliases.
+
+    A file lock serializes processes on this machine (the embedded store's case); with
+    an MLflow server, the training flow's per-model Prefect concurrency slot does.
+    """
+    path = ws.home / "registry.lock"
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def client(ws: Workspace) -> MlflowClient:
     from mlflow import MlflowClient
 
     uri = tracking_uri(ws)
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+    if _embedded() and uri not in _opened:
+        # A process's first client creates or upgrades the database's tables: two
+        # processes doing it at once collide ("duplicate column name"), so each does it
+        # under the lock, registry tables included.
+        with registry_lock(ws):
+            c = MlflowClient(tracking_uri=uri, registry_uri=uri)
+            c.search_registered_models(max_results=1)
+        _opened.add(uri)
+    else:
+        c = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    return _RetryingClient(c)  # type: ignore[return-value]
+
+
+_opened: set[str] = set()  # the embedded stores this process has opened
 
 
 def _experiment_id(c: MlflowClient, ws: Workspace) -> str:
@@ -45,7 +143,7 @@ def _experiment_id(c: MlflowClient, ws: Workspace) -> str:
     if exp is not None:
         return exp.experiment_id
     # The embedded store keeps artifacts beside its database, not in ./mlruns.
-    location = None if os.environ.get("MLFLOW_TRACKING_URI") else ws.artifacts.as_uri()
+    location = ws.artifacts.as_uri() if _embedded() else None
     try:
         return c.create_experiment(EXPERIMENT, artifact_location=location)
     except Exception:
@@ -67,6 +165,48 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# --- file hashes ---------------------------------------------------------------------
+
+
+def file_hashes(folder: str | Path) -> dict[str, str]:
+    """SHA-256 of every file in a checkpoint folder, by its path relative to the folder."""
+    folder = Path(folder)
+    out = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        if rel != HASHES_FILE:
+            out[rel] = _sha256(path)
+    return out
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_files(folder: str | Path, expected: dict[str, str], what: str) -> None:
+    """Refuse a folder with a missing file or a file whose SHA-256 differs from ``expected``."""
+    folder = Path(folder)
+    missing = [rel for rel in sorted(expected) if not (folder / rel).is_file()]
+    if missing:
+        raise IntegrityError(
+            f"{what}: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing from {folder}; "
+            "registered with the model"
+        )
+    for rel, digest in sorted(expected.items()):
+        if _sha256(folder / rel) != digest:
+            raise IntegrityError(
+                f"{what}: {rel} in {folder} differs from the file registered (SHA-256 mismatch); "
+                "the checkpoint was altered after registration"
+            )
+
+
+# --- the gate ------------------------------------------------------------------------
+
+
 @dataclass
 class GateDecision:
     passed: bool
@@ -78,6 +218,8 @@ class GateDecision:
     min_value: float
     same_test_data: bool | None
     reason: str
+    # True when the champion's number was measured now, on the candidate's test data.
+    champion_reevaluated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,6 +233,7 @@ class Registration:
     champion: bool
     decision: GateDecision
     source: str
+    aliases: list[str]
 
 
 def decide(
@@ -101,8 +244,14 @@ def decide(
     *,
     champion_version: str | None = None,
     same_test_data: bool | None = None,
+    champion_reevaluated: bool = False,
+    champion_note: str | None = None,
 ) -> GateDecision:
-    """The promotion gate: clear min_value, and beat the champion by min_improvement."""
+    """The promotion gate: clear min_value, and beat the champion by min_improvement.
+
+    A champion without a number to compare (``champion`` None) leaves min_value alone to
+    decide; ``champion_note`` says why, in the reason.
+    """
     common = dict(
         metric=metric,
         candidate=candidate,
@@ -111,6 +260,7 @@ def decide(
         min_improvement=gate.min_improvement,
         min_value=gate.min_value,
         same_test_data=same_test_data,
+        champion_reevaluated=champion_reevaluated,
     )
     if candidate < gate.min_value:
         return GateDecision(
@@ -119,31 +269,56 @@ def decide(
     if champion is None:
         return GateDecision(
             True,
-            reason=f"no champion yet; {metric} {candidate:.4f} clears min_value {gate.min_value}",
+            reason=f"{champion_note or 'no champion yet'}; {metric} {candidate:.4f} "
+            f"clears min_value {gate.min_value}",
             **common,
         )
-    if candidate - champion >= gate.min_improvement:
-        return GateDecision(
-            True,
-            reason=f"{metric} {candidate:.4f} vs champion v{champion_version} {champion:.4f}: "
-            f"improvement {candidate - champion:+.4f} >= {gate.min_improvement}",
-            **common,
-        )
-    return GateDecision(
-        False,
-        reason=f"{metric} {candidate:.4f} vs champion v{champion_version} {champion:.4f}: "
-        f"improvement {candidate - champion:+.4f} < {gate.min_improvement}",
-        **common,
+    where = " (champion re-evaluated on this test data)" if champion_reevaluated else ""
+    compared = (
+        f"{metric} {candidate:.4f} vs champion v{champion_version} {champion:.4f}{where}: "
+        f"improvement {candidate - champion:+.4f}"
     )
+    if candidate - champion >= gate.min_improvement:
+        return GateDecision(True, reason=f"{compared} >= {gate.min_improvement}", **common)
+    return GateDecision(False, reason=f"{compared} < {gate.min_improvement}", **common)
 
 
-def _champion(c: MlflowClient, name: str):
+def _alias(c: MlflowClient, name: str, alias: str) -> ModelVersion | None:
     from mlflow.exceptions import MlflowException
 
     try:
-        return c.get_model_version_by_alias(name, CHAMPION)
+        return c.get_model_version_by_alias(name, alias)
     except MlflowException:
         return None
+
+
+# What re-scores a champion on the candidate's test data: its local checkpoint folder in,
+# its test metrics out (``accuracy``, ``macro_f1``...).
+Reevaluate = Callable[[Path], dict[str, Any]]
+
+
+def _champion_number(
+    ws: Workspace,
+    c: MlflowClient,
+    champ: ModelVersion,
+    metric: str,
+    fingerprint: str | None,
+    reevaluate: Reevaluate | None,
+) -> tuple[float | None, bool, bool, str | None]:
+    """The champion's metric on the candidate's test data, whether that is the data it was
+    measured on, whether it was re-scored now, and why there is no number if there is none."""
+    same = champ.tags.get(TEST_FINGERPRINT_TAG) == fingerprint
+    if same or reevaluate is None:
+        value = c.get_run(champ.run_id).data.metrics.get(f"test_{metric}")
+        note = None if value is not None else f"champion v{champ.version} has no test_{metric}"
+        return value, same, False, note
+    try:
+        value = reevaluate(local_checkpoint(ws, champ))[metric]
+    except ValueError as e:
+        # Other features or classes than the new data has (DataError), or an altered
+        # checkpoint (IntegrityError): the champion cannot be compared on these rows.
+        return None, same, False, f"champion v{champ.version} cannot score this test data ({e})"
+    return float(value), same, True, None
 
 
 def register_checkpoint(
@@ -156,11 +331,17 @@ def register_checkpoint(
     history: list[dict[str, Any]],
     tags: dict[str, str],
     gate: RegistryConfig,
+    reevaluate: Reevaluate | None = None,
+    reports: list[str] | None = None,
 ) -> Registration:
-    """One MLflow run and model version; the champion alias moves only if the gate passes.
+    """One MLflow run and model version; ``champion`` moves only if the gate passes, else
+    the version becomes ``challenger``.
 
-    ``metrics`` are the test metrics (``accuracy``, ``macro_f1``...), logged as ``test_*``.
-    ``tags`` carry lineage; TEST_FINGERPRINT_TAG names the test data they were measured on.
+    ``metrics`` are the test metrics (``accuracy``, ``macro_f1``...), logged as ``test_*``;
+    ``history`` the per-epoch metrics, logged with step=epoch. ``tags`` carry lineage;
+    TEST_FINGERPRINT_TAG names the test data the metrics were measured on. When the
+    champion was measured on other test data, ``reevaluate`` scores it on this one before
+    the comparison. ``reports`` are files (plots) logged under ``reports/``.
     """
     from mlflow.entities import Metric, Param
     from mlflow.exceptions import MlflowException
@@ -180,7 +361,9 @@ def register_checkpoint(
         c.log_batch(run_id, metrics=logged[i : i + 1000])
     for i in range(0, len(params_list), 100):
         c.log_batch(run_id, params=params_list[i : i + 100])
-    c.log_artifacts(run_id, checkpoint_dir, artifact_path="checkpoint")
+    hashes = _log_checkpoint(c, run_id, checkpoint_dir)
+    for report in reports or []:
+        c.log_artifact(run_id, report, artifact_path="reports")
     c.set_terminated(run_id)
 
     try:
@@ -189,45 +372,247 @@ def register_checkpoint(
         if e.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
     source = f"{run.info.artifact_uri}/checkpoint"
-    version = c.create_model_version(name, source=source, run_id=run_id, tags=tags)
+    version = c.create_model_version(
+        name, source=source, run_id=run_id, tags={**tags, HASHES_TAG: json.dumps(hashes)}
+    )
+    # An alias must never point at a version whose artifacts are still uploading.
+    _wait_until_ready(c, name, str(version.version))
 
     metric = gate.gate_metric
-    champ = _champion(c, name)
-    champ_value = same = None
-    if champ is not None:
-        champ_value = c.get_run(champ.run_id).data.metrics.get(f"test_{metric}")
-        same = champ.tags.get(TEST_FINGERPRINT_TAG) == tags.get(TEST_FINGERPRINT_TAG)
-    decision = decide(
-        metric,
-        float(metrics[metric]),
-        champ_value,
-        gate,
-        champion_version=str(champ.version) if champ else None,
-        same_test_data=same,
+    with registry_lock(ws):
+        champ = _alias(c, name, CHAMPION)
+        champ_value = same = note = None
+        reevaluated = False
+        if champ is not None:
+            champ_value, same, reevaluated, note = _champion_number(
+                ws, c, champ, metric, tags.get(TEST_FINGERPRINT_TAG), reevaluate
+            )
+        decision = decide(
+            metric,
+            float(metrics[metric]),
+            champ_value,
+            gate,
+            champion_version=str(champ.version) if champ else None,
+            same_test_data=same,
+            champion_reevaluated=reevaluated,
+            champion_note=note,
+        )
+        for key, value in decision.to_dict().items():
+            c.set_model_version_tag(name, version.version, f"gate.{key}", str(value))
+        alias = CHAMPION if decision.passed else CHALLENGER
+        _move(c, name, alias, str(version.version), action="gate", reason=decision.reason)
+    aliases = list(c.get_model_version(name, version.version).aliases)
+    return Registration(
+        name, str(version.version), run_id, decision.passed, decision, source, sorted(aliases)
     )
-    for key, value in decision.to_dict().items():
-        c.set_model_version_tag(name, version.version, f"gate.{key}", str(value))
-    if decision.passed:
-        c.set_registered_model_alias(name, CHAMPION, version.version)
-    return Registration(name, str(version.version), run_id, decision.passed, decision, source)
 
+
+def _log_checkpoint(c: MlflowClient, run_id: str, checkpoint_dir: str) -> dict[str, str]:
+    """Log the checkpoint folder with a hashes.json beside its files; return the hashes."""
+    hashes = file_hashes(checkpoint_dir)
+    # A private copy (the run folder may be shared or read-only): Ray prunes its
+    # checkpoints, and what is registered must be what was hashed.
+    workdir = Path(tempfile.mkdtemp(prefix="trainflow-register-"))
+    staged = workdir / "checkpoint"
+    try:
+        shutil.copytree(checkpoint_dir, staged)
+        verify_files(staged, hashes, f"checkpoint {checkpoint_dir}")
+        (staged / HASHES_FILE).write_text(json.dumps(hashes, indent=2))
+        c.log_artifacts(run_id, str(staged), artifact_path="checkpoint")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return hashes
+
+
+def _wait_until_ready(c: MlflowClient, name: str, version: str) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        mv = c.get_model_version(name, version)
+        if mv.status == "READY":
+            return
+        if mv.status == "FAILED_REGISTRATION" or time.monotonic() > deadline:
+            raise RegistryError(
+                f"{name} version {version} is {mv.status} ({mv.status_message or 'no message'}); "
+                "no alias was moved to it"
+            )
+        time.sleep(0.5)
+
+
+# --- alias moves and their history ---------------------------------------------------
+
+
+def moves(c: MlflowClient, name: str) -> list[dict[str, Any]]:
+    """Every alias move of a registered model, oldest first."""
+    rm = c.get_registered_model(name)
+    return [json.loads(v) for k, v in sorted(rm.tags.items()) if k.startswith(MOVE_TAG)]
+
+
+def _move(c: MlflowClient, name: str, alias: str, version: str, *, action: str, reason: str) -> dict:
+    """Point ``alias`` at ``version`` and record the move. Call it under registry_lock."""
+    before = _alias(c, name, alias)
+    c.set_registered_model_alias(name, alias, version)
+    if alias == CHAMPION:
+        # A challenger that becomes champion is no longer a challenger.
+        challenger = _alias(c, name, CHALLENGER)
+        if challenger is not None and str(challenger.version) == version:
+            c.delete_registered_model_alias(name, CHALLENGER)
+    record = {
+        "alias": alias,
+        "version": version,
+        "previous": str(before.version) if before else None,
+        "action": action,
+        "reason": reason,
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "by": _user(),
+    }
+    n = len(moves(c, name)) + 1
+    c.set_registered_model_tag(name, f"{MOVE_TAG}{n:06d}", json.dumps(record))
+    return record
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def champion_stack(history: list[dict[str, Any]]) -> list[str]:
+    """The champions in the order they took over; a rollback pops the latest."""
+    stack: list[str] = []
+    for m in history:
+        if m["alias"] != CHAMPION:
+            continue
+        if m["action"] == "rollback":
+            if stack:
+                stack.pop()
+        elif not stack or stack[-1] != m["version"]:
+            stack.append(m["version"])
+    return stack
+
+
+def _require_model(c: MlflowClient, name: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        c.get_registered_model(name)
+    except MlflowException:
+        known = sorted(rm.name for rm in c.search_registered_models())
+        raise RegistryError(
+            f"unknown model {name!r}; registered models: {', '.join(known) or 'none'}"
+        ) from None
+
+
+def _require_version(c: MlflowClient, name: str, version: str) -> ModelVersion:
+    from mlflow.exceptions import MlflowException
+
+    _require_model(c, name)
+    try:
+        return c.get_model_version(name, version)
+    except MlflowException:
+        versions = sorted(int(v.version) for v in c.search_model_versions(f"name='{name}'"))
+        raise RegistryError(
+            f"{name} has no version {version}; its versions: {', '.join(map(str, versions)) or 'none'}"
+        ) from None
+
+
+def promote(ws: Workspace, name: str, version: str, reason: str = "promoted by hand") -> dict:
+    """Make ``version`` the champion, whatever the gate said."""
+    c = client(ws)
+    mv = _require_version(c, name, version)
+    if mv.status != "READY":
+        raise RegistryError(f"{name} version {version} is {mv.status}, not READY; it cannot be champion")
+    with registry_lock(ws):
+        return _move(c, name, CHAMPION, str(version), action="promote", reason=reason)
+
+
+def rollback(ws: Workspace, name: str) -> dict:
+    """Move the champion back to the champion before it."""
+    c = client(ws)
+    _require_model(c, name)
+    with registry_lock(ws):
+        current = _alias(c, name, CHAMPION)
+        stack = champion_stack(moves(c, name))
+        if current is None or len(stack) < 2 or stack[-1] != str(current.version):
+            now = f"v{current.version}" if current else "none"
+            raise RegistryError(f"{name} has no previous champion to roll back to (champion: {now})")
+        return _move(
+            c, name, CHAMPION, stack[-2], action="rollback", reason=f"rolled back from v{current.version}"
+        )
+
+
+def list_versions(ws: Workspace, name: str) -> list[ModelVersion]:
+    c = client(ws)
+    _require_model(c, name)
+    return sorted(c.search_model_versions(f"name='{name}'"), key=lambda v: int(v.version))
+
+
+# --- resolving and loading -----------------------------------------------------------
 
 _URI = re.compile(r"^(?:models:/)?(?P<name>[^@/]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))?$")
 
 
-def resolve(ws: Workspace, uri: str):
+def resolve(ws: Workspace, uri: str) -> ModelVersion:
     """``NAME``, ``NAME@ALIAS``, ``NAME/VERSION`` or their ``models:/`` forms -> a ModelVersion.
 
     A bare name means its champion.
     """
     m = _URI.match(uri)
     if not m:
-        raise ValueError(f"model {uri!r}: use NAME@ALIAS, NAME/VERSION or models:/NAME@ALIAS")
+        raise RegistryError(f"model {uri!r}: use NAME@ALIAS, NAME/VERSION or models:/NAME@ALIAS")
     c = client(ws)
     name = m["name"]
     if m["version"]:
-        return c.get_model_version(name, m["version"])
-    return c.get_model_version_by_alias(name, m["alias"] or CHAMPION)
+        return _require_version(c, name, m["version"])
+    _require_model(c, name)
+    alias = m["alias"] or CHAMPION
+    mv = _alias(c, name, alias)
+    if mv is None:
+        aliases = sorted(c.get_registered_model(name).aliases)
+        raise RegistryError(f"{name} has no alias {alias!r}; its aliases: {', '.join(aliases) or 'none'}")
+    return mv
+
+
+def local_checkpoint(ws: Workspace, mv: ModelVersion) -> Path:
+    """The version's checkpoint folder on this machine, downloaded once, checked every time."""
+    from mlflow.artifacts import download_artifacts
+
+    local = ws.home / "models" / mv.name / str(mv.version)
+    if not local.is_dir():
+        # Download beside the final folder, then rename: a half-copied model is never loaded.
+        tmp = local.parent / f".tmp-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir(parents=True)
+        try:
+            with _no_progress_bar():
+                got = download_artifacts(
+                    artifact_uri=mv.source, dst_path=str(tmp), tracking_uri=tracking_uri(ws)
+                )
+            try:
+                Path(got).rename(local)
+            except OSError:
+                if not local.is_dir():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    expected = mv.tags.get(HASHES_TAG)
+    if expected:
+        verify_files(local, json.loads(expected), f"{mv.name} version {mv.version}")
+    return local
+
+
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """MLflow draws a progress bar on stderr for a few small files; a command's one-line
+    error or a Prefect log should not start with it. The user's own setting wins."""
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    if key in os.environ:
+        yield
+        return
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        os.environ.pop(key, None)
 
 
 def load_model(uri: str, ws: Workspace | None = None) -> Predictor:
@@ -236,24 +621,10 @@ def load_model(uri: str, ws: Workspace | None = None) -> Predictor:
     >>> model = load_model("digits@champion")
     >>> model.predict(frame)
     """
-    from mlflow.artifacts import download_artifacts
-
     from trainflow.runtime import workspace
 
     ws = ws or workspace()
     mv = resolve(ws, uri)
-    local = ws.home / "models" / mv.name / str(mv.version)
-    if not local.is_dir():
-        # Download beside the final folder, then rename: a half-copied model is never loaded.
-        tmp = local.parent / f".tmp-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)
-        try:
-            got = download_artifacts(artifact_uri=mv.source, dst_path=str(tmp), tracking_uri=tracking_uri(ws))
-            try:
-                Path(got).rename(local)
-            except OSError:
-                if not local.is_dir():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return load_checkpoint(local)
+    predictor = load_checkpoint(local_checkpoint(ws, mv))
+    predictor.version = str(mv.version)
+    return predictor

@@ -41,6 +41,7 @@ class Trained(BaseModel):
 class Evaluated(BaseModel):
     checkpoint: str
     metrics: dict[str, Any]
+    reports: list[str] = []  # PNG plots: learning curve, confusion matrix
 
     @property
     def headline(self) -> dict[str, float]:
@@ -51,6 +52,7 @@ class Evaluated(BaseModel):
 class Registered(BaseModel):
     name: str
     version: str
+    aliases: list[str] = []
     run_id: str
     champion: bool
     decision: dict[str, Any]

@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import PipelineConfig
 from trainflow.pipelines import checkpoint as ckpt
-from trainflow.pipelines import data, models, registry
+from trainflow.pipelines import data, models, registry, reports
 from trainflow.pipelines import evaluate as ev
 from trainflow.pipelines import preprocess as prep
 from trainflow.pipelines import train as tr
@@ -205,13 +205,16 @@ def evaluate(config: PipelineConfig, prepared: Prepared, trained: Trained) -> Ev
 
     logger = get_run_logger()
     test = ray.data.read_parquet(prepared.split_path("test"))
-    metrics = ev.evaluate_checkpoint(trained.best_checkpoint, test, config.evaluation.batch_size)
+    metrics = ev.evaluate_checkpoint(
+        trained.best_checkpoint, test, config.evaluation.batch_size, config.evaluation.concurrency
+    )
     logger.info(
         "test accuracy %.4f, macro F1 %.4f on %d examples",
         metrics["accuracy"],
         metrics["macro_f1"],
         metrics["num_examples"],
     )
+    plots = _plots(config, trained, metrics)
     create_table_artifact(
         key=f"{artifact_key(config.name)}-per-class",
         table=[{"class": c, **v} for c, v in metrics["per_class"].items()],
@@ -219,10 +222,21 @@ def evaluate(config: PipelineConfig, prepared: Prepared, trained: Trained) -> Ev
     )
     create_markdown_artifact(
         key=f"{artifact_key(config.name)}-evaluation",
-        markdown=_evaluation_markdown(config.name, metrics),
-        description=f"{config.name}: test metrics and confusion matrix",
+        markdown=_evaluation_markdown(config.name, metrics, plots),
+        description=f"{config.name}: test metrics, per-class numbers, confusion matrix, learning curve",
     )
-    return Evaluated(checkpoint=trained.best_checkpoint, metrics=metrics)
+    return Evaluated(checkpoint=trained.best_checkpoint, metrics=metrics, reports=[str(p) for p in plots])
+
+
+def _plots(config: PipelineConfig, trained: Trained, metrics: dict[str, Any]) -> list[Path]:
+    """The learning curve and the confusion matrix as PNGs beside the Ray run."""
+    folder = Path(trained.run_path) / "reports"
+    return [
+        reports.learning_curve_png(trained.history, folder / reports.LEARNING_CURVE),
+        reports.confusion_matrix_png(
+            metrics["confusion_matrix"], list(metrics["per_class"]), folder / reports.CONFUSION_MATRIX
+        ),
+    ]
 
 
 @task(name="register", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10])
@@ -260,6 +274,8 @@ def register(
         history=trained.history,
         tags=tags,
         gate=config.registry,
+        reevaluate=lambda champion_dir: _score_on_this_test_split(config, source, champion_dir),
+        reports=evaluated.reports,
     )
     d = reg.decision
     logger.info(
@@ -271,16 +287,11 @@ def register(
     )
     create_markdown_artifact(
         key=f"{artifact_key(config.name)}-gate",
-        markdown=(
-            f"# {reg.name} v{reg.version}: {'promoted to champion' if reg.champion else 'not promoted'}\n\n"
-            f"{d.reason}\n\n"
-            "| metric | candidate | champion | min_improvement | min_value |\n|---|---|---|---|---|\n"
-            f"| {d.metric} | {d.candidate:.4f} | "
-            f"{'none' if d.champion is None else f'{d.champion:.4f} (v{d.champion_version})'} | "
-            f"{d.min_improvement} | {d.min_value} |\n\n"
-            f'Load it: `trainflow.load_model("{reg.name}/{reg.version}")`'
-        ),
-        description=f"{reg.name}: registration and promotion gate",
+        # The whole report in one place: the gate decision, then the metrics and plots.
+        markdown=gate_markdown(reg)
+        + "\n\n"
+        + _evaluation_markdown(config.name, evaluated.metrics, [Path(p) for p in evaluated.reports]),
+        description=f"{reg.name}: the promotion gate's decision and the test report",
     )
     create_link_artifact(
         key=f"{artifact_key(config.name)}-model",
@@ -290,12 +301,30 @@ def register(
     )
     return Registered(
         name=reg.name,
+        aliases=reg.aliases,
         version=reg.version,
         run_id=reg.run_id,
         champion=reg.champion,
         decision=d.to_dict(),
         source=reg.source,
     )
+
+
+def _score_on_this_test_split(config: PipelineConfig, source: data.SourceInfo, checkpoint_dir) -> dict:
+    """A champion measured on other test data, scored on this run's raw test rows with
+    its own saved preprocessing, so the gate compares the two on the same rows."""
+    logger = get_run_logger()
+    logger.info("the champion was evaluated on other test data; scoring it on this run's test split")
+    test = data.split_dataset(data.load_dataset(source), config.data.split, source.label_column)["test"]
+    metrics = ev.evaluate_rows(
+        str(checkpoint_dir),
+        test,
+        source.label_column,
+        config.evaluation.batch_size,
+        config.evaluation.concurrency,
+    )
+    logger.info("champion on this test split: accuracy %.4f", metrics["accuracy"])
+    return metrics
 
 
 def artifact_key(name: str) -> str:
@@ -320,13 +349,47 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def _evaluation_markdown(name: str, metrics: dict[str, Any]) -> str:
+def gate_markdown(reg: registry.Registration) -> str:
+    d = reg.decision
+    if d.champion is None:
+        champion = "none"
+    else:
+        where = "re-evaluated on this test data" if d.champion_reevaluated else "as registered"
+        champion = f"{d.champion:.4f} (v{d.champion_version}, {where})"
+    same = {True: "yes", False: "no", None: "-"}[d.same_test_data]
+    verdict = "promoted to **champion**" if reg.champion else "not promoted: **challenger**"
+    return (
+        f"# {reg.name} v{reg.version}: {verdict}\n\n"
+        f"{d.reason}\n\n"
+        "| metric | candidate | champion | same test data | min_improvement | min_value | passed |\n"
+        "|---|---|---|---|---|---|---|\n"
+        f"| {d.metric} | {d.candidate:.4f} | {champion} | {same} | {d.min_improvement} | "
+        f"{d.min_value} | {d.passed} |\n\n"
+        f"Aliases: {', '.join(reg.aliases) or 'none'}. "
+        f'Load it: `trainflow.load_model("{reg.name}/{reg.version}")`'
+    )
+
+
+def _evaluation_markdown(name: str, metrics: dict[str, Any], plots: list[Path] = ()) -> str:
     classes = list(metrics["per_class"])
+    scalars = [(k, v) for k, v in metrics.items() if isinstance(v, float)]
     lines = [
         f"# {name}: test metrics",
         "",
-        f"accuracy **{metrics['accuracy']:.4f}**, macro F1 **{metrics['macro_f1']:.4f}**, "
         f"{metrics['num_examples']} examples",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        *[f"| {k} | {v:.4f} |" for k, v in scalars],
+        "",
+        "## Per class",
+        "",
+        "| class | precision | recall | f1 | support |",
+        "|---|---|---|---|---|",
+        *[
+            f"| {c} | {v['precision']:.4f} | {v['recall']:.4f} | {v['f1']:.4f} | {v['support']} |"
+            for c, v in metrics["per_class"].items()
+        ],
         "",
         "## Confusion matrix (rows: true class, columns: predicted)",
         "",
@@ -335,4 +398,8 @@ def _evaluation_markdown(name: str, metrics: dict[str, Any]) -> str:
     ]
     for c, row in zip(classes, metrics["confusion_matrix"], strict=True):
         lines.append(f"| **{c}** | " + " | ".join(str(v) for v in row) + " |")
+    for plot in plots:
+        # Embedded, so the artifact shows the plot wherever the Prefect UI runs; the
+        # file is also logged with the model version's MLflow run under reports/.
+        lines += ["", f"![{plot.stem}]({reports.data_uri(plot)})", "", f"`{plot}`"]
     return "\n".join(lines)

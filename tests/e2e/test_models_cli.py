@@ -1,0 +1,97 @@
+"""`trainflow models list | show | promote | rollback` against a real registry on SQLite.
+
+In-process through Click's runner (a subprocess per command costs seconds of imports);
+tests/e2e/test_cli.py runs `models show` as a subprocess.
+"""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.pipelines.test_registry import make_checkpoint, register
+from trainflow.cli import app
+from trainflow.runtime import workspace
+
+
+@pytest.fixture
+def three_versions(trainflow_home, tmp_path):
+    ws = workspace()
+    for i, accuracy in enumerate([0.8, 0.9, 0.7], start=1):
+        register(ws, make_checkpoint(tmp_path / f"c{i}", seed=i), accuracy)
+    return trainflow_home
+
+
+def trainflow(*args, home):
+    result = CliRunner().invoke(app, list(args))
+    result.returncode = result.exit_code
+    return result
+
+
+def test_list_show_promote_and_rollback(three_versions):
+    home = three_versions
+    listed = trainflow("models", "list", "toy", home=home)
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split() for line in listed.stdout.strip().splitlines()]
+    assert rows[0][:5] == ["version", "aliases", "accuracy", "macro_f1", "gate"]
+    assert [r[:5] for r in rows[1:]] == [
+        ["1", "-", "0.8000", "0.8000", "passed"],
+        ["2", "champion", "0.9000", "0.9000", "passed"],
+        ["3", "challenger", "0.7000", "0.7000", "failed"],
+    ]
+
+    shown = json.loads(trainflow("models", "show", "toy@challenger", home=home).stdout)
+    assert shown["version"] == "3" and shown["gate"]["passed"] == "False"
+    assert shown["gate"]["champion_version"] == "2" and shown["metrics"]["test_accuracy"] == 0.7
+    assert json.loads(trainflow("models", "show", "toy/1", home=home).stdout)["aliases"] == []
+
+    out = trainflow("models", "promote", "toy", "3", home=home)
+    assert out.returncode == 0 and out.stdout.strip() == "toy: champion -> v3 (was v2)"
+    out = trainflow("models", "rollback", "toy", home=home)
+    assert out.returncode == 0 and out.stdout.strip() == "toy: champion -> v2 (rolled back from v3)"
+    shown = json.loads(trainflow("models", "show", "toy@champion", home=home).stdout)
+    assert shown["version"] == "2"
+    assert [m["action"] for m in shown["alias_moves"]] == ["gate", "rollback"]
+
+
+ERRORS = [
+    (["show", "nobody@champion"], "unknown model 'nobody'; registered models: toy"),
+    (["show", "toy/9"], "toy has no version 9; its versions: 1, 2, 3"),
+    (["show", "toy@staging"], "toy has no alias 'staging'; its aliases: challenger, champion"),
+    (["list", "nobody"], "unknown model 'nobody'; registered models: toy"),
+    (["promote", "toy", "9"], "toy has no version 9; its versions: 1, 2, 3"),
+    (["rollback", "toy"], "toy has no previous champion to roll back to (champion: v1)"),
+]
+
+
+def test_errors_are_one_line_with_exit_code_2(three_versions):
+    # v1 then v2 took over through the gate: after one rollback there is no earlier one.
+    assert trainflow("models", "rollback", "toy", home=three_versions).returncode == 0
+    for args, message in ERRORS:
+        out = trainflow("models", *args, home=three_versions)
+        assert out.returncode == 2, (args, out.output)
+        assert out.stderr.strip().splitlines() == [f"error: {message}"]
+
+
+def test_predict_refuses_a_bad_model_input_or_output_before_prefect_and_ray(three_versions, tmp_path):
+    import pandas as pd
+
+    pd.DataFrame({"id": [1, 2], "a": [0.5, 1.0]}).to_csv(tmp_path / "rows.csv", index=False)
+    pd.DataFrame({"a": [0.5], "b": [1.0]}).to_parquet(tmp_path / "ok.parquet")
+    (tmp_path / "taken").mkdir()
+    cases = [
+        (["nobody@champion", "rows.csv", "out"], "unknown model 'nobody'; registered models: toy"),
+        (["toy/1", "nothing.csv", "out"], "input {tmp}/nothing.csv: no such file or folder"),
+        (
+            ["toy@champion", "rows.csv", "out"],
+            "input {tmp}/rows.csv lacks the feature column 'b' that the model was trained on; "
+            "its columns are: id, a",
+        ),
+        (["toy@champion", "ok.parquet", "taken"], "output {tmp}/taken already exists; choose a new folder"),
+    ]
+    for (model, rows, out), message in cases:
+        result = trainflow("predict", model, str(tmp_path / rows), str(tmp_path / out), home=three_versions)
+        assert result.returncode == 2, result.output
+        line = result.stderr.strip()
+        assert line.startswith("error: " + message.format(tmp=tmp_path)), line
+        assert "\n" not in line

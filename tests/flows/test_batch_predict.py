@@ -1,0 +1,169 @@
+"""The batch prediction flow: a registered digits model over 100,000 rows, on real Ray."""
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from trainflow.config import ModelConfig, PipelineConfig, RegistryConfig
+from trainflow.flows.batch_predict import batch_predict
+from trainflow.pipelines import registry
+from trainflow.pipelines.checkpoint import save_checkpoint
+from trainflow.pipelines.data import DataError, _digits_frame
+from trainflow.pipelines.models import build_model, model_spec
+from trainflow.pipelines.preprocess import Preprocessor
+from trainflow.runtime import workspace
+
+pytestmark = pytest.mark.slow
+PIXELS = [f"pixel_{i}" for i in range(64)]
+
+
+def digits_checkpoint(folder):
+    """A digits-shaped checkpoint (64 features, 10 classes), untrained: what it predicts
+    does not matter here, only that every way of running it agrees."""
+    import torch
+
+    torch.manual_seed(0)
+    frame = _digits_frame()
+    spec = model_spec(ModelConfig(kind="mlp", hidden_sizes=[32]), 64, 10)
+    pre = Preprocessor(
+        PIXELS,
+        "label",
+        list(range(10)),
+        True,
+        frame[PIXELS].mean().tolist(),
+        (frame[PIXELS].std(ddof=0).replace(0, 1.0)).tolist(),
+    )
+    return save_checkpoint(
+        folder,
+        model=build_model(spec),
+        spec=spec,
+        preprocessor=pre.to_dict(),
+        config=PipelineConfig().model_dump(mode="json"),
+        metrics={"epoch": 1},
+    )
+
+
+def register_digits_model(tmp_path) -> None:
+    folder = digits_checkpoint(tmp_path / "ckpt")
+    registry.register_checkpoint(
+        workspace(),
+        name="digits-batch",
+        checkpoint_dir=str(folder),
+        params={},
+        metrics={"accuracy": 0.5},
+        history=[],
+        tags={},
+        gate=RegistryConfig(min_value=0.0),
+    )
+
+
+def digits_rows(n: int, seed: int = 0) -> pd.DataFrame:
+    """n rows shaped like digits: the real images tiled, with a little noise."""
+    frame = _digits_frame()
+    reps = -(-n // len(frame))
+    rng = np.random.default_rng(seed)
+    pixels = np.tile(frame[PIXELS].to_numpy(), (reps, 1))[:n]
+    pixels = (pixels + rng.normal(0, 0.5, pixels.shape)).astype(np.float32)
+    out = pd.DataFrame(pixels, columns=PIXELS)
+    out.insert(0, "id", np.arange(n, dtype=np.int64))
+    return out
+
+
+def test_batch_prediction_of_100k_rows_equals_load_model(
+    ray_cluster, prefect_harness, trainflow_home, tmp_path
+):
+    register_digits_model(tmp_path)
+    rows = digits_rows(100_000)
+    rows.to_parquet(tmp_path / "input.parquet", index=False)
+
+    start = time.perf_counter()
+    result = batch_predict(
+        model="digits-batch@champion",
+        input=str(tmp_path / "input.parquet"),
+        output=str(tmp_path / "predictions"),
+        batch_size=4096,
+    )
+    seconds = time.perf_counter() - start
+    print(f"batch_predict over 100,000 rows: {seconds:.1f}s")
+    assert result.rows == 100_000 and result.version == "1"
+
+    out = pd.read_parquet(tmp_path / "predictions").sort_values("id").reset_index(drop=True)
+    proba = [f"proba_{c}" for c in range(10)]
+    assert list(out.columns) == ["id", "prediction", *proba, "model_version"]
+    assert (out["id"].to_numpy() == np.arange(100_000)).all()
+    assert set(out["model_version"]) == {"1"}
+    np.testing.assert_allclose(out[proba].sum(axis=1), 1.0, rtol=1e-5)
+    assert not list(tmp_path.glob(".tmp-*"))  # the temporary folder was renamed into place
+
+    import trainflow
+
+    model = trainflow.load_model("digits-batch/1")
+    sample = rows.sample(500, random_state=1).sort_values("id")
+    got = out.set_index("id").loc[sample["id"]]
+    np.testing.assert_array_equal(got["prediction"].to_numpy(), model.predict(sample))
+    np.testing.assert_allclose(got[proba].to_numpy(), model.predict_proba(sample), rtol=1e-4, atol=1e-6)
+
+
+def test_an_input_missing_a_feature_fails_naming_it_before_ray_work(
+    ray_cluster, prefect_harness, trainflow_home, tmp_path
+):
+    register_digits_model(tmp_path)
+    digits_rows(50).drop(columns=["pixel_5"]).to_csv(tmp_path / "input.csv", index=False)
+    state = batch_predict(
+        model="digits-batch/1",
+        input=str(tmp_path / "input.csv"),
+        output=str(tmp_path / "predictions"),
+        return_state=True,
+    )
+    assert state.is_failed()
+    with pytest.raises(
+        DataError, match=r"input .*input.csv lacks the feature column 'pixel_5' that the model"
+    ):
+        state.result()
+    assert not (tmp_path / "predictions").exists()
+
+
+def test_an_existing_output_and_an_unknown_model_are_refused(
+    ray_cluster, prefect_harness, trainflow_home, tmp_path
+):
+    register_digits_model(tmp_path)
+    digits_rows(10).to_parquet(tmp_path / "input.parquet", index=False)
+    (tmp_path / "predictions").mkdir()
+    state = batch_predict(
+        model="digits-batch@champion",
+        input=str(tmp_path / "input.parquet"),
+        output=str(tmp_path / "predictions"),
+        return_state=True,
+    )
+    with pytest.raises(DataError, match="predictions already exists"):
+        state.result()
+    state = batch_predict(
+        model="digits-batch@staging", input=str(tmp_path / "input.parquet"), output="x", return_state=True
+    )
+    with pytest.raises(registry.RegistryError, match="digits-batch has no alias 'staging'"):
+        state.result()
+
+
+def test_asking_for_a_gpu_the_cluster_lacks_fails_instead_of_waiting(
+    ray_cluster, prefect_harness, trainflow_home, tmp_path
+):
+    import ray
+
+    from trainflow.runtime import PreflightError
+
+    if ray.cluster_resources().get("GPU"):
+        pytest.skip("this machine has a GPU")
+    register_digits_model(tmp_path)
+    digits_rows(10).to_parquet(tmp_path / "input.parquet", index=False)
+    state = batch_predict(
+        model="digits-batch/1",
+        input=str(tmp_path / "input.parquet"),
+        output=str(tmp_path / "out"),
+        use_gpu=True,
+        return_state=True,
+    )
+    with pytest.raises(PreflightError, match="use_gpu asks for 1 GPU per actor, the Ray cluster has 0"):
+        state.result()
+    assert not (tmp_path / "out").exists()

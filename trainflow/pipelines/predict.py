@@ -1,0 +1,134 @@
+"""Batch prediction: new rows in, a Parquet folder of predictions out.
+
+:func:`inspect_input` reads only file metadata in the driver, so an input that lacks a
+column the model needs fails before any Ray worker starts. :func:`predict_to_parquet`
+streams the rows through an actor pool that applies the checkpoint's saved
+preprocessing, and writes the result to a temporary folder renamed into place when
+complete: readers never see half an output.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+
+from trainflow.pipelines.data import DataError
+from trainflow.pipelines.evaluate import predict_rows
+
+# What batch prediction reads: the tabular formats of the data layer.
+FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    path: str
+    format: str  # "parquet" | "csv"
+    files: list[str]
+    columns: list[str]
+
+
+def inspect_input(path: str, feature_columns: list[str]) -> InputInfo:
+    """Check that the input exists and holds every feature column; read no rows."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise DataError(f"input {path}: no such file or folder")
+    fmt, files = _list_files(p, path)
+    try:
+        schema = pads.dataset(files, format=fmt).schema
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DataError(f"input {path}: cannot read as {fmt}: {e}") from None
+    missing = [c for c in feature_columns if c not in schema.names]
+    if missing:
+        shown = ", ".join(schema.names[:20]) + (", ..." if len(schema.names) > 20 else "")
+        raise DataError(
+            f"input {path} lacks the feature column{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(map(repr, missing))} that the model was trained on; its columns are: {shown}"
+        )
+    return InputInfo(str(p), fmt, files, list(schema.names))
+
+
+def _list_files(p: Path, path: str) -> tuple[str, list[str]]:
+    """One Parquet or CSV file, or a folder of files of one of those formats."""
+    kinds = ", ".join(sorted(FORMATS))
+    if p.is_file():
+        if p.suffix.lower() not in FORMATS:
+            raise DataError(f"input {path}: unsupported file type {p.suffix!r}; use one of {kinds}")
+        return FORMATS[p.suffix.lower()], [str(p)]
+    files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith((".", "_")))
+    found = {FORMATS[f.suffix.lower()] for f in files if f.suffix.lower() in FORMATS}
+    if not found:
+        raise DataError(f"input {path}: no {kinds} files in this folder")
+    if len(found) > 1:
+        raise DataError(f"input {path}: mixes {' and '.join(sorted(found))} files; keep one format")
+    fmt = found.pop()
+    return fmt, [str(f) for f in files if FORMATS.get(f.suffix.lower()) == fmt]
+
+
+def check_output(output: str) -> Path:
+    out = Path(output).expanduser()
+    if out.exists():
+        raise DataError(f"output {output} already exists; choose a new folder or remove it")
+    if out.suffix.lower() in FORMATS:
+        raise DataError(
+            f"output {output}: give a folder (Parquet files are written into it), not a file name"
+        )
+    return out
+
+
+def predict_to_parquet(
+    info: InputInfo,
+    checkpoint_dir: str,
+    output: str,
+    *,
+    version: str,
+    feature_columns: list[str],
+    batch_size: int,
+    concurrency: int = 1,
+    num_gpus: float = 0,
+) -> int:
+    """Predict every input row and write Parquet into ``output``; return the row count.
+
+    The output holds the input's other columns (ids, a label if present), ``prediction``,
+    one ``proba_<class>`` column per class and ``model_version``.
+    """
+    import pyarrow.parquet as pq
+    import ray
+    import ray.data
+
+    from trainflow.runtime import PreflightError
+
+    out = check_output(output)
+    gpus = ray.cluster_resources().get("GPU", 0.0)
+    if num_gpus and gpus < num_gpus:
+        # Ray Data would wait for a GPU forever instead of failing.
+        raise PreflightError(
+            f"use_gpu asks for {num_gpus:g} GPU per actor, the Ray cluster has {gpus:g}: "
+            "predict without --gpu, or run on a cluster with GPUs"
+        )
+    ds = ray.data.read_parquet(info.files) if info.format == "parquet" else ray.data.read_csv(info.files)
+    keep = tuple(c for c in info.columns if c not in feature_columns)
+    predicted = predict_rows(
+        ds,
+        checkpoint_dir,
+        batch_size,
+        concurrency=concurrency,
+        num_gpus=num_gpus,
+        version=version,
+        keep=keep,
+    )
+    tmp = out.parent / f".tmp-{out.name}-{uuid.uuid4().hex[:8]}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        predicted.write_parquet(str(tmp))
+        rows = sum(pq.ParquetFile(f).metadata.num_rows for f in tmp.glob("*.parquet"))
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return rows

@@ -35,7 +35,14 @@ def test_statistics_come_from_the_train_split_only(ray_cluster):
     import ray.data
 
     train = pd.DataFrame({"x": [0.0, 2.0, 4.0], "c": [5.0, 5.0, 5.0], "label": [0, 1, 0]})
-    pre = fit_preprocessor(ray.data.from_pandas(train), ["x", "c"], "label", [0, 1], True)
+    pre = fit_preprocessor(
+        ray.data.from_pandas(train),
+        numeric=["x", "c"],
+        categorical=[],
+        label_column="label",
+        classes=[0, 1],
+        cfg=PreprocessConfig(),
+    )
     assert pre.mean == pytest.approx([2.0, 5.0])
     assert pre.std == pytest.approx([np.std([0, 2, 4]), 1.0])  # a constant column is not scaled
 

@@ -61,7 +61,7 @@ def preprocess(config: PipelineConfig, source: data.SourceInfo) -> Prepared:
         path=str(entry.path),
         counts=entry.counts,
         preprocessor=pre.to_dict(),
-        num_features=len(pre.feature_columns),
+        num_features=pre.num_features,
         num_classes=len(pre.classes),
         fingerprint=entry.key,
         reused=entry.reused,

@@ -104,6 +104,9 @@ def _file_schema(listing: sources.Listing, path: str, source: str) -> pa.Schema:
         return pads.dataset(path, format=listing.format, filesystem=listing.filesystem).schema
     except (pa.ArrowException, OSError, ValueError, EOFError) as e:
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        # Arrow wraps the cause in what it tried ("Error creating dataset ... Invalid: ");
+        # the cause is what a user acts on.
+        message = message.rsplit("Invalid: ", 1)[-1]
         raise DataError(f"data.source {source}: cannot read {path} as {listing.format}: {message}") from None
 
 
@@ -246,11 +249,9 @@ def _label_from_path(batch: dict[str, np.ndarray], *, label_column: str) -> dict
     return {IMAGE: batch[IMAGE], PATH: paths, label_column: np.array([sources.image_label(p) for p in paths])}
 
 
-def _read_numpy(batch: dict[str, np.ndarray]) -> pd.DataFrame:
-    frames = [
-        pd.DataFrame(sources.numpy_frame(b, p)) for b, p in zip(batch["bytes"], batch["path"], strict=True)
-    ]
-    return pd.concat(frames, ignore_index=True)
+def _read_numpy(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    files = [sources.numpy_frame(b, p) for b, p in zip(batch["bytes"], batch["path"], strict=True)]
+    return {column: np.concatenate([f[column] for f in files]) for column in files[0]}
 
 
 def load_dataset(info: SourceInfo) -> ray.data.Dataset:
@@ -270,7 +271,7 @@ def load_dataset(info: SourceInfo) -> ray.data.Dataset:
     elif info.format == "csv":
         ds = ray.data.read_csv(info.files, filesystem=_filesystem(info)).select_columns(columns)
     elif info.format == "json":
-        ds = ray.data.read_json(info.files, filesystem=_filesystem(info), lines=True).select_columns(columns)
+        ds = ray.data.read_json(info.files, filesystem=_filesystem(info)).select_columns(columns)
     elif info.format == "numpy":
         ds = (
             ray.data.read_binary_files(info.files, filesystem=_filesystem(info), include_paths=True)

@@ -142,7 +142,7 @@ def _image_pipeline(image: dict[str, Any]):
 def _as_chw(img: np.ndarray):
     import torch
 
-    t = torch.from_numpy(np.ascontiguousarray(img))
+    t = torch.from_numpy(np.array(img))  # a copy: Ray hands over read-only arrays
     return t.unsqueeze(0) if t.ndim == 2 else t.permute(2, 0, 1)
 
 

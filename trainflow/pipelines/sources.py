@@ -198,7 +198,8 @@ def fingerprint(listing: Listing) -> str:
 
 def _npy_header(f) -> tuple[tuple[int, ...], np.dtype]:
     version = np.lib.format.read_magic(f)
-    shape, _fortran, dtype = np.lib.format._read_array_header(f, version)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _fortran, dtype = read(f)
     return shape, dtype
 
 

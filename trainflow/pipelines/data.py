@@ -42,6 +42,9 @@ MAX_CLASSES = 1000
 # task's memory); above it each row's split comes from a hash of its content alone,
 # which streams in bounded memory and is stratified in expectation.
 EXACT_SPLIT_ROWS = 1_000_000
+# Inputs up to this size are read once and kept in Ray's object store while they are
+# checked, split and fitted; larger ones stream from their files at each pass.
+SMALL_INPUT_BYTES = 256 << 20
 
 
 class DataError(SourceError):
@@ -64,6 +67,7 @@ class SourceInfo:
     missing: str = "fail"
     image_mode: str = "RGB"
     location: str = ""  # where the files are: the source, or the torchvision Parquet folder
+    bytes: int = 0  # the files' total size
 
     @property
     def numeric_columns(self) -> list[str]:
@@ -127,7 +131,7 @@ def _schema(listing: sources.Listing, source: str) -> pa.Schema:
 def inspect_source(cfg: DataConfig, cache_root: Path | None = None) -> SourceInfo:
     """Check that the source exists and holds the configured columns with usable types;
     read no rows. ``cache_root`` holds torchvision downloads (default TRAINFLOW_HOME/cache)."""
-    source, fmt, files, location = cfg.source, cfg.format, [], cfg.source
+    source, fmt, files, location, size = cfg.source, cfg.format, [], cfg.source, 0
     try:
         if source == DIGITS:
             import sklearn
@@ -147,7 +151,7 @@ def inspect_source(cfg: DataConfig, cache_root: Path | None = None) -> SourceInf
                 location = str(sources.torchvision_parquet(name, cache_root / "torchvision"))
                 fmt = "parquet"
             listing = sources.list_source(location, fmt)
-            fmt, files = listing.format, listing.files
+            fmt, files, size = listing.format, listing.files, sum(listing.sizes)
             fingerprint = sources.fingerprint(listing)
             if fmt == "images":
                 schema = pa.schema([(IMAGE, pa.binary()), (cfg.label_column, pa.string())])
@@ -201,7 +205,27 @@ def inspect_source(cfg: DataConfig, cache_root: Path | None = None) -> SourceInf
         missing=cfg.missing,
         image_mode=cfg.image_mode,
         location=location,
+        bytes=size,
     )
+
+
+def source_fingerprint(cfg: DataConfig, cache_root: Path) -> str:
+    """What the input is now, without reading its schema: the files' fingerprint (the
+    converted Parquet of a torchvision dataset, once there). Cheap enough to decide
+    whether a cached inspection still holds."""
+    if cfg.source == DIGITS or cfg.source.startswith("builtin:"):
+        import sklearn
+
+        return f"{cfg.source}|sklearn {sklearn.__version__}"
+    location = cfg.source
+    if cfg.source.startswith(TORCHVISION_PREFIX):
+        location = str(cache_root / "torchvision" / f"{cfg.source.removeprefix(TORCHVISION_PREFIX)}.parquet")
+        if not (Path(location) / "_done.json").is_file():
+            return "torchvision: not converted yet"
+    try:
+        return sources.fingerprint(sources.list_source(location, cfg.format))
+    except SourceError as e:
+        return f"unreadable: {e}"  # inspect_source raises it with the details
 
 
 def _check_types(cfg: DataConfig, schema: pa.Schema, features: list[str]) -> None:

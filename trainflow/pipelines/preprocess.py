@@ -24,6 +24,7 @@ from trainflow.config import PreprocessConfig, SplitConfig
 from trainflow.pipelines.data import (
     EXACT_SPLIT_ROWS,
     IMAGE,
+    SMALL_INPUT_BYTES,
     SPLITS,
     DataError,
     SourceInfo,
@@ -228,17 +229,30 @@ def fit_preprocessor(
             spread = [hi - lo for hi, lo in zip(spread, pre.mean, strict=True)]
         # A constant column (std or range 0) is shifted but not scaled.
         pre.std = [s or 1.0 for s in spread]
-    for column in categorical:
-        values = [_plain(v) for v in train.unique(column) if not pd.isna(v)]
-        if len(values) > MAX_VOCABULARY:
-            raise DataError(
-                f"data.categorical_columns: {column!r} has {len(values)} categories in the train split; "
-                f"at most {MAX_VOCABULARY} are one-hot encoded"
-            )
-        pre.categorical[column] = sorted(values, key=value_order)
+    if categorical:
+        per_block = train.map_batches(
+            categories, fn_kwargs={"columns": categorical}, batch_format="pandas", batch_size=None
+        ).to_pandas()  # one small row per block
+        for column in categorical:
+            values = {v for cell in per_block[column] for v in json.loads(cell)}
+            if len(values) > MAX_VOCABULARY:
+                raise DataError(
+                    f"data.categorical_columns: {column!r} has {len(values)} categories in the train "
+                    f"split; at most {MAX_VOCABULARY} are one-hot encoded"
+                )
+            pre.categorical[column] = sorted(values, key=value_order)
     if image_channels is not None:
         pre.image = _fit_image(train, cfg, image_channels)
     return pre
+
+
+def categories(batch: pd.DataFrame, *, columns: list[str]) -> pd.DataFrame:
+    """The distinct values of each categorical column in a batch, as JSON lists."""
+    row = {}
+    for c in columns:
+        values = [_plain(v) for v in batch[c].dropna().unique()[: MAX_VOCABULARY + 1]]
+        row[c] = json.dumps(values)
+    return pd.DataFrame([row])
 
 
 def _fit_image(train: ray.data.Dataset, cfg: PreprocessConfig, channels: int) -> dict[str, Any]:
@@ -387,14 +401,16 @@ def prepare(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig, cache_r
         pre, counts = read_prepared(out)
         return PreparedEntry(out, pre, counts, key, reused=True)
     ds = load_dataset(info)
+    if info.bytes <= SMALL_INPUT_BYTES:
+        ds = ds.materialize()  # one read for every pass below
     report = check_rows(ds, info)
     dropped = report.missing_rows  # check_rows let them through only for data.missing=drop
     if dropped:
         columns = [*([] if info.format == "images" else info.feature_columns), info.label_column]
         ds = ds.map_batches(drop_missing, fn_kwargs={"columns": columns}, batch_format="pandas")
     classes = info.classes if info.classes is not None else report.labels
-    small = report.rows - dropped <= EXACT_SPLIT_ROWS
-    splits = split_dataset(ds.materialize() if small else ds, split, info.label_column, exact=small)
+    small = report.rows - dropped <= EXACT_SPLIT_ROWS and info.bytes <= SMALL_INPUT_BYTES
+    splits = split_dataset(ds, split, info.label_column, exact=small)
     pre = fit_preprocessor(
         splits["train"],
         numeric=[] if info.format == "images" else info.numeric_columns,

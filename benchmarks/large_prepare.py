@@ -56,7 +56,7 @@ def measure(source: str, cache: str, object_store_mb: int) -> dict:
     from trainflow.pipelines.preprocess import prepare
     from trainflow.runtime import configure_ray_data, ray_init_kwargs
 
-    ray.init(num_cpus=2, object_store_memory=object_store_mb << 20, **ray_init_kwargs())
+    ray.init(address="local", num_cpus=2, object_store_memory=object_store_mb << 20, **ray_init_kwargs())
     configure_ray_data()
     start = time.perf_counter()
     info = inspect_source(DataConfig(source=source))

@@ -84,8 +84,8 @@ class PreprocessConfig(_Section):
     # Numeric features, fitted on the train split: standard (mean 0, std 1), minmax
     # (into [0, 1]) or none.
     scaler: Literal["standard", "minmax", "none"] = "standard"
-    # Image folders: [height, width] every image is resized to; None keeps the size of
-    # the images (which must then all be the same).
+    # Image folders: [height, width] every image is resized to; None: the size of the
+    # first image of the train split.
     image_size: list[int] | None = None
     # Image folders: a random crop (4-pixel padding at 32 px) and horizontal flip of the
     # train split, drawn anew every epoch; evaluation and prediction never augment.

@@ -45,3 +45,21 @@ def test_shapes_image_folder_runs_and_predicts_class_names(tmp_path):
 
     predicted = model.predict(pd.DataFrame({"image": images}))
     assert set(predicted) <= {"checker", "horizontal", "vertical"} and len(predicted) == 4
+
+
+def test_a_bad_row_stops_the_run_before_training_with_one_line_naming_it(tmp_path):
+    import pandas as pd
+
+    bad = pd.read_csv(REPO / "configs" / "data" / "churn.csv")
+    bad.loc[[3, 7], "monthly_fee"] = float("inf")
+    bad.to_csv(tmp_path / "bad.csv", index=False)
+    out = trainflow(
+        "run", "configs/churn.yaml", "--set", f"data.source={tmp_path / 'bad.csv'}", home=tmp_path / "home"
+    )
+    assert out.returncode == 2, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, out.stderr[-3000:]
+    assert re.fullmatch(
+        r"error: data\.source .*bad\.csv: column 'monthly_fee' holds inf in 2 of 400 rows", errors[0]
+    )
+    assert not list((tmp_path / "home").glob("runs/*"))  # no training started

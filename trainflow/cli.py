@@ -106,7 +106,11 @@ def run(config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False) 
         + f" (total {sum(t.values()):.1f}s)",
         f'load it     trainflow.load_model("{reg.name}@champion") or "{reg.name}/{reg.version}"',
     ]
-    if result.prepared_reused:
+    if result.cached:
+        lines.insert(
+            5, f"cache       {', '.join(result.cached)} skipped: same data and config as an earlier run"
+        )
+    elif result.prepared_reused:
         lines.insert(5, "cache       prepared splits reused (same data, split and preprocessing)")
     typer.echo("\n".join(lines))
 

@@ -44,18 +44,59 @@ class SplitConfig(_Section):
 
 
 class DataConfig(_Section):
-    # A local Parquet or CSV file or folder, or builtin:digits (scikit-learn's 8x8 digits).
+    # A Parquet, CSV, JSON lines or NumPy (.npy/.npz) file, folder or glob, as a local
+    # path or a URI (file://, s3://, gs://, ...); an image folder (root/<class>/*.png);
+    # torchvision:MNIST | torchvision:FashionMNIST | torchvision:CIFAR10; builtin:digits.
     source: str = "builtin:digits"
+    # auto: from the files' suffixes (a folder of class folders of images is "images").
+    format: Literal["auto", "parquet", "csv", "json", "numpy", "images"] = "auto"
     label_column: str = "label"
     # None: every column but the label is a feature.
     feature_columns: list[str] | None = None
+    # Features holding categories (strings, or integers that are codes): one-hot encoded
+    # with a vocabulary fitted on the train split.
+    categorical_columns: list[str] = []
+    # The label's classes, in the model's output order; None: the sorted labels found.
+    # A label outside a declared list is an error.
+    classes: list[int | str] | None = None
+    # Rows with a null or NaN feature or label: fail, or drop them (counted and logged).
+    missing: Literal["fail", "drop"] = "fail"
+    # How image folders are read: RGB (3 channels) or L (grayscale, 1 channel).
+    image_mode: Literal["RGB", "L"] = "RGB"
     # Read only the first N rows (smoke runs, quick trials); None reads everything.
     limit: int | None = Field(None, ge=1)
     split: SplitConfig = SplitConfig()
 
+    @model_validator(mode="after")
+    def _categorical_are_features(self) -> DataConfig:
+        if self.label_column in self.categorical_columns:
+            raise ValueError(f"categorical_columns must not hold the label column {self.label_column!r}")
+        if self.feature_columns is not None:
+            outside = [c for c in self.categorical_columns if c not in self.feature_columns]
+            if outside:
+                raise ValueError(f"categorical_columns {outside} are not in feature_columns")
+        if self.classes is not None and len(set(map(str, self.classes))) != len(self.classes):
+            raise ValueError(f"classes must be distinct, got {self.classes}")
+        return self
+
 
 class PreprocessConfig(_Section):
-    standardize: bool = True
+    # Numeric features, fitted on the train split: standard (mean 0, std 1), minmax
+    # (into [0, 1]) or none.
+    scaler: Literal["standard", "minmax", "none"] = "standard"
+    # Image folders: [height, width] every image is resized to; None: the size of the
+    # first image of the train split.
+    image_size: list[int] | None = None
+    # Image folders: a random crop (4-pixel padding at 32 px) and horizontal flip of the
+    # train split, drawn anew every epoch; evaluation and prediction never augment.
+    augment: bool = False
+
+    @field_validator("image_size")
+    @classmethod
+    def _height_width(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (len(v) != 2 or min(v) < 1):
+            raise ValueError(f"must be [height, width] of positive integers, got {v}")
+        return v
 
 
 class ModelConfig(_Section):

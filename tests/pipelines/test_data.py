@@ -110,3 +110,22 @@ def test_bad_sources_fail_with_the_field_named(tmp_path, cfg, message):
     cfg = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in cfg.items()}
     with pytest.raises(DataError, match=message):
         inspect_source(DataConfig(**cfg))
+
+
+def test_the_streaming_split_places_each_row_by_its_own_hash():
+    from trainflow.pipelines.data import assign_split_by_hash
+
+    df = frame(20_000)
+    out = assign_split_by_hash(df, val=0.1, test=0.2, seed=0)
+    shares = np.bincount(out[SPLIT_COLUMN], minlength=3) / len(df)
+    np.testing.assert_allclose(shares, [0.7, 0.1, 0.2], atol=0.01)
+    # Stratified in expectation: each class keeps the split's shares.
+    for _, group in out.groupby("label"):
+        np.testing.assert_allclose(
+            np.bincount(group[SPLIT_COLUMN], minlength=3) / len(group), shares, atol=0.03
+        )
+    # A row's split depends on the row alone: any blocking, any order, the same answer.
+    halves = pd.concat(
+        [assign_split_by_hash(part, val=0.1, test=0.2, seed=0) for part in (df[::2], df[1::2])]
+    )
+    assert halves.sort_index()[SPLIT_COLUMN].tolist() == out[SPLIT_COLUMN].tolist()

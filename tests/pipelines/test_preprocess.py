@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -8,6 +10,7 @@ from trainflow.pipelines.preprocess import (
     FEATURES,
     LABEL,
     Preprocessor,
+    cache_key,
     fit_preprocessor,
     prepare,
     transform_batch,
@@ -35,7 +38,14 @@ def test_statistics_come_from_the_train_split_only(ray_cluster):
     import ray.data
 
     train = pd.DataFrame({"x": [0.0, 2.0, 4.0], "c": [5.0, 5.0, 5.0], "label": [0, 1, 0]})
-    pre = fit_preprocessor(ray.data.from_pandas(train), ["x", "c"], "label", [0, 1], True)
+    pre = fit_preprocessor(
+        ray.data.from_pandas(train),
+        numeric=["x", "c"],
+        categorical=[],
+        label_column="label",
+        classes=[0, 1],
+        cfg=PreprocessConfig(),
+    )
     assert pre.mean == pytest.approx([2.0, 5.0])
     assert pre.std == pytest.approx([np.std([0, 2, 4]), 1.0])  # a constant column is not scaled
 
@@ -80,3 +90,49 @@ def test_a_failed_prepare_leaves_no_entry(tmp_path, ray_cluster):
     with pytest.raises(DataError, match="the val split is empty"):
         prepare(info, SplitConfig(val=0.1, test=0.25), PreprocessConfig(), cache)
     assert list(cache.iterdir()) == []
+
+
+def test_a_crashed_runs_leftovers_are_never_reused(tmp_path, ray_cluster):
+    rng = np.random.default_rng(0)
+    pd.DataFrame({"x": rng.normal(size=200), "label": rng.integers(0, 2, 200)}).to_parquet(
+        tmp_path / "d.parquet"
+    )
+    info = SourceInfo(
+        str(tmp_path / "d.parquet"), "parquet", [str(tmp_path / "d.parquet")], "label", ["x"], "fp"
+    )
+    cache = tmp_path / "cache"
+    key = cache_key(info, SplitConfig(), PreprocessConfig())
+    # A crash mid-write leaves a temporary folder; an entry without counts.json is no entry.
+    (cache / f".tmp-{key}-dead" / "train").mkdir(parents=True)
+    (cache / f".tmp-{key}-dead" / "counts.json").write_text('{"train": 1, "val": 0, "test": 0}')
+    (cache / key / "train").mkdir(parents=True)
+    entry = prepare(info, SplitConfig(), PreprocessConfig(), cache)
+    assert not entry.reused and sum(entry.counts.values()) == 200
+    assert sorted(p.name for p in entry.path.iterdir()) == [
+        "counts.json",
+        "preprocessor.json",
+        "test",
+        "train",
+        "val",
+    ]
+    assert prepare(info, SplitConfig(), PreprocessConfig(), cache).reused
+
+
+def test_categorical_vocabulary_from_train_and_unknown_categories_at_prediction(ray_cluster):
+    import ray.data
+
+    train = pd.DataFrame({"n": [1.0, 3.0, 5.0], "plan": ["pro", "basic", "pro"], "label": [0, 1, 0]})
+    pre = fit_preprocessor(
+        ray.data.from_pandas(train),
+        numeric=["n"],
+        categorical=["plan"],
+        label_column="label",
+        classes=[0, 1],
+        cfg=PreprocessConfig(scaler="minmax"),
+    )
+    assert pre.categorical == {"plan": ["basic", "pro"]} and pre.num_features == 3
+    assert (pre.mean, pre.std) == ([1.0], [4.0])
+    rows = pd.DataFrame({"n": [5.0, 1.0, 3.0], "plan": ["basic", "enterprise", None]})
+    # An unseen category and a missing one encode as zeros; nothing crashes.
+    np.testing.assert_allclose(pre.features(rows), [[1, 1, 0], [0, 0, 0], [0.5, 0, 0]])
+    assert Preprocessor.from_dict(json.loads(json.dumps(pre.to_dict()))) == pre

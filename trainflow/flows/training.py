@@ -67,10 +67,14 @@ def one_run_per_model(name: str) -> Iterator[None]:
 DEFAULT_CONFIG = PipelineConfig()
 
 
-def timed(step, *args) -> tuple[Any, float]:
-    """Call a task and measure its wall time, retries included, for the run's summary."""
+def timed(step, *args, cached: list[str] | None = None) -> tuple[Any, float]:
+    """Call a task and measure its wall time, retries included, for the run's summary.
+    A task that Prefect answered from its cache is added to ``cached``."""
     start = time.perf_counter()
-    out = step(*args)
+    state = step(*args, return_state=True)
+    out = state.result()
+    if cached is not None and state.name == "Cached":
+        cached.append(step.name)
     return out, time.perf_counter() - start
 
 
@@ -93,16 +97,18 @@ def training_pipeline(
     logger = get_run_logger()
     config = resolve_config(config, overrides, smoke)
     timings: dict[str, float] = {}
+    cached: list[str] = []
 
-    # ingest: in the driver, before any Ray worker starts, so bad input fails fast
-    source, timings["ingest"] = timed(ingest, config)
+    # ingest: in the driver, before any Ray worker starts, so bad input fails fast;
+    # skipped (cached) when the input's fingerprint and the data config are unchanged
+    source, timings["ingest"] = timed(ingest, config, cached=cached)
 
     with one_run_per_model(config.name):
         with ray_session(config, logger):
             # what ScalingConfig asks, against the cluster: fail now rather than wait forever
             config = preflight(config, logger)
-            # preprocess
-            prepared, timings["preprocess"] = timed(preprocess, config, source)
+            # preprocess: skipped (cached) when its prepared entry exists
+            prepared, timings["preprocess"] = timed(preprocess, config, source, cached=cached)
             # train: one Ray run per flow run, so a retry of the task resumes it
             run_name = f"{config.name}-{str(flow_run.id or 'local')[:8]}"
             trained, timings["train"] = timed(train, config, prepared, run_name)
@@ -118,9 +124,12 @@ def training_pipeline(
         test_metrics=evaluated.headline,
         registered=registered,
         checkpoint=trained.best_checkpoint,
-        prepared_reused=prepared.reused,
+        prepared_reused=prepared.reused or "preprocess" in cached,
         timings=timings,
+        cached=cached,
     )
+    if cached:
+        logger.info("%s: cached from an earlier run with the same data and config", " and ".join(cached))
     create_markdown_artifact(key=f"{artifact_key(config.name)}-summary", markdown=summary_markdown(result))
     logger.info("done: %s", one_line(result))
     return result
@@ -145,5 +154,6 @@ def summary_markdown(r: PipelineResult) -> str:
         f"| test metric | value |\n|---|---|\n{metrics}\n\n"
         f"| step | seconds |\n|---|---|\n{rows}\n\n"
         f"Config hash `{r.config_hash}`; checkpoint `{r.checkpoint}`"
-        f"{'; prepared splits reused from the cache' if r.prepared_reused else ''}.\n"
+        f"{'; prepared splits reused from the cache' if r.prepared_reused else ''}"
+        f"{'; cached steps: ' + ', '.join(r.cached) if r.cached else ''}.\n"
     )

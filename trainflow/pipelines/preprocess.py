@@ -21,7 +21,20 @@ import numpy as np
 import pandas as pd
 
 from trainflow.config import PreprocessConfig, SplitConfig
-from trainflow.pipelines.data import SPLITS, DataError, SourceInfo, class_values, load_dataset, split_dataset
+from trainflow.pipelines.data import (
+    EXACT_SPLIT_ROWS,
+    IMAGE,
+    SMALL_INPUT_BYTES,
+    SPLITS,
+    DataError,
+    SourceInfo,
+    _plain,
+    check_rows,
+    drop_missing,
+    load_dataset,
+    split_dataset,
+    value_order,
+)
 
 if TYPE_CHECKING:
     import ray.data
@@ -30,14 +43,27 @@ FEATURES = "features"
 LABEL = "label"
 
 
+# Categorical columns with more distinct values than this in the train split are refused:
+# one-hot encoding them would make the model's input that wide.
+MAX_VOCABULARY = 10_000
+
+
 @dataclass
 class Preprocessor:
-    feature_columns: list[str]
+    """The fitted state, plain JSON. The model's input for a row is: the numeric features
+    scaled, then each categorical column one-hot (an unknown category: all zeros); for
+    an image folder, the image resized, scaled to [0, 1], normalized per channel, flat."""
+
+    feature_columns: list[str]  # numeric features, in the model's order
     label_column: str
     classes: list[Any]  # the model's output i is classes[i]
-    standardize: bool = True
-    mean: list[float] = field(default_factory=list)
-    std: list[float] = field(default_factory=list)
+    standardize: bool = True  # whether numeric features are scaled as below
+    mean: list[float] = field(default_factory=list)  # the offset: mean, or minimum for minmax
+    std: list[float] = field(default_factory=list)  # the scale: std, or max - min for minmax
+    scaler: str = "standard"  # standard | minmax | none
+    categorical: dict[str, list[Any]] = field(default_factory=dict)  # column: vocabulary
+    # Image folders: {"shape": [c, h, w], "mean": [...], "std": [...], "augment": bool}.
+    image: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,19 +79,35 @@ class Preprocessor:
     def load(cls, path: str | Path) -> Preprocessor:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
-    def features(self, frame: pd.DataFrame) -> np.ndarray:
-        """The model's input for a frame holding the feature columns."""
-        missing = [c for c in self.feature_columns if c not in frame.columns]
+    @property
+    def num_features(self) -> int:
+        image = int(np.prod(self.image["shape"])) if self.image else 0
+        return image + len(self.feature_columns) + sum(len(v) for v in self.categorical.values())
+
+    def features(self, frame: pd.DataFrame | dict[str, np.ndarray]) -> np.ndarray:
+        """The model's input for raw rows (a frame, or a dict of columns)."""
+        needed = [*self.feature_columns, *self.categorical, *([IMAGE] if self.image else [])]
+        missing = [c for c in needed if c not in frame]
         if missing:
             raise DataError(f"input lacks feature columns {', '.join(missing)} that the model was trained on")
-        x = frame[self.feature_columns].to_numpy(dtype=np.float32, copy=True)
-        if self.standardize:
-            x -= np.asarray(self.mean, dtype=np.float32)
-            x /= np.asarray(self.std, dtype=np.float32)
-        return x
+        parts = []
+        if self.image:
+            parts.append(image_features(frame[IMAGE], self.image))
+        if self.feature_columns:
+            x = np.stack([np.asarray(frame[c], dtype=np.float32) for c in self.feature_columns], axis=1)
+            if self.standardize:
+                x -= np.asarray(self.mean, dtype=np.float32)
+                x /= np.asarray(self.std, dtype=np.float32)
+            parts.append(x)
+        for column, vocabulary in self.categorical.items():
+            parts.append(one_hot(np.asarray(frame[column]), vocabulary))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
-    def labels(self, values: pd.Series) -> np.ndarray:
+    def labels(self, values: pd.Series | np.ndarray) -> np.ndarray:
         """Class indices for raw label values; a value outside the classes is an error."""
+        values = pd.Series(values) if not isinstance(values, pd.Series) else values
+        if values.dtype == object and self.classes and isinstance(self.classes[0], str):
+            values = values.astype(str)
         codes = pd.Categorical(values, categories=self.classes).codes.astype(np.int64)
         if (codes < 0).any():
             unknown = sorted(set(values[codes < 0].tolist()), key=str)[:5]
@@ -75,7 +117,84 @@ class Preprocessor:
         return codes
 
 
-def transform_batch(batch: pd.DataFrame, *, state: dict[str, Any]) -> dict[str, np.ndarray]:
+def one_hot(values: np.ndarray, vocabulary: list[Any]) -> np.ndarray:
+    """One column per category; a category outside the vocabulary (or missing) is all zeros."""
+    codes = pd.Categorical(values, categories=vocabulary).codes
+    out = np.zeros((len(values), len(vocabulary)), dtype=np.float32)
+    known = codes >= 0
+    out[np.flatnonzero(known), codes[known]] = 1.0
+    return out
+
+
+def _image_pipeline(image: dict[str, Any]):
+    import torch
+    from torchvision.transforms import v2
+
+    c, h, w = image["shape"]
+    return v2.Compose(
+        [
+            v2.Resize((h, w), antialias=True),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(image["mean"], image["std"]),
+        ]
+    )
+
+
+def _as_chw(img: np.ndarray):
+    import torch
+
+    t = torch.from_numpy(np.array(img))  # a copy: Ray hands over read-only arrays
+    return t.unsqueeze(0) if t.ndim == 2 else t.permute(2, 0, 1)
+
+
+def image_features(images, image: dict[str, Any]) -> np.ndarray:
+    """Images (HxWxC or HxW uint8 arrays) resized, scaled, normalized and flattened."""
+    transform = _image_pipeline(image)
+    channels = image["shape"][0]
+    out = []
+    for img in images:
+        t = _as_chw(np.asarray(img))
+        if t.shape[0] != channels:
+            raise DataError(f"an image has {t.shape[0]} channels, the model was trained on {channels}")
+        out.append(transform(t).reshape(-1).numpy())
+    return np.stack(out) if out else np.zeros((0, int(np.prod(image["shape"]))), dtype=np.float32)
+
+
+def image_channel_sums(batch: dict[str, np.ndarray], *, shape: list[int]) -> pd.DataFrame:
+    """Per-channel pixel sums and squared sums of a batch of images after resizing to [0, 1]."""
+    raw = {"shape": shape, "mean": [0.0] * shape[0], "std": [1.0] * shape[0]}
+    x = image_features(batch[IMAGE], raw).reshape(len(batch[IMAGE]), shape[0], -1).astype(np.float64)
+    row = {"pixels": x.shape[0] * x.shape[2]}
+    for ch in range(shape[0]):
+        row[f"sum:{ch}"] = float(x[:, ch].sum())
+        row[f"sq:{ch}"] = float((x[:, ch] ** 2).sum())
+    return pd.DataFrame([row])
+
+
+def augment_batch(batch: dict[str, np.ndarray], *, shape: list[int]) -> dict[str, np.ndarray]:
+    """Train-only augmentation of prepared image rows: a random crop (the image padded by an
+    eighth of its side) and a random horizontal flip, drawn per image."""
+    import torch
+    from torchvision.transforms import v2
+
+    c, h, w = shape
+    transform = v2.Compose([v2.RandomCrop((h, w), padding=max(1, h // 8)), v2.RandomHorizontalFlip()])
+    x = torch.from_numpy(np.ascontiguousarray(batch[FEATURES], dtype=np.float32)).reshape(-1, c, h, w)
+    out = torch.stack([transform(img) for img in x]) if len(x) else x
+    return {FEATURES: out.reshape(len(x), -1).numpy(), LABEL: batch[LABEL]}
+
+
+def augment_dataset(ds: ray.data.Dataset, preprocessor: dict[str, Any]) -> ray.data.Dataset:
+    """The prepared train split, augmented anew on every pass when the preprocessor says so."""
+    image = preprocessor.get("image")
+    if not image or not image.get("augment"):
+        return ds
+    return ds.map_batches(augment_batch, fn_kwargs={"shape": image["shape"]}, batch_format="numpy")
+
+
+def transform_batch(
+    batch: pd.DataFrame | dict[str, np.ndarray], *, state: dict[str, Any]
+) -> dict[str, np.ndarray]:
     """One batch of raw rows into ``{features, label}``; a pure function of the state."""
     pre = Preprocessor.from_dict(state)
     return {FEATURES: pre.features(batch), LABEL: pre.labels(batch[pre.label_column])}
@@ -83,37 +202,96 @@ def transform_batch(batch: pd.DataFrame, *, state: dict[str, Any]) -> dict[str, 
 
 def fit_preprocessor(
     train: ray.data.Dataset,
-    feature_columns: list[str],
+    *,
+    numeric: list[str],
+    categorical: list[str],
     label_column: str,
     classes: list[Any],
-    standardize: bool,
+    cfg: PreprocessConfig,
+    image_channels: int | None = None,
 ) -> Preprocessor:
-    """Statistics from the train split alone, in one streaming pass of Ray Data."""
-    pre = Preprocessor(list(feature_columns), label_column, list(classes), standardize)
-    if standardize:
-        from ray.data.aggregate import Mean, Std
+    """Statistics from the train split alone, each in a streaming pass of Ray Data."""
+    scale = cfg.scaler != "none"
+    pre = Preprocessor(list(numeric), label_column, list(classes), scale, scaler=cfg.scaler)
+    if scale and numeric:
+        from ray.data.aggregate import Max, Mean, Min, Std
 
-        aggs = [Mean(c, alias_name=f"mean:{c}") for c in feature_columns]
-        aggs += [Std(c, ddof=0, alias_name=f"std:{c}") for c in feature_columns]
+        if cfg.scaler == "standard":
+            aggs = [Mean(c, alias_name=f"lo:{c}") for c in numeric]
+            aggs += [Std(c, ddof=0, alias_name=f"hi:{c}") for c in numeric]
+        else:
+            aggs = [Min(c, alias_name=f"lo:{c}") for c in numeric]
+            aggs += [Max(c, alias_name=f"hi:{c}") for c in numeric]
         stats = train.aggregate(*aggs)
-        pre.mean = [float(stats[f"mean:{c}"]) for c in feature_columns]
-        # A constant column (std 0) is centred but not scaled.
-        pre.std = [float(stats[f"std:{c}"]) or 1.0 for c in feature_columns]
+        pre.mean = [float(stats[f"lo:{c}"]) for c in numeric]
+        spread = [float(stats[f"hi:{c}"]) for c in numeric]
+        if cfg.scaler == "minmax":
+            spread = [hi - lo for hi, lo in zip(spread, pre.mean, strict=True)]
+        # A constant column (std or range 0) is shifted but not scaled.
+        pre.std = [s or 1.0 for s in spread]
+    if categorical:
+        per_block = train.map_batches(
+            categories, fn_kwargs={"columns": categorical}, batch_format="pandas", batch_size=None
+        ).to_pandas()  # one small row per block
+        for column in categorical:
+            values = {v for cell in per_block[column] for v in json.loads(cell)}
+            if len(values) > MAX_VOCABULARY:
+                raise DataError(
+                    f"data.categorical_columns: {column!r} has {len(values)} categories in the train "
+                    f"split; at most {MAX_VOCABULARY} are one-hot encoded"
+                )
+            pre.categorical[column] = sorted(values, key=value_order)
+    if image_channels is not None:
+        pre.image = _fit_image(train, cfg, image_channels)
     return pre
 
 
+def categories(batch: pd.DataFrame, *, columns: list[str]) -> pd.DataFrame:
+    """The distinct values of each categorical column in a batch, as JSON lists."""
+    row = {}
+    for c in columns:
+        values = [_plain(v) for v in batch[c].dropna().unique()[: MAX_VOCABULARY + 1]]
+        row[c] = json.dumps(values)
+    return pd.DataFrame([row])
+
+
+def _fit_image(train: ray.data.Dataset, cfg: PreprocessConfig, channels: int) -> dict[str, Any]:
+    if cfg.image_size is not None:
+        h, w = cfg.image_size
+    else:
+        first = np.asarray(train.take(1)[0][IMAGE])
+        h, w = first.shape[:2]
+    shape = [channels, int(h), int(w)]
+    image = {"shape": shape, "mean": [0.0] * channels, "std": [1.0] * channels, "augment": cfg.augment}
+    if cfg.scaler == "standard":
+        sums = train.map_batches(
+            image_channel_sums, fn_kwargs={"shape": shape}, batch_format="numpy", batch_size=256
+        ).to_pandas()  # one small row per batch
+        n = float(sums["pixels"].sum())
+        mean = [float(sums[f"sum:{ch}"].sum()) / n for ch in range(channels)]
+        var = [float(sums[f"sq:{ch}"].sum()) / n - m * m for ch, m in enumerate(mean)]
+        image["mean"] = mean
+        image["std"] = [float(np.sqrt(v)) if v > 1e-12 else 1.0 for v in var]
+    return image
+
+
 def transform_dataset(ds: ray.data.Dataset, pre: Preprocessor) -> ray.data.Dataset:
-    return ds.map_batches(transform_batch, fn_kwargs={"state": pre.to_dict()}, batch_format="pandas")
+    return ds.map_batches(
+        transform_batch,
+        fn_kwargs={"state": pre.to_dict()},
+        batch_format="numpy" if pre.image else "pandas",
+    )
 
 
 def write_prepared(
-    splits: dict[str, ray.data.Dataset], pre: Preprocessor, out_dir: Path, *, seed: int
+    splits: dict[str, ray.data.Dataset], pre: Preprocessor, out_dir: Path, *, seed: int, shuffle: bool = True
 ) -> dict[str, int]:
     """Write every transformed split as Parquet into ``out_dir``, all or nothing.
 
     The files go to a temporary folder beside ``out_dir`` that is renamed when every
     split is written, so a crash never leaves a partial entry that a later run reuses.
-    The train split is shuffled once here: sources often arrive sorted by label.
+    The train split is shuffled once here (sources often arrive sorted by label): all of
+    it when ``shuffle``, else only the order of its blocks, which streams.
     """
     tmp = out_dir.parent / f".tmp-{out_dir.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
@@ -122,24 +300,33 @@ def write_prepared(
         for name in SPLITS:
             ds = transform_dataset(splits[name], pre)
             if name == "train":
-                ds = ds.random_shuffle(seed=seed)
+                ds = ds.random_shuffle(seed=seed) if shuffle else ds.randomize_block_order(seed=seed)
             ds.write_parquet(str(tmp / name))
             counts[name] = sum(_parquet_rows(p) for p in (tmp / name).glob("*.parquet"))
             if counts[name] == 0:
                 raise DataError(f"the {name} split is empty; add rows or change data.split")
         pre.save(tmp / "preprocessor.json")
         (tmp / "counts.json").write_text(json.dumps(counts))
-        try:
-            os.rename(tmp, out_dir)
-        except OSError:
-            if not out_dir.exists():
-                raise
-            # Another run finished the same entry first; keep theirs.
-            shutil.rmtree(tmp)
+        _publish(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return counts
+
+
+def _publish(tmp: Path, out_dir: Path) -> None:
+    try:
+        os.rename(tmp, out_dir)
+    except OSError:
+        if (out_dir / "counts.json").is_file():
+            shutil.rmtree(tmp)  # another run finished the same entry first; keep theirs
+            return
+        if not out_dir.exists():
+            raise
+        # A folder without counts.json is no finished entry (written by hand, or by a
+        # crash of an older trainflow): replace it.
+        shutil.rmtree(out_dir)
+        os.rename(tmp, out_dir)
 
 
 def _parquet_rows(path: Path) -> int:
@@ -163,35 +350,75 @@ class PreparedEntry:
     counts: dict[str, int]
     key: str
     reused: bool
+    dropped: int = 0  # rows dropped for a missing value (data.missing=drop)
+
+
+def code_version() -> str:
+    """trainflow's version and a hash of the code that prepares data: an entry prepared by
+    other code is not reused."""
+    from trainflow import __version__
+    from trainflow.pipelines import data, sources
+
+    h = hashlib.sha256(__version__.encode())
+    for module in (data, sources):
+        h.update(Path(module.__file__).read_bytes())
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()[:16]
 
 
 def cache_key(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig) -> str:
     """What a prepared entry depends on: the input, the columns, the split, the preprocessing
-    and trainflow's version (a new release may prepare differently)."""
-    from trainflow import __version__
-
+    and trainflow's code (a new release may prepare differently)."""
     parts = {
         "fingerprint": info.fingerprint,
+        "format": info.format,
         "features": info.feature_columns,
+        "categorical": info.categorical_columns,
         "label": info.label_column,
+        "classes": info.classes,
+        "missing": info.missing,
+        "image_mode": info.image_mode,
         "limit": info.limit,
         "split": split.model_dump(),
         "preprocess": cfg.model_dump(),
-        "version": __version__,
+        "code": code_version(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def finished_entry(cache_root: Path, key: str) -> Path | None:
+    """The entry for ``key`` when a run finished writing it (temporary folders never are)."""
+    out = cache_root / key
+    return out if (out / "counts.json").is_file() else None
+
+
 def prepare(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig, cache_root: Path) -> PreparedEntry:
-    """Split, fit on train, transform and write every split, or reuse a finished entry."""
+    """Check the rows, split, fit on train, transform and write every split; or reuse a
+    finished entry with the same key."""
     key = cache_key(info, split, cfg)
     out = cache_root / key
-    if (out / "counts.json").is_file():
+    if finished_entry(cache_root, key):
         pre, counts = read_prepared(out)
         return PreparedEntry(out, pre, counts, key, reused=True)
     ds = load_dataset(info)
-    classes = class_values(ds, info.label_column)
-    splits = split_dataset(ds, split, info.label_column)
-    pre = fit_preprocessor(splits["train"], info.feature_columns, info.label_column, classes, cfg.standardize)
-    counts = write_prepared(splits, pre, out, seed=split.seed)
-    return PreparedEntry(out, pre, counts, key, reused=False)
+    if info.bytes <= SMALL_INPUT_BYTES:
+        ds = ds.materialize()  # one read for every pass below
+    report = check_rows(ds, info)
+    dropped = report.missing_rows  # check_rows let them through only for data.missing=drop
+    if dropped:
+        columns = [*([] if info.format == "images" else info.feature_columns), info.label_column]
+        ds = ds.map_batches(drop_missing, fn_kwargs={"columns": columns}, batch_format="pandas")
+    classes = info.classes if info.classes is not None else report.labels
+    small = report.rows - dropped <= EXACT_SPLIT_ROWS and info.bytes <= SMALL_INPUT_BYTES
+    splits = split_dataset(ds, split, info.label_column, exact=small)
+    pre = fit_preprocessor(
+        splits["train"],
+        numeric=[] if info.format == "images" else info.numeric_columns,
+        categorical=info.categorical_columns,
+        label_column=info.label_column,
+        classes=classes,
+        cfg=cfg,
+        image_channels=(3 if info.image_mode == "RGB" else 1) if info.format == "images" else None,
+    )
+    counts = write_prepared(splits, pre, out, seed=split.seed, shuffle=small)
+    return PreparedEntry(out, pre, counts, key, reused=False, dropped=dropped)

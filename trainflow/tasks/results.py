@@ -20,6 +20,7 @@ class Prepared(BaseModel):
     num_classes: int
     fingerprint: str  # the input's fingerprint plus the split and preprocess settings
     reused: bool  # a finished entry with the same key was found and used as is
+    dropped: int = 0  # rows dropped for a missing value (data.missing=drop)
 
     def split_path(self, name: str) -> str:
         return f"{self.path}/{name}"
@@ -67,3 +68,4 @@ class PipelineResult(BaseModel):
     checkpoint: str
     prepared_reused: bool
     timings: dict[str, float]  # seconds per step
+    cached: list[str] = []  # steps Prefect skipped: their cached result from an earlier run held

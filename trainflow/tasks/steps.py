@@ -6,6 +6,7 @@ and returns a small pydantic value. Retries live on the decorators.
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import uuid
 from pathlib import Path
@@ -28,10 +29,40 @@ from trainflow.tasks.results import Evaluated, Prepared, Registered, Trained
 IN_MEMORY_BYTES = 1 << 30
 
 
-@task(name="ingest", cache_policy=NO_CACHE)
+# Ingest and preprocess cache across flow runs. Each record is a file at an absolute
+# path under TRAINFLOW_HOME/cache (hence the result storage at "/"): the preprocess
+# record sits inside the prepared entry it describes, so deleting an entry (or the
+# whole cache) also forgets that it was made, and a run never reuses a record whose
+# splits are gone. The keys hold the input's fingerprint, so a changed file misses.
+CACHE_RECORDS = Path("/")
+
+
+def ingest_cache_key(context, parameters: dict[str, Any]) -> str:
+    """The data config, the input's fingerprint (file list, sizes, mtimes or content) and
+    the code that inspects it."""
+    config: PipelineConfig = parameters["config"]
+    cache = workspace().cache
+    parts = [config.data.model_dump_json(), data.source_fingerprint(config.data, cache), prep.code_version()]
+    key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+    return str(cache / "ingest" / key)
+
+
+def preprocess_cache_key(context, parameters: dict[str, Any]) -> str:
+    """The prepared entry's own key; the record lives in the entry's folder."""
+    config: PipelineConfig = parameters["config"]
+    key = prep.cache_key(parameters["source"], config.data.split, config.preprocess)
+    return str(workspace().cache / key / "prefect-task-record")
+
+
+@task(
+    name="ingest",
+    cache_key_fn=ingest_cache_key,
+    persist_result=True,
+    result_storage=CACHE_RECORDS,
+)
 def ingest(config: PipelineConfig) -> data.SourceInfo:
     """Check the source and its columns and fingerprint it; runs in the driver, before Ray."""
-    info = data.inspect_source(config.data)
+    info = data.inspect_source(config.data, workspace().cache)
     get_run_logger().info(
         "source %s (%s, %d files): %d features, label %r, fingerprint %s",
         info.source,
@@ -44,12 +75,25 @@ def ingest(config: PipelineConfig) -> data.SourceInfo:
     return info
 
 
-@task(name="preprocess", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
+@task(
+    name="preprocess",
+    cache_key_fn=preprocess_cache_key,
+    persist_result=True,
+    result_storage=CACHE_RECORDS,
+    retries=1,
+    retry_delay_seconds=5,
+    retry_condition_fn=lambda task, task_run, state: (
+        not isinstance(state.result(raise_on_failure=False), data.DataError)
+    ),
+)
 def preprocess(config: PipelineConfig, source: data.SourceInfo) -> Prepared:
-    """Split, fit on train, write every split as Parquet under the cache (or reuse it)."""
+    """Check the rows, split, fit on train, write every split as Parquet under the cache
+    (or reuse a finished entry)."""
     logger = get_run_logger()
     entry = prep.prepare(source, config.data.split, config.preprocess, workspace().cache)
     pre = entry.preprocessor
+    if entry.dropped:
+        logger.warning("dropped %d rows with a missing value (data.missing=drop)", entry.dropped)
     logger.info(
         "%s prepared splits %s at %s: %d classes",
         "reused" if entry.reused else "wrote",
@@ -61,10 +105,11 @@ def preprocess(config: PipelineConfig, source: data.SourceInfo) -> Prepared:
         path=str(entry.path),
         counts=entry.counts,
         preprocessor=pre.to_dict(),
-        num_features=len(pre.feature_columns),
+        num_features=pre.num_features,
         num_classes=len(pre.classes),
         fingerprint=entry.key,
         reused=entry.reused,
+        dropped=entry.dropped,
     )
 
 
@@ -90,8 +135,12 @@ def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
     import ray.data
 
     logger = get_run_logger()
+    # Augmented images stream from Ray Data, so each epoch draws new crops and flips.
+    augment = bool((prepared.preprocessor.get("image") or {}).get("augment"))
     in_memory = config.train.in_memory == "always" or (
-        config.train.in_memory == "auto" and _split_bytes(prepared.split_path("train")) < IN_MEMORY_BYTES
+        config.train.in_memory == "auto"
+        and not augment
+        and _split_bytes(prepared.split_path("train")) < IN_MEMORY_BYTES
     )
     spec = models.model_spec(config.model, prepared.num_features, prepared.num_classes)
     # Unique per attempt: a retry must not race the last attempt's actor for the name.
@@ -103,6 +152,7 @@ def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
         in_memory=in_memory,
     )
     datasets = {name: ray.data.read_parquet(prepared.split_path(name)) for name in ("train", "val")}
+    datasets["train"] = prep.augment_dataset(datasets["train"], prepared.preprocessor)
     storage = config.storage or str(workspace().runs)
     trainer = tr.build_trainer(config, loop_config, datasets, run_name=run_name, storage_path=storage)
     s = config.scaling

@@ -1,0 +1,268 @@
+"""Every kind of source, on small files the tests write, read through real Ray Data."""
+
+import struct
+import zipfile
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
+from trainflow.pipelines.data import DataError, check_rows, inspect_source, load_dataset
+from trainflow.pipelines.preprocess import FEATURES, LABEL, prepare
+
+
+def frame(n=60, seed=0):
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame(
+        {
+            "a": rng.normal(size=n),
+            "b": rng.integers(0, 10, size=n),
+            "color": rng.choice(["red", "green", "blue"], size=n),
+            "label": np.arange(n) % 3,
+        }
+    )
+
+
+def rows_of(info):
+    return load_dataset(info).to_pandas().sort_values(["a"]).reset_index(drop=True)
+
+
+def test_json_lines_glob_and_uris_read_the_same_rows(tmp_path, ray_cluster):
+    df = frame()
+    (tmp_path / "parts").mkdir()
+    df.iloc[:30].to_json(tmp_path / "parts" / "a.jsonl", orient="records", lines=True)
+    df.iloc[30:].to_json(tmp_path / "parts" / "b.jsonl", orient="records", lines=True)
+    (tmp_path / "parts" / "_SUCCESS").write_text("")  # a writer's marker, skipped
+    expected = df.sort_values("a").reset_index(drop=True)
+    for source in (
+        str(tmp_path / "parts"),
+        str(tmp_path / "parts" / "*.jsonl"),
+        f"file://{tmp_path}/parts",
+    ):
+        info = inspect_source(DataConfig(source=source, categorical_columns=["color"]))
+        assert info.format == "json" and len(info.files) == 2, source
+        got = rows_of(info)
+        np.testing.assert_allclose(got["a"], expected["a"])
+        assert got["color"].tolist() == expected["color"].tolist()
+
+
+def test_a_glob_picks_only_what_it_matches(tmp_path, ray_cluster):
+    frame(20).to_csv(tmp_path / "train-1.csv", index=False)
+    frame(30, seed=1).to_csv(tmp_path / "train-2.csv", index=False)
+    frame(40, seed=2).to_csv(tmp_path / "other.csv", index=False)
+    info = inspect_source(DataConfig(source=str(tmp_path / "train-*.csv"), categorical_columns=["color"]))
+    assert [f.rsplit("/", 1)[1] for f in info.files] == ["train-1.csv", "train-2.csv"]
+    assert load_dataset(info).count() == 50
+    with pytest.raises(DataError, match=r"data\.source .*nope-\*\.csv: the pattern matches no file"):
+        inspect_source(DataConfig(source=str(tmp_path / "nope-*.csv")))
+
+
+def test_a_non_local_fsspec_filesystem_a_zip_archive(tmp_path, ray_cluster):
+    # zip:// is no filesystem pyarrow knows: it goes through fsspec, in the driver and
+    # in every Ray worker that reads a part.
+    df = frame()
+    archive = tmp_path / "data.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("data/part-0.csv", df.iloc[:25].to_csv(index=False))
+        z.writestr("data/part-1.csv", df.iloc[25:].to_csv(index=False))
+    info = inspect_source(DataConfig(source=f"zip://data::file://{archive}", categorical_columns=["color"]))
+    assert info.format == "csv" and len(info.files) == 2
+    got = rows_of(info)
+    np.testing.assert_allclose(got["a"], df.sort_values("a")["a"])
+
+
+def test_numpy_npz_and_structured_npy(tmp_path, ray_cluster):
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 3)).astype(np.float32), np.arange(40) % 2
+    np.savez(tmp_path / "d.npz", x=x, label=y)
+    info = inspect_source(DataConfig(source=str(tmp_path / "d.npz")))
+    assert info.format == "numpy" and info.feature_columns == ["x_0", "x_1", "x_2"]
+    got = load_dataset(info).to_pandas()
+    np.testing.assert_allclose(got[["x_0", "x_1", "x_2"]].to_numpy(dtype=np.float32), x)
+    assert got["label"].tolist() == y.tolist()
+    entry = prepare(info, SplitConfig(), PreprocessConfig(scaler="minmax"), tmp_path / "cache")
+    assert sum(entry.counts.values()) == 40
+    import ray.data
+
+    # Min-max scaling fitted on train: the train split spans exactly [0, 1] per feature.
+    train = ray.data.read_parquet(str(entry.path / "train")).take_batch(100)[FEATURES]
+    np.testing.assert_allclose(train.min(axis=0), 0.0, atol=1e-6)
+    np.testing.assert_allclose(train.max(axis=0), 1.0, atol=1e-6)
+
+    structured = np.zeros(10, dtype=[("h", "f8"), ("w", "f8"), ("label", "i8")])
+    structured["label"] = np.arange(10) % 2
+    np.save(tmp_path / "s.npy", structured)
+    info = inspect_source(DataConfig(source=str(tmp_path / "s.npy")))
+    assert info.feature_columns == ["h", "w"] and load_dataset(info).count() == 10
+
+
+def write_image_folder(root, per_class=6, size=(10, 12), mode="RGB"):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for k, name in enumerate(["cat", "dog", "emu"]):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            shape = (*size, 3) if mode == "RGB" else size
+            pixels = np.clip(rng.normal(60 * (k + 1), 20, size=shape), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(root / name / f"{i}.png")
+    return root
+
+
+def test_image_folder_labels_come_from_sorted_folder_names(tmp_path, ray_cluster):
+    root = write_image_folder(tmp_path / "imgs")
+    info = inspect_source(DataConfig(source=str(root)))
+    assert info.format == "images" and info.classes == ["cat", "dog", "emu"] and len(info.files) == 18
+    entry = prepare(
+        info,
+        SplitConfig(val=0.17, test=0.17),
+        PreprocessConfig(image_size=[8, 8], augment=True),
+        tmp_path / "c",
+    )
+    pre = entry.preprocessor
+    assert pre.classes == ["cat", "dog", "emu"] and pre.image["shape"] == [3, 8, 8]
+    assert pre.num_features == 3 * 8 * 8 and pre.image["augment"]
+    import ray.data
+
+    train = ray.data.read_parquet(str(entry.path / "train")).take_batch(100)
+    assert train[FEATURES].shape == (entry.counts["train"], 192)
+    assert abs(float(train[FEATURES].mean())) < 0.2  # normalized with the train split's statistics
+    assert sorted(set(train[LABEL].tolist())) == [0, 1, 2]
+
+    from PIL import Image
+
+    image = np.asarray(Image.open(root / "dog" / "0.png"))
+    assert pre.features(pd.DataFrame({"image": [image]})).shape == (1, 192)
+
+
+def write_mnist_raw(folder, n_train=30, n_test=12):
+    """MNIST's own on-disk format (idx-ubyte), as torchvision's download leaves it."""
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        labels = (np.arange(n) % 10).astype(np.uint8)
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        (folder / f"{prefix}-images-idx3-ubyte").write_bytes(
+            struct.pack(">iiii", 2051, n, 28, 28) + images.tobytes()
+        )
+        (folder / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">ii", 2049, n) + labels.tobytes())
+
+
+def test_torchvision_mnist_is_read_by_torchvision_and_converted_once(tmp_path, ray_cluster):
+    cache = tmp_path / "cache"
+    write_mnist_raw(cache / "torchvision" / "MNIST" / "raw")
+    info = inspect_source(DataConfig(source="torchvision:MNIST"), cache_root=cache)
+    assert info.format == "parquet" and len(info.feature_columns) == 784
+    converted = cache / "torchvision" / "MNIST.parquet"
+    assert sorted(p.name for p in converted.iterdir()) == ["_done.json", "part-0.parquet", "part-1.parquet"]
+    mtime = (converted / "part-0.parquet").stat().st_mtime_ns
+    ds = load_dataset(info)
+    assert ds.count() == 42 and sorted(ds.unique("label")) == list(range(10))
+    again = inspect_source(DataConfig(source="torchvision:MNIST"), cache_root=cache)
+    assert again.fingerprint == info.fingerprint
+    assert (converted / "part-0.parquet").stat().st_mtime_ns == mtime  # not converted again
+
+
+def test_torchvision_without_files_or_network_says_where_to_put_them(tmp_path):
+    with pytest.raises(DataError, match=r"torchvision:FashionMNIST: not in .* and the download failed"):
+        inspect_source(DataConfig(source="torchvision:FashionMNIST"), cache_root=tmp_path)
+    with pytest.raises(DataError, match=r"torchvision:SVHN: use one of MNIST, FashionMNIST, CIFAR10"):
+        inspect_source(DataConfig(source="torchvision:SVHN"), cache_root=tmp_path)
+
+
+# Each bad input: its own error, naming the column or file, before training.
+
+
+@pytest.mark.parametrize(
+    "write, cfg, message",
+    [
+        (
+            lambda p: frame().assign(label=frame()["a"]).to_csv(p, index=False),
+            {"categorical_columns": ["color"]},
+            r"data\.label_column 'label' in .*d\.csv is double; a class label must hold integers",
+        ),
+        (
+            lambda p: frame().to_csv(p, index=False),
+            {},
+            r"data\.feature_columns: color \(string\) in .* are not numeric",
+        ),
+        (
+            lambda p: frame().to_csv(p, index=False),
+            {"categorical_columns": ["a", "color"]},
+            r"data\.categorical_columns: a \(double\) in .* hold neither strings",
+        ),
+        (
+            lambda p: frame().to_csv(p, index=False),
+            {"categorical_columns": ["color"], "classes": ["x", "y"]},
+            r"data\.classes \['x', 'y'\] are not ints like the label column 'label'",
+        ),
+        (
+            lambda p: p.write_text(""),
+            {},
+            r"data\.source .*d\.csv: cannot read .*d\.csv as csv: CSV parse error: Empty CSV file",
+        ),
+    ],
+)
+def test_bad_schemas_fail_in_the_driver(tmp_path, write, cfg, message):
+    write(tmp_path / "d.csv")
+    with pytest.raises(DataError, match=message):
+        inspect_source(DataConfig(source=str(tmp_path / "d.csv"), **cfg))
+
+
+def test_an_unreadable_file_in_a_folder_is_named(tmp_path):
+    (tmp_path / "pq").mkdir()
+    frame().to_parquet(tmp_path / "pq" / "part-0.parquet")
+    (tmp_path / "pq" / "part-1.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(DataError, match=r"cannot read .*part-1\.parquet as parquet"):
+        inspect_source(DataConfig(source=str(tmp_path / "pq"), categorical_columns=["color"]))
+
+
+def with_values(column, values):
+    df = frame()
+    df[column] = df[column].astype(object)
+    for i, v in enumerate(values):
+        df.loc[i, column] = v
+    return df
+
+
+@pytest.mark.parametrize(
+    "df, cfg, message",
+    [
+        (
+            with_values("a", [np.nan, None, np.nan]).astype({"a": float}),
+            {},
+            r"column 'a' has 3 missing values \(null or NaN\) in 60 rows; set data\.missing=drop",
+        ),
+        (
+            with_values("a", [np.inf, -np.inf]).astype({"a": float}),
+            {},
+            r"column 'a' holds inf in 2 of 60 rows",
+        ),
+        (
+            frame(),
+            {"classes": [0, 1]},
+            r"data\.label_column 'label': labels \[2\] in .* are outside data\.classes \[0, 1\]",
+        ),
+        (frame().iloc[:0], {}, r"data\.source .*: no rows"),
+        (frame().assign(label=1), {}, r"needs at least 2 classes, found \[1\]"),
+    ],
+)
+def test_bad_rows_fail_with_the_column_and_the_count(tmp_path, ray_cluster, df, cfg, message):
+    df.to_parquet(tmp_path / "d.parquet")
+    info = inspect_source(
+        DataConfig(source=str(tmp_path / "d.parquet"), categorical_columns=["color"], **cfg)
+    )
+    with pytest.raises(DataError, match=message):
+        check_rows(load_dataset(info), info)
+
+
+def test_missing_values_are_dropped_and_counted_when_asked(tmp_path, ray_cluster):
+    df = with_values("a", [np.nan, np.nan]).astype({"a": float})
+    df.loc[5, "color"] = None
+    df.to_parquet(tmp_path / "d.parquet")
+    info = inspect_source(
+        DataConfig(source=str(tmp_path / "d.parquet"), categorical_columns=["color"], missing="drop")
+    )
+    entry = prepare(info, SplitConfig(), PreprocessConfig(), tmp_path / "cache")
+    assert entry.dropped == 3 and sum(entry.counts.values()) == 57

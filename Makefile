@@ -21,6 +21,9 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+bench: $(STAMP)
+	$(BIN)/python benchmarks/overhead.py --rounds $(or $(ROUNDS),3)
+
 lint: $(STAMP)
 	$(BIN)/ruff check trainflow tests
 

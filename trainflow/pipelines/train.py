@@ -253,6 +253,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     callbacks = load_callbacks(config["callbacks"])
     stopping = EarlyStopping(**config["early_stopping"]) if config["early_stopping"] else None
 
+    # Seeded before the model is built: the same initial weights on every worker.
     if config["deterministic"]:
         ray.train.torch.enable_reproducibility(seed)
     else:
@@ -260,8 +261,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
     device = ray.train.torch.get_device()
-    # The same initial weights on every worker, whatever each drew before.
-    torch.manual_seed(seed)
     model = ray.train.torch.prepare_model(build_model(spec))
     optimizer = make_optimizer(
         config["optimizer"], model.parameters(), config["lr"], config["weight_decay"], config["momentum"]

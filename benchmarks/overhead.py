@@ -112,11 +112,9 @@ def main() -> None:
         f"(target at most {TARGET}x: {'met' if ratio <= TARGET else 'missed'}).\n\n"
         "trainflow's figure covers the whole `trainflow run` command (temporary Prefect server, "
         "Ray start-up, ingest, preprocess, training, evaluation on the test split, MLflow "
-        "registration); the bare Ray script only trains. The difference is where the bare "
-        "script spends its time: Ray Data streams each shard again every epoch, and each "
-        "per-epoch report waits for the controller's 2 s poll. trainflow reads small shards "
-        "into worker memory once and polls every 0.2 s. Peak RSS is the driver process's "
-        "alone; Ray's workers and Prefect's server run in processes of their own.\n"
+        "registration); the bare Ray script only trains and reports a checkpoint per epoch. "
+        "Peak RSS is the driver process's alone; Ray's workers and Prefect's server run in "
+        "processes of their own.\n"
     )
     print((HERE / "results.md").read_text())
 

@@ -202,6 +202,10 @@ class EvaluationConfig(_Section):
     batch_size: int = Field(512, ge=1)
     # Actors in the map_batches pool; each loads the model once.
     concurrency: int = Field(1, ge=1)
+    # A test split of at most this many rows is predicted in the driver instead: an
+    # actor pool costs seconds to start, more than predicting a small split takes.
+    # 0: always the actor pool.
+    in_driver_max_rows: int = Field(100_000, ge=0)
 
 
 class RegistryConfig(_Section):

@@ -76,3 +76,28 @@ def test_a_checkpoint_scored_on_raw_rows_uses_its_own_preprocessing(ray_cluster,
     assert m["num_examples"] == 300
     assert m["accuracy"] == pytest.approx(np.mean(expected == rows["label"].to_numpy()))
     assert m["confusion_matrix"] == skm.confusion_matrix(rows["label"], expected, labels=range(10)).tolist()
+
+
+def test_a_small_split_scored_in_the_driver_equals_the_actor_pool(ray_cluster, tmp_path):
+    """Two ways to run the same BatchPredictor over a prepared split, as written to the
+    cache: in the driver (small splits) and in a map_batches actor pool (large ones)."""
+    import ray.data
+
+    from tests.flows.test_batch_predict import PIXELS, digits_checkpoint
+    from trainflow.pipelines.checkpoint import load_checkpoint
+    from trainflow.pipelines.data import _digits_frame
+    from trainflow.pipelines.evaluate import evaluate_checkpoint, evaluate_checkpoint_in_driver
+    from trainflow.pipelines.preprocess import transform_dataset
+
+    folder = digits_checkpoint(tmp_path / "ckpt")
+    model = load_checkpoint(folder)
+    rows = _digits_frame().sample(200, random_state=1)
+    split = tmp_path / "test"
+    # Several files, so that the driver reads more than one batch.
+    transform_dataset(ray.data.from_pandas(rows), model.preprocessor).repartition(3).write_parquet(split)
+    in_driver = evaluate_checkpoint_in_driver(str(folder), str(split), batch_size=64)
+    by_actors = evaluate_checkpoint(str(folder), ray.data.read_parquet(str(split)), batch_size=64)
+    assert in_driver == by_actors
+    assert in_driver["num_examples"] == 200
+    expected = model.predict(rows[PIXELS])
+    assert in_driver["accuracy"] == pytest.approx(np.mean(expected == rows["label"].to_numpy()))

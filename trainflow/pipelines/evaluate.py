@@ -1,6 +1,7 @@
 """Batch inference over a Dataset with map_batches, and the metrics by task type.
 
-The model loads once per actor of the pool. Two predictors: :class:`BatchPredictor`
+The model loads once per actor of the pool (for a small split, once in the driver). Two
+predictors: :class:`BatchPredictor`
 reads prepared splits (features already transformed), :class:`RowPredictor` reads raw
 rows and applies the checkpoint's own saved preprocessing (batch prediction, and a
 champion re-scored on another model's test data). The metrics are scikit-learn's.
@@ -8,6 +9,7 @@ champion re-scored on another model's test data). The metrics are scikit-learn's
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -166,12 +168,35 @@ def regression_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, Any]
 def evaluate_checkpoint(
     checkpoint_dir: str, test: ray.data.Dataset, batch_size: int, concurrency: int = 1
 ) -> dict[str, Any]:
-    """Predict the prepared test split with the checkpoint and score it."""
+    """Predict the prepared test split with the checkpoint, on a Ray Data actor pool, and score it."""
     classes = load_checkpoint(checkpoint_dir).classes
-    y_true, y_pred, proba = [], [], []
-    for batch in predict_dataset(test, checkpoint_dir, batch_size, concurrency).iter_batches(
+    batches = predict_dataset(test, checkpoint_dir, batch_size, concurrency).iter_batches(
         batch_size=None, batch_format="numpy"
-    ):
+    )
+    return _score(batches, classes)
+
+
+def evaluate_checkpoint_in_driver(checkpoint_dir: str, split_path: str, batch_size: int) -> dict[str, Any]:
+    """Predict a small prepared split in this process, with the same :class:`BatchPredictor`
+    the actor pool holds: starting actors (each loading the model) and a Ray Data
+    execution cost seconds that a split of a few thousand rows does not repay."""
+    predictor = BatchPredictor(checkpoint_dir)
+    batches = (predictor(batch) for batch in read_split_batches(split_path, batch_size))
+    return _score(batches, predictor.predictor.classes)
+
+
+def read_split_batches(path: str, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+    """A prepared split's Parquet, read in this process, as the numpy batches map_batches gets."""
+    import pyarrow.parquet as pq
+    import ray.data  # noqa: F401  registers Ray's tensor type, the features column's type
+
+    for batch in pq.read_table(path, columns=[FEATURES, LABEL]).to_batches(max_chunksize=batch_size):
+        yield {name: batch.column(name).to_numpy(zero_copy_only=False) for name in (FEATURES, LABEL)}
+
+
+def _score(batches: Iterable[dict[str, np.ndarray]], classes: list[Any]) -> dict[str, Any]:
+    y_true, y_pred, proba = [], [], []
+    for batch in batches:
         y_true.append(batch[LABEL])
         y_pred.append(batch[PREDICTION])
         proba.append(batch[PROBABILITIES])

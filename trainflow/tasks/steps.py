@@ -254,15 +254,23 @@ def evaluate(config: PipelineConfig, prepared: Prepared, trained: Trained) -> Ev
     import ray.data
 
     logger = get_run_logger()
-    test = ray.data.read_parquet(prepared.split_path("test"))
-    metrics = ev.evaluate_checkpoint(
-        trained.best_checkpoint, test, config.evaluation.batch_size, config.evaluation.concurrency
-    )
+    batch_size = config.evaluation.batch_size
+    in_driver = prepared.counts["test"] <= config.evaluation.in_driver_max_rows
+    if in_driver:
+        metrics = ev.evaluate_checkpoint_in_driver(
+            trained.best_checkpoint, prepared.split_path("test"), batch_size
+        )
+    else:
+        test = ray.data.read_parquet(prepared.split_path("test"))
+        metrics = ev.evaluate_checkpoint(
+            trained.best_checkpoint, test, batch_size, config.evaluation.concurrency
+        )
     logger.info(
-        "test accuracy %.4f, macro F1 %.4f on %d examples",
+        "test accuracy %.4f, macro F1 %.4f on %d examples (predicted %s)",
         metrics["accuracy"],
         metrics["macro_f1"],
         metrics["num_examples"],
+        "in the driver" if in_driver else f"by {config.evaluation.concurrency} Ray Data actor(s)",
     )
     plots = _plots(config, trained, metrics)
     create_table_artifact(

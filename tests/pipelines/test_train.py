@@ -12,7 +12,7 @@ from trainflow.config import DataConfig, PreprocessConfig, load_config
 from trainflow.pipelines import models
 from trainflow.pipelines import train as tr
 from trainflow.pipelines.data import inspect_source
-from trainflow.pipelines.preprocess import FEATURES, LABEL, prepare
+from trainflow.pipelines.preprocess import FEATURES, LABEL, prepare, read_split_batches
 from trainflow.testing import small_config
 
 
@@ -82,17 +82,25 @@ def prepared(ray_cluster, tmp_path_factory):
     return prepare(info, DataConfig().split, PreprocessConfig(), tmp_path_factory.mktemp("cache"))
 
 
-def fit(prepared, storage, run_name=None, **train):
-    """Train the small MLP the way the train task does; (outcome, history, progress)."""
+def fit(prepared, storage, run_name=None, in_memory=True, **train):
+    """Train the small MLP the way the train task does; (outcome, history, progress).
+    In memory, each worker reads its rows of the prepared Parquet; else they stream from
+    Ray Data (the shapes config's augmented images take that path end to end)."""
     import ray.data
 
     config = load_config(small_config(train=train))
     spec = models.model_spec(config.model, len(prepared.preprocessor.feature_columns), 10)
     actor = f"test-progress-{uuid.uuid4().hex[:8]}"
     loop_config = config.to_train_loop_config(
-        model_spec=spec, preprocessor=prepared.preprocessor.to_dict(), progress_actor=actor, in_memory=True
+        model_spec=spec,
+        preprocessor=prepared.preprocessor.to_dict(),
+        progress_actor=actor,
+        in_memory=in_memory,
+        split_paths={name: str(prepared.path / name) for name in ("train", "val")},
     )
-    datasets = {name: ray.data.read_parquet(str(prepared.path / name)) for name in ("train", "val")}
+    datasets = None
+    if not in_memory:
+        datasets = {name: ray.data.read_parquet(str(prepared.path / name)) for name in ("train", "val")}
     trainer = tr.build_trainer(
         config,
         loop_config,
@@ -105,6 +113,18 @@ def fit(prepared, storage, run_name=None, **train):
         result = trainer.fit()
     history = [r for r in rows if r["kind"] == "epoch"]
     return result.return_value, history, progress
+
+
+def test_a_shard_read_from_parquet_is_every_world_size_th_row(prepared):
+    path = str(prepared.path / "val")
+    x, y = next(iter(read_split_batches(path, batch_size=1 << 16))).values()
+    n, world = len(y), 7
+    assert n % world  # so that equal shards must drop rows
+    equal = [tr.read_shard(path, rank, world, equal=True) for rank in range(world)]
+    assert [len(shard_y) for _, shard_y in equal] == [n // world] * world
+    assert torch.equal(equal[3][0], torch.from_numpy(x[3 : n - n % world : world]))
+    every = [tr.read_shard(path, rank, world, equal=False) for rank in range(world)]
+    assert sorted(torch.cat([shard_y for _, shard_y in every]).tolist()) == sorted(y.tolist())
 
 
 def test_early_stopping_stops_every_worker_together(prepared, tmp_path):

@@ -9,14 +9,14 @@ champion re-scored on another model's test data). The metrics are scikit-learn's
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from trainflow.pipelines.checkpoint import load_checkpoint
-from trainflow.pipelines.preprocess import FEATURES, LABEL
+from trainflow.pipelines.preprocess import FEATURES, LABEL, read_split_batches
 
 if TYPE_CHECKING:
     import ray.data
@@ -183,15 +183,6 @@ def evaluate_checkpoint_in_driver(checkpoint_dir: str, split_path: str, batch_si
     predictor = BatchPredictor(checkpoint_dir)
     batches = (predictor(batch) for batch in read_split_batches(split_path, batch_size))
     return _score(batches, predictor.predictor.classes)
-
-
-def read_split_batches(path: str, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
-    """A prepared split's Parquet, read in this process, as the numpy batches map_batches gets."""
-    import pyarrow.parquet as pq
-    import ray.data  # noqa: F401  registers Ray's tensor type, the features column's type
-
-    for batch in pq.read_table(path, columns=[FEATURES, LABEL]).to_batches(max_chunksize=batch_size):
-        yield {name: batch.column(name).to_numpy(zero_copy_only=False) for name in (FEATURES, LABEL)}
 
 
 def _score(batches: Iterable[dict[str, np.ndarray]], classes: list[Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -333,6 +334,16 @@ def _parquet_rows(path: Path) -> int:
     import pyarrow.parquet as pq
 
     return pq.ParquetFile(path).metadata.num_rows
+
+
+def read_split_batches(path: str | Path, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+    """A prepared split's Parquet read in this process, as the numpy batches that
+    ``map_batches`` and ``iter_batches`` give: ``{features, label}``."""
+    import pyarrow.parquet as pq
+    import ray.data  # noqa: F401  registers Ray's tensor type, the features column's type
+
+    for batch in pq.read_table(path, columns=[FEATURES, LABEL]).to_batches(max_chunksize=batch_size):
+        yield {name: batch.column(name).to_numpy(zero_copy_only=False) for name in (FEATURES, LABEL)}
 
 
 def read_prepared(out_dir: Path) -> tuple[Preprocessor, dict[str, int]]:

@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from trainflow.pipelines.checkpoint import TRAIN_STATE, save_checkpoint
 from trainflow.pipelines.models import build_model
-from trainflow.pipelines.preprocess import FEATURES, LABEL
+from trainflow.pipelines.preprocess import FEATURES, LABEL, read_split_batches
 
 if TYPE_CHECKING:
     import ray.data
@@ -142,14 +143,22 @@ def train_epoch(
     return total / max(count, 1)
 
 
-def load_shard(shard, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """This worker's whole shard as two tensors on ``device``, read once from Ray Data."""
-    xs, ys = [], []
-    for batch in shard.iter_torch_batches(batch_size=4096, device="cpu"):
-        xs.append(batch[FEATURES])
-        ys.append(batch[LABEL])
-    x, y = torch.cat(xs), torch.cat(ys)
-    return (x.to(device), y.to(device)) if device is not None else (x, y)
+def read_shard(path: str, rank: int, world_size: int, *, equal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``rank``, ``rank + world_size``, ... of a prepared split, read straight from
+    its Parquet (the train split was shuffled when it was written).
+
+    ``equal`` drops the last ``rows % world_size`` rows first, so that every worker gets
+    as many rows and so as many batches: DDP's all-reduce needs every worker at every step.
+    """
+    batches = list(read_split_batches(path, batch_size=1 << 16))
+    x = np.concatenate([b[FEATURES] for b in batches])
+    y = np.concatenate([b[LABEL] for b in batches])
+    if equal:
+        n = len(y) - len(y) % world_size
+        x, y = x[:n], y[:n]
+    return torch.from_numpy(np.ascontiguousarray(x[rank::world_size])), torch.from_numpy(
+        np.ascontiguousarray(y[rank::world_size])
+    )
 
 
 def tensor_batches(
@@ -248,6 +257,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     pipeline = config["pipeline"]
     progress_actor = config["progress_actor"]
     in_memory = config["in_memory"]
+    split_paths = config["split_paths"]
     grad_clip_norm = config["grad_clip_norm"]
     log_every = config["log_every_n_steps"]
     callbacks = load_callbacks(config["callbacks"])
@@ -289,13 +299,18 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     if progress is not None:
         progress.started.remote(rank, ray.get_runtime_context().get_node_id(), start_epoch)
 
-    train_shard = ray.train.get_dataset_shard("train")
-    val_shard = ray.train.get_dataset_shard("val")
     if in_memory:
-        # Small splits are read from Ray Data once and kept as tensors: a streaming pass
-        # per epoch costs seconds of scheduling that dwarf the epoch itself.
-        train_x, train_y = load_shard(train_shard, device)
-        val_x, val_y = load_shard(val_shard, device)
+        # Small splits are read once, straight from the prepared Parquet, and kept as
+        # tensors: Ray Data's split coordinators and a streaming pass per epoch cost
+        # seconds that dwarf a small epoch.
+        world_size = ctx.get_world_size()
+        train_x, train_y = (
+            t.to(device) for t in read_shard(split_paths["train"], rank, world_size, equal=True)
+        )
+        val_x, val_y = (t.to(device) for t in read_shard(split_paths["val"], rank, world_size, equal=False))
+    else:
+        train_shard = ray.train.get_dataset_shard("train")
+        val_shard = ray.train.get_dataset_shard("val")
     pin_memory = device.type == "cuda"
 
     outcome = {"status": "completed", "epoch": epochs, "message": ""}
@@ -468,7 +483,7 @@ def follow_progress(
 def build_trainer(
     config: PipelineConfig,
     loop_config: dict[str, Any],
-    datasets: dict[str, ray.data.Dataset],
+    datasets: dict[str, ray.data.Dataset] | None,
     *,
     run_name: str,
     storage_path: str,

@@ -150,9 +150,12 @@ def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
         preprocessor=prepared.preprocessor,
         progress_actor=progress,
         in_memory=in_memory,
+        split_paths={name: prepared.split_path(name) for name in ("train", "val")},
     )
-    datasets = {name: ray.data.read_parquet(prepared.split_path(name)) for name in ("train", "val")}
-    datasets["train"] = prep.augment_dataset(datasets["train"], prepared.preprocessor)
+    datasets = None  # in memory: each worker reads its rows of the prepared Parquet itself
+    if not in_memory:
+        datasets = {name: ray.data.read_parquet(prepared.split_path(name)) for name in ("train", "val")}
+        datasets["train"] = prep.augment_dataset(datasets["train"], prepared.preprocessor)
     storage = config.storage or str(workspace().runs)
     trainer = tr.build_trainer(config, loop_config, datasets, run_name=run_name, storage_path=storage)
     s = config.scaling

@@ -154,8 +154,9 @@ class TrainConfig(_Section):
     # Import paths ("package.module:function") called on every worker after each epoch
     # with (epoch, metrics, rank): custom logging, fault drills, extra stopping rules.
     callbacks: list[str] = []
-    # Keep each worker's shard in memory after the first read ("auto": when the prepared
-    # train split is under 1 GB), instead of streaming it from Ray Data every epoch.
+    # Read each worker's shard once, straight from the prepared Parquet, and keep it in
+    # memory ("auto": when the prepared train split is under 1 GB and not augmented),
+    # instead of streaming it from Ray Data every epoch.
     in_memory: Literal["auto", "always", "never"] = "auto"
 
     @field_validator("precision", mode="before")

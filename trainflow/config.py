@@ -247,6 +247,15 @@ class PipelineConfig(_Section):
             )
         return v
 
+    @model_validator(mode="after")
+    def _augment_streams(self) -> PipelineConfig:
+        if self.preprocess.augment and self.train.in_memory == "always":
+            raise ValueError(
+                "train.in_memory: 'always' reads the train split once, so preprocess.augment's "
+                "crops and flips could not be drawn anew each epoch; use auto or never"
+            )
+        return self
+
     def config_hash(self) -> str:
         """A stable short hash of the canonical JSON of the whole config."""
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
@@ -321,6 +330,9 @@ def _format_validation_error(err: ValidationError) -> str:
                 model = model.model_fields[str(p)].annotation  # type: ignore[assignment]
             known = ", ".join(model.model_fields) if isinstance(model, type) else ""
             msg = f"unknown key; valid keys here: {known}"
+        elif not e["loc"]:  # a rule across sections: the message names its fields
+            parts.append(msg.removeprefix("Value error, "))
+            continue
         elif "input" in e and not isinstance(e["input"], (dict, list)):
             msg = f"{msg} (got {e['input']!r})"
         parts.append(f"{field}: {msg}")

@@ -93,3 +93,17 @@ def test_several_hosts_need_shared_storage():
     check_storage("file:///mnt/nfs/trainflow", two_hosts)
     # Two nodes on one machine (the tests' two-node cluster) share its disk.
     check_storage(None, [_node("10.0.0.1"), _node("10.0.0.1"), {**_node("10.0.0.9"), "Alive": False}])
+
+
+def test_workers_know_their_own_cluster_among_several_on_the_machine(ray_cluster):
+    """Ray's helpers in a worker (Train's placement-group cleaner) resolve the cluster by
+    RAY_ADDRESS, else by whichever cluster was started last on the machine."""
+    import os
+
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def address() -> str | None:
+        return os.environ.get("RAY_ADDRESS")
+
+    assert ray.get(address.remote()) == ray.get_runtime_context().gcs_address

@@ -107,3 +107,23 @@ def test_workers_know_their_own_cluster_among_several_on_the_machine(ray_cluster
         return os.environ.get("RAY_ADDRESS")
 
     assert ray.get(address.remote()) == ray.get_runtime_context().gcs_address
+
+
+def test_an_address_where_no_cluster_answers_fails_at_once():
+    """ray_session checks an address before ray.init, which would retry it for minutes."""
+    import socket
+
+    from trainflow.runtime import check_reachable
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    with pytest.raises(
+        PreflightError, match=rf"no Ray cluster answers at 127\.0\.0\.1:{port} .*ray start --head"
+    ):
+        check_reachable(f"127.0.0.1:{port}")
+    assert time.monotonic() - start < 10
+    with pytest.raises(PreflightError, match=r"'head-node' .* is not host:port"):
+        check_reachable("head-node")
+    check_reachable("ray://head:10001")  # Ray Client addresses are left to Ray

@@ -84,6 +84,7 @@ def run(config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False) 
 
     apply_quiet_env()
     logging.getLogger("mlflow").setLevel(logging.WARNING)
+    _show_trainflow_logs()  # what happens before the flow's own logs start: Ray's address
     # Start-up, overlapped: Prefect's temporary server (when no PREFECT_API_URL names a
     # server), the MLflow store and the flow's imports (torch among them) come up in
     # threads while this one starts Ray, which waits on processes of its own. Run one
@@ -125,6 +126,21 @@ def run(config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False) 
     elif result.prepared_reused:
         lines.insert(5, "cache       prepared splits reused (same data, split and preprocessing)")
     typer.echo("\n".join(lines))
+
+
+def _show_trainflow_logs() -> None:
+    """trainflow's own INFO lines on stderr, in the look of Prefect's."""
+    logger = logging.getLogger("trainflow")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(
+            logging.Formatter(
+                "%(asctime)s.%(msecs)03d | %(levelname)-7s | trainflow - %(message)s", "%H:%M:%S"
+            )
+        )
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 class _Background:

@@ -42,10 +42,11 @@ QUIET_ENV = {
 def quiet_worker() -> None:
     """Runs in every Ray worker process of a trainflow run (a ``worker_process_setup_hook``).
 
-    Points Ray's own helpers in the worker at the worker's cluster, and keeps the driver's console to what a user acts on: Train V2's placement-group
-    cleaner warns every check when the dashboard (and so the state API) is not
-    installed, every worker logs each report, and Ray's own internals trip
-    deprecation and tensor warnings that no user of trainflow can act on.
+    Points Ray's own helpers in the worker at the worker's cluster, and keeps the
+    driver's console to what a user acts on: Train V2's placement-group cleaner warns
+    every check when the dashboard (and so the state API) is not installed, every
+    worker logs each report, and Ray's own internals trip deprecation and tensor
+    warnings that no user of trainflow can act on.
     """
     import warnings
 
@@ -138,6 +139,7 @@ def ray_session(
         return
     address = ray_address(config)
     if address:
+        check_reachable(address)
         logger.info("connecting to the Ray cluster at %s", address)
     # "local" starts a cluster for this run. Ray's own default (None) would attach to
     # whichever cluster `ray start` last left on this machine: a cluster is only ever
@@ -148,6 +150,28 @@ def ray_session(
         yield
     finally:
         ray.shutdown()
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """PreflightError when nothing answers at a cluster's ``host:port``: ``ray.init``
+    itself retries such an address for minutes. Ray Client (``ray://``) and ``auto``
+    addresses are left to Ray."""
+    import socket
+
+    if "://" in address or address == "auto":
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise PreflightError(
+            f"Ray address {address!r} (ray.address or RAY_ADDRESS) is not host:port such as 10.0.0.5:6379"
+        )
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise PreflightError(
+            f"no Ray cluster answers at {address} (ray.address or RAY_ADDRESS): {e}; start one "
+            "there with `ray start --head`, or unset both to run on a local cluster of the run's own"
+        ) from None
 
 
 def ray_init_kwargs() -> dict:

@@ -93,3 +93,22 @@ def test_several_hosts_need_shared_storage():
     check_storage("file:///mnt/nfs/trainflow", two_hosts)
     # Two nodes on one machine (the tests' two-node cluster) share its disk.
     check_storage(None, [_node("10.0.0.1"), _node("10.0.0.1"), {**_node("10.0.0.9"), "Alive": False}])
+
+
+def test_sweep_concurrency_fits_trials_beside_a_cpu_for_ray_data():
+    from trainflow.config import SweepConfig
+    from trainflow.runtime import sweep_concurrency
+
+    one_worker = SweepConfig(space={"train.lr": {"choice": [0.1]}})  # 1 worker x 0.5 CPU
+    assert sweep_concurrency(one_worker, {"CPU": 2.0}) == 2
+    assert sweep_concurrency(one_worker, {"CPU": 8.0}) == 14
+    assert sweep_concurrency(one_worker.model_copy(update={"max_concurrent": 3}), {"CPU": 8.0}) == 3
+    gpus = one_worker.model_copy(
+        update={"scaling": ScalingSection(num_workers=2, use_gpu=True, resources_per_worker={"CPU": 1})}
+    )
+    assert sweep_concurrency(gpus, {"CPU": 16.0, "GPU": 4.0}) == 2
+    too_big = one_worker.model_copy(update={"scaling": ScalingSection(num_workers=4)})
+    with pytest.raises(
+        PreflightError, match=r"one sweep trial does not fit: .*set sweep\.scaling\.resources_per_worker"
+    ):
+        sweep_concurrency(too_big, {"CPU": 2.0})

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainflow.config import PipelineConfig, SweepConfig, trial_config
+from trainflow.config import FailureSection, PipelineConfig, SweepConfig, trial_config
 from trainflow.pipelines.checkpoint import METRICS, read_json
 from trainflow.pipelines.models import model_spec
 from trainflow.pipelines.preprocess import augment_dataset
@@ -90,6 +90,10 @@ def run_trial(
 
     configure_ray_data()  # this trial's actor runs the trainer's Dataset executions
     config = trial_config(PipelineConfig.model_validate(base), tune_config["params"])
+    # No restarts of a trial's workers: when a trial ends, the sweep removes its workers'
+    # placement group, and a controller that outlived it would restart them in a new one
+    # that nothing removes. A worker that fails fails its trial, which the sweep reports.
+    config = config.model_copy(update={"failure": FailureSection(max_failures=0)})
     spec = model_spec(config.model, data["num_features"], data["num_classes"])
     loop_config = config.to_train_loop_config(
         model_spec=spec,
@@ -349,3 +353,20 @@ def checkpoint_metrics(checkpoint: str) -> dict[str, Any]:
     metrics = read_json(checkpoint, METRICS)
     metrics.pop("history", None)
     return metrics
+
+
+def write_config_yaml(config: PipelineConfig, path: str | Path, header: str = "") -> Path:
+    """The config as YAML at ``path``, written to a temporary name and renamed when complete."""
+    import os
+
+    import yaml
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    comment = "".join(f"# {line}\n" for line in header.splitlines())
+    tmp.write_text(
+        comment + yaml.safe_dump(config.model_dump(mode="json", exclude={"sweep"}), sort_keys=False)
+    )
+    os.replace(tmp, path)
+    return path

@@ -36,6 +36,7 @@ def test_sweep_stops_weak_trials_reports_a_failed_one_and_registers_the_best(
 
     trials = {t["params"]["train.lr"]: t for t in result.trials}
     assert sorted(trials) == [0.001, 0.01, 0.05, 1e6]
+    assert len({t["trial_id"] for t in result.trials}) == 4
     assert result.max_concurrent == 2
     assert trials[1e6]["status"] == "failed" and trials[1e6]["epochs"] == 0
     assert "train loss became nan in epoch 1" in trials[1e6]["error"]

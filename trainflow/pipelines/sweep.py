@@ -10,6 +10,7 @@ actor itself holds no CPU: the trainer's workers ask for what ``sweep.scaling`` 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -320,8 +321,10 @@ def _trial_id(result) -> str:
     trial_id = (result.metrics or {}).get("trial_id")
     if trial_id:
         return str(trial_id)
-    # A trial that failed before its first report: Tune names its folder after its id.
-    return Path(result.path).name.split("_")[-3] if result.path else "?"
+    # A trial that failed before its first report: Tune's name for its folder holds its id
+    # (run_trial_af7a9_00003_3_train_lr=...).
+    found = re.search(r"_([0-9a-f]+_\d{5})_", Path(result.path).name) if result.path else None
+    return found[1] if found else "?"
 
 
 def _missing(value: Any) -> bool:

@@ -99,3 +99,77 @@ def test_train_loop_config_is_json_and_refuses_what_is_not():
         cfg.to_train_loop_config(extra={"fn": lambda: 0})
     with pytest.raises(ConfigError, match=r"train_loop_config\.scale: nan is not a finite"):
         cfg.to_train_loop_config(scale=float("nan"))
+
+
+def sweep(**section) -> dict:
+    return {"sweep": {"space": {"train.lr": {"loguniform": [1e-4, 1e-1]}}, **section}}
+
+
+def test_sweep_space_takes_dotted_or_nested_fields():
+    cfg = load_config(
+        {
+            "sweep": {
+                "space": {"train": {"lr": {"uniform": [0.01, 0.1]}}, "model.hidden_sizes": {"choice": [[32]]}}
+            }
+        }
+    )
+    assert set(cfg.sweep.space) == {"train.lr", "model.hidden_sizes"}
+    assert cfg.sweep.scaling.num_workers == 1  # trials default to one worker each
+
+
+def test_sweep_space_field_that_does_not_exist_is_named():
+    with pytest.raises(
+        ConfigError, match=r"sweep\.space\.train\.lrx: unknown field; valid keys of train: epochs"
+    ):
+        load_config({"sweep": {"space": {"train.lrx": {"uniform": [0, 1]}}}})
+    with pytest.raises(
+        ConfigError, match=r"sweep\.space\.trainer\.lr: unknown field; valid keys of the config"
+    ):
+        load_config({"sweep": {"space": {"trainer.lr": {"uniform": [0, 1]}}}})
+
+
+def test_sweep_values_must_fit_their_field():
+    with pytest.raises(
+        ConfigError, match=r"sweep\.space\.model\.kind: choice value 'rnn' does not fit: model\.kind"
+    ):
+        load_config({"sweep": {"space": {"model.kind": {"choice": ["mlp", "rnn"]}}}})
+    with pytest.raises(
+        ConfigError, match=r"sweep\.space\.train\.epochs: uniform .*integer fields take randint"
+    ):
+        load_config({"sweep": {"space": {"train.epochs": {"uniform": [1, 3]}}}})
+    with pytest.raises(ConfigError, match=r"sweep\.space\.train\.lr: .*loguniform bounds must be above 0"):
+        load_config({"sweep": {"space": {"train.lr": {"loguniform": [0, 1]}}}})
+    with pytest.raises(ConfigError, match=r"sweep\.space\.train\.lr: .*give exactly one of choice, grid"):
+        load_config({"sweep": {"space": {"train.lr": {"loguniform": [0.1, 1], "uniform": [0, 1]}}}})
+
+
+def test_sweep_varies_only_model_and_train_fields():
+    with pytest.raises(ConfigError, match=r"sweep\.space\.data\.limit: only model\.\* and train\.\* fields"):
+        load_config({"sweep": {"space": {"data.limit": {"choice": [100, 200]}}}})
+
+
+def test_sweep_metric_and_mode_agree():
+    with pytest.raises(ConfigError, match=r"sweep: .*val_loss is best at its minimum: set mode to min"):
+        load_config(sweep(metric="val_loss"))
+    assert load_config(sweep(metric="val_loss", mode="min")).sweep.mode == "min"
+
+
+def test_a_trial_config_runs_as_is_and_hashes_as_a_plain_config():
+    from trainflow.config import trial_config
+
+    cfg = load_config(sweep(metric="val_loss", mode="min"))
+    trial = trial_config(cfg, {"train.lr": 0.02})
+    assert trial.train.lr == 0.02 and trial.sweep is None and trial.scaling == cfg.sweep.scaling
+    assert (trial.checkpoint.metric, trial.checkpoint.mode) == ("val_loss", "min")
+    # A config without a sweep hashes as before sweeps existed: no "sweep" key in it.
+    import hashlib
+
+    plain = {k: v for k, v in trial.model_dump(mode="json").items() if k != "sweep"}
+    canonical = json.dumps(plain, sort_keys=True, separators=(",", ":")).encode()
+    assert trial.config_hash() == hashlib.sha256(canonical).hexdigest()[:12]
+    assert cfg.config_hash() != load_config({}).config_hash()
+
+
+def test_the_sweep_example_config_loads():
+    cfg = load_config(REPO / "configs" / "digits-sweep.yaml")
+    assert cfg.sweep is not None and cfg.sweep.trials == 8 and cfg.sweep.scheduler.kind == "asha"

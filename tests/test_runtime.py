@@ -127,3 +127,22 @@ def test_an_address_where_no_cluster_answers_fails_at_once():
     with pytest.raises(PreflightError, match=r"'head-node' .* is not host:port"):
         check_reachable("head-node")
     check_reachable("ray://head:10001")  # Ray Client addresses are left to Ray
+
+
+def test_sweep_concurrency_fits_trials_beside_a_cpu_for_ray_data():
+    from trainflow.config import SweepConfig
+    from trainflow.runtime import sweep_concurrency
+
+    one_worker = SweepConfig(space={"train.lr": {"choice": [0.1]}})  # 1 worker x 0.5 CPU
+    assert sweep_concurrency(one_worker, {"CPU": 2.0}) == 2
+    assert sweep_concurrency(one_worker, {"CPU": 8.0}) == 14
+    assert sweep_concurrency(one_worker.model_copy(update={"max_concurrent": 3}), {"CPU": 8.0}) == 3
+    gpus = one_worker.model_copy(
+        update={"scaling": ScalingSection(num_workers=2, use_gpu=True, resources_per_worker={"CPU": 1})}
+    )
+    assert sweep_concurrency(gpus, {"CPU": 16.0, "GPU": 4.0}) == 2
+    too_big = one_worker.model_copy(update={"scaling": ScalingSection(num_workers=4)})
+    with pytest.raises(
+        PreflightError, match=r"one sweep trial does not fit: .*set sweep\.scaling\.resources_per_worker"
+    ):
+        sweep_concurrency(too_big, {"CPU": 2.0})

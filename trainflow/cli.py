@@ -185,6 +185,80 @@ def _open_registry() -> None:
 
 
 @app.command()
+def sweep(
+    config: Annotated[Path, typer.Argument(help="A YAML or JSON config with a sweep section.")],
+    set_: SetOpt = None,
+    best_config: Annotated[
+        Path | None, typer.Option("--best-config", help="Also write the best trial's config here (YAML).")
+    ] = None,
+) -> None:
+    """Run a hyperparameter sweep on Ray Tune and register the best trial's model."""
+    cfg = _config(config, set_)
+    if cfg.sweep is None:
+        raise _fail(
+            f"{config} has no sweep section; add one such as "
+            "sweep: {space: {train.lr: {loguniform: [0.0001, 0.1]}}, trials: 8}"
+        )
+    _check_source(cfg)  # before Prefect and Ray start
+
+    from trainflow.pipelines.data import DataError
+    from trainflow.pipelines.sweep import SweepFailed
+    from trainflow.runtime import PreflightError, apply_quiet_env
+
+    apply_quiet_env()
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    from trainflow.flows.sweep import sweep_pipeline
+
+    try:
+        result = sweep_pipeline(config=cfg)
+    except (ConfigError, DataError, PreflightError, SweepFailed) as e:
+        raise _fail(str(e)) from None
+    except Exception as e:  # the flow's logs above hold the traceback
+        raise _fail(f"the sweep flow failed: {type(e).__name__}: {e}", code=1) from None
+    if best_config is not None:
+        import os
+        import shutil
+
+        tmp = best_config.with_name(f".{best_config.name}.tmp")
+        shutil.copyfile(result.best_config_path, tmp)
+        os.replace(tmp, best_config)
+
+    metric = cfg.sweep.metric
+    header = ("trial", "status", "epochs", metric, "params")
+    rows = [
+        (
+            t["trial_id"],
+            t["status"],
+            f"{t['epochs']}/{t['max_epochs']}",
+            "-" if t["best"] is None else f"{t['best']:.4f}",
+            ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in t["params"].items()),
+        )
+        for t in result.trials
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [""] + [
+        "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]
+    ]
+    lines += [f"failed      {t['trial_id']}: {t['error']}" for t in result.trials if t["status"] == "failed"]
+    reg = result.registered
+    t = result.timings
+    lines += [
+        "",
+        f"best        trial {result.best_trial}; its config: {result.best_config_path}"
+        + (f" (and {best_config})" if best_config else ""),
+        f"model       {reg.name} version {reg.version}"
+        + (" -> champion" if reg.champion else " -> challenger (champion unchanged)"),
+        f"gate        {reg.decision['reason']}",
+        "test        " + ", ".join(f"{k} {v:.4f}" for k, v in result.test_metrics.items()),
+        f"concurrency {result.max_concurrent} trials at a time",
+        "steps       "
+        + ", ".join(f"{k} {v:.1f}s" for k, v in t.items())
+        + f" (total {sum(t.values()):.1f}s)",
+    ]
+    typer.echo("\n".join(lines))
+
+
+@app.command()
 def predict(
     model: Annotated[str, typer.Argument(help="NAME@ALIAS, NAME/VERSION or models:/NAME@ALIAS")],
     input: Annotated[Path, typer.Argument(help="A Parquet or CSV file, or a folder of them")],

@@ -222,6 +222,109 @@ class RayConfig(_Section):
     address: str | None = None
 
 
+# The kinds of search dimension, as Ray Tune names them. Bounds are [low, high]; randint's
+# high is exclusive, as in Ray Tune and NumPy. grid runs every value (in every sample).
+DIMENSION_KINDS = ("choice", "grid", "uniform", "loguniform", "randint")
+# Only these sections vary between trials: the data is ingested and prepared once per sweep,
+# and every trial runs on the same resources so that concurrency can be planned.
+SWEEPABLE_SECTIONS = ("model", "train")
+
+
+class Dimension(_Section):
+    """One axis of the search space: exactly one of its fields is set."""
+
+    choice: list[Any] | None = Field(None, min_length=1)
+    grid: list[Any] | None = Field(None, min_length=1)
+    uniform: tuple[float, float] | None = None
+    loguniform: tuple[float, float] | None = None
+    randint: tuple[int, int] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Dimension:
+        kinds = [k for k in DIMENSION_KINDS if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(
+                f"give exactly one of {', '.join(DIMENSION_KINDS)}, such as {{loguniform: [0.0001, 0.1]}}; "
+                f"got {', '.join(kinds) or 'none'}"
+            )
+        low, high = self.bounds or (None, None)
+        if self.loguniform is not None and low <= 0:
+            raise ValueError(f"loguniform bounds must be above 0, got [{low}, {high}]")
+        if low is not None and (high <= low if self.randint is not None else high < low):
+            raise ValueError(f"{self.kind} needs low < high, got [{low}, {high}]")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in DIMENSION_KINDS if getattr(self, k) is not None)
+
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        return self.uniform or self.loguniform or self.randint
+
+    def extremes(self) -> list[Any]:
+        """Values a trial may be given: every listed value, or both bounds and one between."""
+        if self.choice is not None or self.grid is not None:
+            return list(self.choice if self.choice is not None else self.grid)
+        low, high = self.bounds
+        if self.randint is not None:
+            return [low, high - 1]
+        # A value between the bounds too: an integer field refuses it (use randint there).
+        return [low, 0.63 * low + 0.37 * high, high]
+
+
+class SweepScheduler(_Section):
+    # asha: stop trials whose metric trails the others' at the same epoch; fifo: run all to the end.
+    kind: Literal["asha", "fifo"] = "asha"
+    # ASHA: every trial trains at least this many epochs before it may be stopped...
+    grace_period: int = Field(1, ge=1)
+    # ... and at each rung only the best 1/reduction_factor of the trials go on.
+    reduction_factor: float = Field(2.0, gt=1.0)
+
+
+def _flatten_space(value: Any, prefix: str = "") -> Any:
+    """``{train: {lr: {loguniform: [...]}}}`` and ``{"train.lr": {...}}`` mean the same."""
+    if not isinstance(value, Mapping):
+        return value
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        path = f"{prefix}{key}"
+        is_dimension = isinstance(item, Mapping) and any(k in DIMENSION_KINDS for k in item)
+        if isinstance(item, Mapping) and not is_dimension and item:
+            out.update(_flatten_space(item, f"{path}."))
+        else:
+            out[path] = item
+    return out
+
+
+class SweepConfig(_Section):
+    # Dotted fields of the model and train sections, each with its dimension:
+    # {"train.lr": {loguniform: [0.0001, 0.1]}, "model.hidden_sizes": {choice: [[32], [128]]}}
+    space: dict[str, Dimension] = Field(..., min_length=1)
+    # Samples drawn from the space; with grid dimensions, each sample runs the whole grid.
+    trials: int = Field(8, ge=1)
+    # None: as many trials at once as the cluster fits (preflight computes it).
+    max_concurrent: int | None = Field(None, ge=1)
+    scheduler: SweepScheduler = SweepScheduler()
+    metric: Literal["val_accuracy", "val_loss", "train_loss"] = "val_accuracy"
+    mode: Literal["max", "min"] = "max"
+    seed: int = 0  # draws the samples: the same seed draws the same trials
+    # Each trial's resources: one worker by default, so that several trials run at once.
+    scaling: ScalingSection = ScalingSection(num_workers=1)
+
+    @field_validator("space", mode="before")
+    @classmethod
+    def _dotted(cls, v: Any) -> Any:
+        return _flatten_space(v)
+
+    @model_validator(mode="after")
+    def _metric_matches_mode(self) -> SweepConfig:
+        expected = "min" if self.metric.endswith("loss") else "max"
+        if self.mode != expected:
+            raise ValueError(f"metric {self.metric} is best at its {expected}imum: set mode to {expected}")
+        return self
+
+
 class PipelineConfig(_Section):
     name: str = Field("digits", description="The registered model's name.")
     data: DataConfig = DataConfig()
@@ -237,6 +340,8 @@ class PipelineConfig(_Section):
     # Ray Train storage for runs; None: TRAINFLOW_HOME/runs. Use s3://... or a shared
     # filesystem when the Ray cluster has more than one node.
     storage: str | None = None
+    # A hyperparameter sweep (`trainflow sweep`); `trainflow run` trains one model and ignores it.
+    sweep: SweepConfig | None = None
 
     @field_validator("name")
     @classmethod
@@ -258,7 +363,11 @@ class PipelineConfig(_Section):
 
     def config_hash(self) -> str:
         """A stable short hash of the canonical JSON of the whole config."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        data = self.model_dump(mode="json")
+        if data["sweep"] is None:
+            # A config without a sweep hashes as it did before sweeps existed.
+            del data["sweep"]
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
     def to_train_loop_config(self, **extra: Any) -> dict[str, Any]:
@@ -407,6 +516,77 @@ def load_config(
         raw = read_config_file(source)
     raw = _merge(raw, parse_overrides(overrides))
     try:
-        return PipelineConfig.model_validate(raw)
+        config = PipelineConfig.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(_format_validation_error(e)) from None
+    if config.sweep is not None:
+        check_sweep_space(config)
+    return config
+
+
+def _nested(path: str, value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = value
+    for part in reversed(path.split(".")):
+        out = {part: out}
+    return out
+
+
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    """The section class behind a field's annotation (``EarlyStoppingConfig | None``)."""
+    import typing
+
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def check_sweep_space(config: PipelineConfig) -> None:
+    """Every dotted field of ``sweep.space`` exists, may vary between trials, and accepts
+    each value a trial can be given (every choice, both bounds); else ConfigError naming it."""
+    base = config.model_dump(mode="json")
+    for path, dim in config.sweep.space.items():
+        field = f"sweep.space.{path}"
+        parts = path.split(".")
+        section: type[BaseModel] | None = PipelineConfig
+        for depth, part in enumerate(parts):
+            if section is None:
+                raise ConfigError(f"invalid config: {field}: {'.'.join(parts[:depth])} has no fields")
+            if part not in section.model_fields:
+                where = ".".join(parts[:depth]) or "the config"
+                raise ConfigError(
+                    f"invalid config: {field}: unknown field; valid keys of {where}: "
+                    + ", ".join(section.model_fields)
+                )
+            section = _section_type(section.model_fields[part].annotation)
+        if parts[0] not in SWEEPABLE_SECTIONS:
+            raise ConfigError(
+                f"invalid config: {field}: only model.* and train.* fields vary between trials "
+                "(a sweep prepares the data once, and every trial runs on sweep.scaling)"
+            )
+        if section is not None:
+            raise ConfigError(f"invalid config: {field}: a section; sweep one of its fields instead")
+        for value in dim.extremes():
+            try:
+                PipelineConfig.model_validate(_merge(base, _nested(path, value)))
+            except ValidationError as e:
+                reason = _format_validation_error(e).removeprefix("invalid config: ")
+                if dim.kind in ("uniform", "loguniform") and "integer" in reason:
+                    reason += "; integer fields take randint or choice"
+                raise ConfigError(
+                    f"invalid config: {field}: {dim.kind} value {value!r} does not fit: {reason}"
+                ) from None
+
+
+def trial_config(config: PipelineConfig, params: Mapping[str, Any]) -> PipelineConfig:
+    """One trial's config: the base config with the sampled ``params`` ("train.lr": 0.01),
+    the sweep's per-trial scaling, checkpoints ranked by the sweep's metric, and no sweep
+    section, so that it runs as it is with `trainflow run`."""
+    sweep = config.sweep
+    raw = config.model_dump(mode="json")
+    raw["sweep"] = None
+    raw["scaling"] = sweep.scaling.model_dump(mode="json")
+    raw["checkpoint"] = {**raw["checkpoint"], "metric": sweep.metric, "mode": sweep.mode}
+    for path, value in params.items():
+        raw = _merge(raw, _nested(path, value))
+    return load_config(raw)

@@ -7,6 +7,7 @@ Nothing here runs on import: callers ask for a :func:`workspace` or open a
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import time
@@ -15,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainflow.config import PipelineConfig, ScalingSection
+from trainflow.config import PipelineConfig, ScalingSection, SweepConfig
 
 log = logging.getLogger("trainflow")
 
@@ -328,3 +329,55 @@ def check_storage(storage: str | None, nodes: list[dict]) -> None:
         "every node reaches, such as s3://bucket/trainflow, gs://bucket/trainflow, or an NFS mount "
         "written as file:///mnt/shared/trainflow"
     )
+
+
+def sweep_concurrency(sweep: SweepConfig, total: dict[str, float]) -> int:
+    """How many trials run at once: each trial's workers (``sweep.scaling``) side by side,
+    with one CPU left for Ray Data, capped by ``sweep.max_concurrent``. PreflightError
+    when not even one trial fits, saying what to change."""
+    scaling = sweep.scaling
+    try:
+        fit_scaling(scaling.model_copy(update={"on_cpu_shortage": "fail"}), total)
+    except PreflightError as e:
+        reason = (
+            str(e)
+            .replace("scaling.", "sweep.scaling.")
+            .replace(", or set sweep.scaling.on_cpu_shortage=shrink", "")
+        )
+        raise PreflightError(f"one sweep trial does not fit: {reason}") from None
+    n = scaling.num_workers
+    cpu_each, gpu_each = worker_resources(scaling)
+    fits = [
+        math.floor((total.get("CPU", 0.0) - DATA_CPU_RESERVE) / (n * cpu_each) + 1e-9)
+        if cpu_each
+        else sweep.trials
+    ]
+    if gpu_each:
+        fits.append(math.floor(total.get("GPU", 0.0) / (n * gpu_each) + 1e-9))
+    for name, amount in scaling.resources_per_worker.items():
+        if name not in ("CPU", "GPU") and amount:
+            fits.append(math.floor(total.get(name, 0.0) / (n * amount) + 1e-9))
+    return max(1, min([*fits, sweep.max_concurrent or math.inf]))
+
+
+def preflight_sweep(config: PipelineConfig, logger: logging.Logger | logging.LoggerAdapter = log) -> int:
+    """Fail now when one trial cannot run on the cluster; return how many run at once."""
+    import ray
+
+    sweep = config.sweep
+    total = ray.cluster_resources()
+    concurrency = sweep_concurrency(sweep, total)
+    fit_all = sweep_concurrency(sweep.model_copy(update={"max_concurrent": None}), total)
+    if sweep.max_concurrent and sweep.max_concurrent > fit_all:
+        logger.warning(
+            "sweep.max_concurrent %d: the Ray cluster (%g CPUs) fits %d trials of %d workers x %s "
+            "at once, with a CPU for Ray Data; running %d at a time",
+            sweep.max_concurrent,
+            total.get("CPU", 0.0),
+            fit_all,
+            sweep.scaling.num_workers,
+            sweep.scaling.resources_per_worker,
+            fit_all,
+        )
+    check_storage(config.storage, ray.nodes())
+    return concurrency

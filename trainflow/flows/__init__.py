@@ -1,6 +1,7 @@
 """Prefect flows: short recipes of task calls."""
 
 from trainflow.flows.batch_predict import batch_predict
+from trainflow.flows.sweep import sweep_pipeline
 from trainflow.flows.training import training_pipeline
 
-__all__ = ["batch_predict", "training_pipeline"]
+__all__ = ["batch_predict", "sweep_pipeline", "training_pipeline"]

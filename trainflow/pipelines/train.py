@@ -297,7 +297,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         start_epoch = state["epoch"]
         history = json.loads(state["history"])
     if progress is not None:
-        progress.started.remote(rank, ray.get_runtime_context().get_node_id(), start_epoch)
+        group = ray.util.get_current_placement_group()
+        progress.started.remote(
+            rank,
+            ray.get_runtime_context().get_node_id(),
+            start_epoch,
+            group.id.hex() if group else None,
+            ctx.get_experiment_name(),
+        )
 
     if in_memory:
         # Small splits are read once, straight from the prepared Parquet, and kept as
@@ -415,9 +422,18 @@ class ProgressLog:
     def step(self, row: dict[str, Any]) -> None:
         self.rows.append({"kind": "step", **row})
 
-    def started(self, rank: int, node_id: str, start_epoch: int) -> None:
-        """A worker (re)started: its node, and the epoch it resumes after (0: from scratch)."""
-        worker = {"rank": rank, "node_id": node_id, "start_epoch": start_epoch}
+    def started(
+        self, rank: int, node_id: str, start_epoch: int, placement_group: str | None = None, run: str = ""
+    ) -> None:
+        """A worker (re)started: its node, the epoch it resumes after (0: from scratch), its
+        worker group's placement group and its Ray Train run."""
+        worker = {
+            "rank": rank,
+            "node_id": node_id,
+            "start_epoch": start_epoch,
+            "placement_group": placement_group,
+            "run": run,
+        }
         self.workers.append(worker)
         if rank == 0:
             self.rows.append({"kind": "start", **worker})
@@ -487,7 +503,9 @@ def build_trainer(
     *,
     run_name: str,
     storage_path: str,
+    callbacks: list[Any] = (),
 ) -> TorchTrainer:
+    """``callbacks``: Ray Train callbacks, such as Ray Tune's TuneReportCallback in a sweep."""
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -512,5 +530,6 @@ def build_trainer(
             failure_config=FailureConfig(max_failures=config.failure.max_failures),
             # Ray Train logs every report and checkpoint at INFO; trainflow logs each epoch.
             logging_config=LoggingConfig(log_level="WARNING"),
+            callbacks=list(callbacks),
         ),
     )

@@ -69,3 +69,28 @@ class PipelineResult(BaseModel):
     prepared_reused: bool
     timings: dict[str, float]  # seconds per step
     cached: list[str] = []  # steps Prefect skipped: their cached result from an earlier run held
+
+
+class Swept(BaseModel):
+    """A finished sweep: every trial, and the best one as a training run."""
+
+    name: str  # the Ray Tune experiment's folder under the runs storage
+    path: str
+    trials: list[dict[str, Any]]  # pipelines.sweep.TrialSummary as dicts, in trial order
+    best_trial: str
+    best_config: dict[str, Any]  # the best trial's whole config, as `trainflow run` takes it
+    best_config_path: str  # the same as YAML
+    trained: Trained  # the best trial's best checkpoint, for the evaluate and register tasks
+
+
+class SweepResult(BaseModel):
+    name: str
+    sweep: str
+    trials: list[dict[str, Any]]
+    best_trial: str
+    best_config_path: str
+    max_concurrent: int
+    test_metrics: dict[str, float]
+    registered: Registered
+    checkpoint: str
+    timings: dict[str, float]

@@ -117,6 +117,17 @@ def _split_bytes(path: str) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*.parquet"))
 
 
+def shards_in_memory(config: PipelineConfig, prepared: Prepared) -> bool:
+    """Whether the workers keep their shards in memory (``train.in_memory``)."""
+    # Augmented images stream from Ray Data, so each epoch draws new crops and flips.
+    augment = bool((prepared.preprocessor.get("image") or {}).get("augment"))
+    return config.train.in_memory == "always" or (
+        config.train.in_memory == "auto"
+        and not augment
+        and _split_bytes(prepared.split_path("train")) < IN_MEMORY_BYTES
+    )
+
+
 def _retry_unless_diverged(task, task_run, state) -> bool:
     # A diverged loss comes back on every retry; anything else (a lost node) may not.
     return not isinstance(state.result(raise_on_failure=False), tr.TrainingDiverged)
@@ -135,13 +146,7 @@ def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
     import ray.data
 
     logger = get_run_logger()
-    # Augmented images stream from Ray Data, so each epoch draws new crops and flips.
-    augment = bool((prepared.preprocessor.get("image") or {}).get("augment"))
-    in_memory = config.train.in_memory == "always" or (
-        config.train.in_memory == "auto"
-        and not augment
-        and _split_bytes(prepared.split_path("train")) < IN_MEMORY_BYTES
-    )
+    in_memory = shards_in_memory(config, prepared)
     spec = models.model_spec(config.model, prepared.num_features, prepared.num_classes)
     # Unique per attempt: a retry must not race the last attempt's actor for the name.
     progress = f"trainflow-progress-{run_name}-{uuid.uuid4().hex[:8]}"

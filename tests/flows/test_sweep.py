@@ -1,0 +1,63 @@
+"""The sweep flow for real: Ray Tune trials of TorchTrainer on the session's 2-CPU cluster,
+ASHA, the Prefect test server and an MLflow registry on SQLite."""
+
+import pytest
+
+from trainflow.config import load_config
+from trainflow.flows.sweep import sweep_pipeline
+from trainflow.pipelines import registry
+from trainflow.runtime import workspace
+from trainflow.testing import small_config
+
+from .test_training_pipeline import read_artifacts
+
+pytestmark = pytest.mark.slow
+
+
+def test_sweep_stops_weak_trials_reports_a_failed_one_and_registers_the_best(
+    ray_cluster, prefect_harness, trainflow_home
+):
+    # Four trials, two at a time: lr 1e6 diverges (a failed trial), lr 0.001 trails the
+    # first two at ASHA's first rung and is stopped there.
+    config = load_config(
+        small_config(
+            data={"limit": 600},
+            train={"epochs": 3, "optimizer": "sgd"},
+            sweep={
+                "space": {"train.lr": {"grid": [0.05, 0.01, 0.001, 1e6]}},
+                "trials": 1,
+                "scheduler": {"kind": "asha", "grace_period": 1, "reduction_factor": 2},
+            },
+        )
+    )
+    state = sweep_pipeline(config=config, return_state=True)
+    assert state.is_completed(), state.message
+    result = state.result()
+
+    trials = {t["params"]["train.lr"]: t for t in result.trials}
+    assert sorted(trials) == [0.001, 0.01, 0.05, 1e6]
+    assert len({t["trial_id"] for t in result.trials}) == 4
+    assert result.max_concurrent == 2
+    assert trials[1e6]["status"] == "failed" and trials[1e6]["epochs"] == 0
+    assert "train loss became nan in epoch 1" in trials[1e6]["error"]
+    assert trials[0.001]["status"] == "stopped early" and trials[0.001]["epochs"] == 1
+    assert trials[0.05]["status"] == "completed" and trials[0.05]["epochs"] == 3
+    assert result.best_trial == trials[0.05]["trial_id"]
+
+    # The best trial's config, as YAML that `trainflow run` takes: its lr, one worker.
+    best = load_config(result.best_config_path)
+    assert best.train.lr == 0.05 and best.sweep is None and best.scaling.num_workers == 1
+
+    # Registered with that config; its checkpoint is the best trial's best epoch.
+    reg = result.registered
+    assert (reg.name, reg.version, reg.champion) == ("digits-test", "1", True)
+    run = registry.client(workspace()).get_run(reg.run_id)
+    assert run.data.tags["trainflow.config_hash"] == best.config_hash()
+    assert run.data.params["train.lr"] == "0.05"
+    assert result.test_metrics["accuracy"] > 0.8
+
+    # The trial table and the sweep's report were published.
+    artifacts = {a.key: a for a in read_artifacts() if a.key}
+    table = artifacts["digits-test-sweep-trials"].data
+    assert table.count('"status"') == 4 and "stopped early" in table and "failed" in table
+    assert "## The best config" in artifacts["digits-test-sweep"].data

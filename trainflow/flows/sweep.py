@@ -1,0 +1,110 @@
+"""The sweep pipeline: ingest -> preprocess -> sweep (Ray Tune) -> evaluate -> register the best."""
+
+# No `from __future__ import annotations` here: Prefect builds the flow's parameter
+# model from these annotations, and a served run fails to when they are strings.
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
+
+from trainflow.config import ConfigError, PipelineConfig
+from trainflow.flows.training import one_run_per_model, resolve_config, timed
+from trainflow.runtime import preflight_sweep, ray_session
+from trainflow.tasks import evaluate, ingest, preprocess, register
+from trainflow.tasks.results import SweepResult
+from trainflow.tasks.steps import artifact_key
+from trainflow.tasks.sweep import sweep
+
+
+def _run_name() -> str:
+    params = flow_run.parameters
+    try:
+        config = resolve_config(params["config"], params.get("overrides"))
+    except (ConfigError, KeyError):
+        return "invalid-config"
+    return f"{config.name}-sweep-{config.config_hash()[:8]}"
+
+
+@flow(name="sweep-pipeline", flow_run_name=_run_name, persist_result=False)
+def sweep_pipeline(config: PipelineConfig | str, overrides: list[str] | None = None) -> SweepResult:
+    """Try many settings in parallel on Ray Tune, stop the weak early, register the best.
+
+    Args:
+        config: a config with a ``sweep`` section, or the path of a YAML/JSON one.
+        overrides: dotted overrides applied on top, such as ``["sweep.trials=16"]``.
+    """
+    logger = get_run_logger()
+    config = resolve_config(config, overrides)
+    if config.sweep is None:
+        raise ConfigError(
+            f"invalid config: sweep: {config.name} has no sweep section; add one such as "
+            "sweep: {space: {train.lr: {loguniform: [0.0001, 0.1]}}, trials: 8}"
+        )
+    timings: dict[str, float] = {}
+
+    # ingest: in the driver, before any Ray worker starts (cached across runs)
+    source, timings["ingest"] = timed(ingest, config)
+    with ray_session(config, logger):
+        # how many trials fit side by side, each with sweep.scaling's workers
+        max_concurrent = preflight_sweep(config, logger)
+        # preprocess once for every trial (cached across runs)
+        prepared, timings["preprocess"] = timed(preprocess, config, source)
+        # sweep: the trials on Ray Tune; ASHA stops the weak ones early
+        name = f"{config.name}-sweep-{str(flow_run.id or 'local')[:8]}"
+        swept, timings["sweep"] = timed(sweep, config, prepared, name, max_concurrent)
+        best = PipelineConfig.model_validate(swept.best_config)
+        with one_run_per_model(config.name):
+            # evaluate the best trial's best checkpoint on the test split
+            evaluated, timings["evaluate"] = timed(evaluate, best, prepared, swept.trained)
+            # register it with the best trial's config; the champion moves only if the gate passes
+            registered, timings["register"] = timed(
+                register, best, source, prepared, swept.trained, evaluated
+            )
+
+    result = SweepResult(
+        name=config.name,
+        sweep=swept.name,
+        trials=swept.trials,
+        best_trial=swept.best_trial,
+        best_config_path=swept.best_config_path,
+        max_concurrent=max_concurrent,
+        test_metrics=evaluated.headline,
+        registered=registered,
+        checkpoint=swept.trained.best_checkpoint,
+        timings=timings,
+    )
+    create_markdown_artifact(
+        key=f"{artifact_key(config.name)}-sweep", markdown=sweep_markdown(config, result)
+    )
+    reg = registered
+    logger.info(
+        "done: best trial %s registered as %s v%s, test accuracy %.4f, %s",
+        swept.best_trial,
+        reg.name,
+        reg.version,
+        evaluated.headline["accuracy"],
+        "now champion" if reg.champion else "champion unchanged",
+    )
+    return result
+
+
+def sweep_markdown(config: PipelineConfig, r: SweepResult) -> str:
+    metric = config.sweep.metric
+    reg = r.registered
+    rows = "\n".join(
+        f"| {t['trial_id']} | {t['status']} | {t['epochs']}/{t['max_epochs']} | "
+        + ("-" if t["best"] is None else f"{t['best']:.4f}")
+        + f" | {', '.join(f'{k}={v}' for k, v in t['params'].items())} | {t['error']} |"
+        for t in r.trials
+    )
+    best_config = open(r.best_config_path).read()
+    return (
+        f"# {r.name} sweep {r.sweep}\n\n"
+        f"{len(r.trials)} trials, {r.max_concurrent} at a time. Best: trial {r.best_trial}, registered as "
+        f"{reg.name} version {reg.version} "
+        f"({'promoted to **champion**' if reg.champion else 'champion unchanged'}: "
+        f"{reg.decision['reason']}); "
+        f"test accuracy {r.test_metrics['accuracy']:.4f}.\n\n"
+        f"| trial | status | epochs | best {metric} | params | error |\n|---|---|---|---|---|---|\n{rows}\n\n"
+        f"## The best config (`{r.best_config_path}`)\n\n```yaml\n{best_config}```\n"
+    )

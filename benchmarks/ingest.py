@@ -10,6 +10,7 @@ process. Each measurement runs in a fresh process; sizes alternate floor, trainf
     python benchmarks/ingest.py                      # 1M and 16M rows x 64 features
     python benchmarks/ingest.py --rows 1000000 4000000
     python benchmarks/ingest.py --quick              # 20,000 rows, one round
+    python benchmarks/ingest.py --phases --rows 1000000   # where the time goes, pass by pass
 
 Writes benchmarks/results/ingest.json and ingest.md. Needs about three times the largest
 input in free disk (the input, Ray's spill, the prepared splits).
@@ -85,6 +86,74 @@ def trainflow_prepare(source: str, cache: str) -> dict:
     }
 
 
+def phases(source: str, cache: str) -> None:
+    """Where trainflow's time goes: ``prepare``'s passes over the data one by one (as it
+    runs them for an input above SMALL_INPUT_BYTES: streamed, split by row hash), each
+    pass's wall and CPU seconds, and the CPU of the per-batch functions alone."""
+    import os
+
+    import pyarrow.parquet as pq
+    from common import tree_cpu_s
+
+    from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
+    from trainflow.pipelines import data, preprocess
+
+    start_ray(num_cpus=2)
+    clock, cpu = time.perf_counter(), tree_cpu_s(os.getpid())
+
+    def lap(name: str) -> None:
+        nonlocal clock, cpu
+        now, after = time.perf_counter(), tree_cpu_s(os.getpid())
+        driver = after[os.getpid()] - cpu[os.getpid()]
+        new = sum(v for pid, v in after.items() if pid not in cpu)
+        total = sum(v - cpu.get(pid, 0.0) for pid, v in after.items())
+        print(
+            f"{name:<18} wall {now - clock:6.2f} s  CPU {total:6.2f} s (driver {driver:.2f}, "
+            f"processes started in this pass {new:.2f}, other Ray processes {total - driver - new:.2f})",
+            flush=True,
+        )
+        clock, cpu = now, after
+
+    info = data.inspect_source(DataConfig(source=source), Path(cache))
+    lap("inspect_source")
+    ds = data.load_dataset(info)
+    if info.bytes <= data.SMALL_INPUT_BYTES:
+        ds = ds.materialize()
+        lap("materialize")
+    report = data.check_rows(ds, info)
+    lap("check_rows")
+    small = report.rows <= data.EXACT_SPLIT_ROWS and info.bytes <= data.SMALL_INPUT_BYTES
+    splits = data.split_dataset(ds, SplitConfig(), info.label_column, exact=small)
+    pre = preprocess.fit_preprocessor(
+        splits["train"],
+        numeric=info.numeric_columns,
+        categorical=[],
+        label_column=info.label_column,
+        classes=report.labels,
+        cfg=PreprocessConfig(),
+    )
+    lap(f"split+fit{' (exact)' if small else ''}")
+    for name in data.SPLITS:
+        split = preprocess.transform_dataset(splits[name], pre)
+        if name == "train":
+            split = split.random_shuffle(seed=0) if small else split.randomize_block_order(seed=0)
+        split.write_parquet(f"{cache}/phases/{name}")
+        lap(f"write {name}")
+
+    table = pq.read_table(info.files[0])
+    frame = table.to_pandas()
+    features = info.feature_columns
+    for name, fn in (
+        ("arrow to pandas", lambda: table.to_pandas()),
+        ("batch_stats", lambda: data.batch_stats(frame, features=features, numeric=features, label="label")),
+        ("assign_split_by_hash", lambda: data.assign_split_by_hash(frame, val=0.1, test=0.2, seed=0)),
+        ("transform_batch", lambda: preprocess.transform_batch(frame, state=pre.to_dict())),
+    ):
+        spent = time.process_time()
+        fn()
+        print(f"{name:<22} {time.process_time() - spent:6.3f} s CPU for {len(frame):,} rows", flush=True)
+
+
 def run_measure(kind: str, source: str, work: Path) -> dict:
     cmd = [sys.executable, __file__, "--measure", kind, source, str(work / f"cache-{time.time_ns()}")]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -139,6 +208,9 @@ def main() -> None:
     parser.add_argument("--large-rounds", type=int, default=1, help="rounds for sizes above 4M rows")
     parser.add_argument("--quick", action="store_true", help="20,000 rows, one round")
     parser.add_argument("--note", default="", help="conditions worth recording, such as other load")
+    parser.add_argument(
+        "--phases", action="store_true", help="print where trainflow's time goes, pass by pass; write nothing"
+    )
     parser.add_argument("--measure", nargs=3, metavar=("KIND", "SOURCE", "CACHE"), help=argparse.SUPPRESS)
     add_results_arg(parser)
     args = parser.parse_args()
@@ -150,6 +222,15 @@ def main() -> None:
         return
 
     sizes = [20_000] if args.quick else args.rows
+    if args.phases:
+        work = Path(tempfile.mkdtemp(prefix="trainflow-bench-ingest-"))
+        try:
+            write_parquet_input(work / "input", sizes[0], FEATURES)
+            print(f"{sizes[0]:,} rows x {FEATURES} features")
+            phases(str(work / "input"), str(work / "cache"))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     results = []
     for rows in sizes:
         work = Path(tempfile.mkdtemp(prefix="trainflow-bench-ingest-"))

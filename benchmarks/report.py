@@ -3,7 +3,9 @@ in benchmarks/results/ (written by benchmarks/<section>.py), in a fixed order.
 
     python benchmarks/report.py
 
-A section that has not been run is left out; results.md says which are missing.
+A section that has not been run is left out; results.md says which are missing. Where
+benchmarks/analysis/<section>.md exists (written by hand: where the time goes, what was
+changed), it follows its section, so re-measuring never erases it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ TITLES = {
 }
 
 
-def assemble(results: Path = RESULTS, out: Path = HERE) -> tuple[Path, Path]:
+ANALYSIS = HERE / "analysis"
+
+
+def assemble(results: Path = RESULTS, out: Path = HERE, analysis: Path = ANALYSIS) -> tuple[Path, Path]:
     present = [s for s in SECTIONS if (results / f"{s}.md").is_file() and (results / f"{s}.json").is_file()]
     missing = [s for s in SECTIONS if s not in present]
     sections = {s: json.loads((results / f"{s}.json").read_text()) for s in present}
@@ -44,7 +49,11 @@ def assemble(results: Path = RESULTS, out: Path = HERE) -> tuple[Path, Path]:
         *[f"- {s}: {sections[s]['date']}, `{TITLES[s]}`" for s in present],
         *(["", f"Not measured yet: {', '.join(missing)}."] if missing else []),
     ]
-    body = [(results / f"{s}.md").read_text().rstrip() for s in present]
+    body = []
+    for s in present:
+        body.append((results / f"{s}.md").read_text().rstrip())
+        if (analysis / f"{s}.md").is_file():
+            body.append((analysis / f"{s}.md").read_text().rstrip())
     md = "\n".join(header) + "\n\n" + "\n\n".join(body) + "\n"
     doc = {"assembled": now(), "machine": m, "versions": v, "sections": sections}
     _write_atomic(out / "results.md", md)

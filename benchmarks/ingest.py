@@ -7,7 +7,8 @@ and writing every split as Parquet), on a local Ray cluster of 2 CPUs started be
 clock. The floor is ``pyarrow.parquet.read_table`` plus NumPy standardization in one
 process. Each measurement runs in a fresh process; sizes alternate floor, trainflow.
 
-    python benchmarks/ingest.py                      # 1M and 16M rows x 64 features
+    python benchmarks/ingest.py                      # 1M and 8M rows x 64 features
+    python benchmarks/ingest.py --rows 1000000 16000000   # needs ~17 GB free for the floor
     python benchmarks/ingest.py --rows 1000000 4000000
     python benchmarks/ingest.py --quick              # 20,000 rows, one round
     python benchmarks/ingest.py --phases --rows 1000000   # where the time goes, pass by pass
@@ -203,6 +204,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    # The floor holds its input about three times over (8.5 GB of RSS at 8M rows), so 16M
+    # rows would need about 17 GB of a machine that is shared: 8M is the default large size.
     parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 8_000_000])
     parser.add_argument("--rounds", type=int, default=3, help="alternating runs per size; medians reported")
     parser.add_argument("--large-rounds", type=int, default=1, help="rounds for sizes above 4M rows")

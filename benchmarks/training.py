@@ -171,8 +171,8 @@ def markdown(runs: list[dict], args, note: str) -> str:
             "worker's shard from Ray Data every epoch; always reads it once into tensors. Plain "
             "PyTorch: the same model, optimizer and batches over in-memory tensors in one process "
             "with the workers' thread count. Samples/s per worker: the rows each worker trains on "
-            "per epoch over its seconds per epoch; medians over rounds, plain PyTorch run right "
-            "after each trainflow run.",
+            f"per epoch over its seconds per epoch; medians over {args.rounds} round(s), plain PyTorch run "
+            "right after each trainflow run.",
             "",
             "| trainflow workers | in_memory | torch threads | trainflow samples/s per worker "
             "| plain PyTorch samples/s | trainflow / plain |",

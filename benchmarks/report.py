@@ -30,6 +30,11 @@ TITLES = {
 ANALYSIS = HERE / "analysis"
 
 
+def _load(section: dict) -> str:
+    load = section["machine"].get("load_average_1_5_15min")
+    return f"load {load['at_start'][0]:g} to {load['at_end'][0]:g}, " if load else ""
+
+
 def assemble(results: Path = RESULTS, out: Path = HERE, analysis: Path = ANALYSIS) -> tuple[Path, Path]:
     present = [s for s in SECTIONS if (results / f"{s}.md").is_file() and (results / f"{s}.json").is_file()]
     missing = [s for s in SECTIONS if s not in present]
@@ -43,10 +48,11 @@ def assemble(results: Path = RESULTS, out: Path = HERE, analysis: Path = ANALYSI
         + ", ".join(f"{k} {v[k]}" for k in ("torch", "ray", "prefect", "pyarrow")),
         "",
         'Re-run everything with `make bench` (a subset: `make bench SECTIONS="ingest training"`); '
-        "each section's figures, machine and versions are in `results.json`. Each section below "
-        "gives the date it was measured:",
+        "each section's figures, machine and versions are in `results.json`. When and how each "
+        "section below was measured (the load average over the first minute, at its start and end: "
+        "other work on the machine moves wall times):",
         "",
-        *[f"- {s}: {sections[s]['date']}, `{TITLES[s]}`" for s in present],
+        *[f"- {s}: {sections[s]['date']}, {_load(sections[s])}`{TITLES[s]}`" for s in present],
         *(["", f"Not measured yet: {', '.join(missing)}."] if missing else []),
     ]
     body = []

@@ -241,8 +241,9 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def ratio(a: float, b: float) -> float:
-    return round(a / b, 3) if b else float("nan")
+def ratio(a: float, b: float) -> float | None:
+    """a / b, or None (JSON null) when b is 0: a phase too short to time."""
+    return round(a / b, 3) if b else None
 
 
 # A train.callbacks hook for Ray Train workers: each worker appends when it finished an

@@ -9,8 +9,8 @@ train step's own rule (under 1 GB of prepared train split: in memory). Peak memo
 the largest summed PSS of the process and everything it started (Ray's GCS, raylet,
 workers and object store), sampled every 0.25 s.
 
-    python benchmarks/scaling.py                      # 100k, 400k, 1.6M rows x 64 features
-    python benchmarks/scaling.py --base-rows 50000
+    python benchmarks/scaling.py                      # 500k, 2M, 8M rows x 64 features
+    python benchmarks/scaling.py --base-rows 100000
     python benchmarks/scaling.py --quick              # 5k, 20k, 80k rows
 
 Writes benchmarks/results/scaling.json and scaling.md.
@@ -143,7 +143,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--base-rows", type=int, default=100_000, help="rows at 1x")
+    parser.add_argument("--base-rows", type=int, default=500_000, help="rows at 1x")
     parser.add_argument("--factors", type=int, nargs="+", default=list(FACTORS))
     parser.add_argument("--quick", action="store_true", help="5,000 rows at 1x")
     parser.add_argument("--note", default="", help="conditions worth recording, such as other load")

@@ -1,4 +1,5 @@
-# `make run` trains the bundled default job; `make test` runs the test suite.
+# `make run` trains the bundled default job; `make test` runs the test suite; `make bench`
+# measures (benchmarks/results.md).
 # Both create the virtual environment first when it is missing or out of date.
 PYTHON ?= python3
 VENV ?= .venv
@@ -21,11 +22,21 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Every benchmark section, then benchmarks/results.md; a subset: make bench SECTIONS="ingest training".
+# ROUNDS: the overhead section's alternating rounds.
+SECTIONS ?= overhead ingest training scaling gpu $(if $(wildcard benchmarks/sweep.py),sweep)
+
 bench: $(STAMP)
-	$(BIN)/python benchmarks/overhead.py --rounds $(or $(ROUNDS),3)
+	@for s in $(SECTIONS); do \
+		test -f benchmarks/$$s.py || { echo "no benchmark section $$s (benchmarks/$$s.py)"; exit 1; }; \
+		echo "== $$s"; \
+		if [ $$s = overhead ]; then $(BIN)/python benchmarks/overhead.py --rounds $(or $(ROUNDS),3) || exit 1; \
+		else $(BIN)/python benchmarks/$$s.py || exit 1; fi; \
+	done
+	$(BIN)/python benchmarks/report.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check trainflow tests
+	$(BIN)/ruff check trainflow tests benchmarks
 
 clean:
 	rm -rf .trainflow .pytest_cache

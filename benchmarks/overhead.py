@@ -1,25 +1,25 @@
 """Overhead: the default digits job through trainflow against the same job as a bare
 Ray script and as a plain PyTorch loop, run side by side, alternating (A B C A B C ...).
 
-    make bench                      # or: python benchmarks/overhead.py --rounds 3
+    make bench SECTIONS=overhead    # or: python benchmarks/overhead.py --rounds 3
 
-Writes benchmarks/results.md and benchmarks/results.json: each run's wall time and its
-driver process's peak RSS, the medians, the ratios, the machine and the versions.
+Writes benchmarks/results/overhead.json and overhead.md (assembled into results.md by
+report.py): each run's wall time and its driver process's peak RSS, the medians, the
+ratios, the machine and the versions.
 trainflow's figure is the whole `trainflow run` command: a temporary Prefect server,
 a Ray cluster, ingest, preprocess, training, evaluation and registration.
 """
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from importlib.metadata import version
 from pathlib import Path
+
+from common import write_section
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -69,16 +69,8 @@ def main() -> None:
         name: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for name, rs in runs.items()
     }
     ratio = medians["trainflow"]["wall_s"] / medians["bare_ray"]["wall_s"]
-    report = {
+    figures = {
         "benchmark": f"overhead: digits, default config, epochs={args.epochs}",
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
-        "versions": {p: version(p) for p in ("trainflow", "torch", "ray", "prefect", "mlflow-skinny")},
         "rounds": args.rounds,
         "note": args.note,
         "runs": runs,
@@ -91,22 +83,17 @@ def main() -> None:
         },
         "target": {"trainflow_vs_bare_ray_wall_at_most": TARGET, "met": ratio <= TARGET},
     }
-    (HERE / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     rows = "\n".join(
         f"| {name} | {m['wall_s']:.1f} | {m['driver_peak_rss_mb']:.0f} | "
         + ", ".join(f"{r['wall_s']:.1f}" for r in runs[name])
         + " |"
         for name, m in medians.items()
     )
-    (HERE / "results.md").write_text(
-        f"# Benchmarks\n\nMeasured {report['date']} on {report['machine']['cpus']} CPUs, "
-        f"{report['machine']['memory_gb']} GB; torch {report['versions']['torch']}, "
-        f"ray {report['versions']['ray']}, prefect {report['versions']['prefect']}. "
-        f"Re-run with `make bench`; every figure is in `results.json`.\n\n"
-        + (f"Note: {args.note}\n\n" if args.note else "")
-        + f"## Overhead: the digits job, {args.epochs} epochs, "
+    markdown = (
+        f"## Overhead: the digits job, {args.epochs} epochs, "
         f"medians of {args.rounds} alternating rounds\n\n"
-        "| command | wall s (median) | driver peak RSS MB | every run's wall s |\n|---|---|---|---|\n"
+        + (f"Note: {args.note}\n\n" if args.note else "")
+        + "| command | wall s (median) | driver peak RSS MB | every run's wall s |\n|---|---|---|---|\n"
         f"{rows}\n\n"
         f"trainflow / bare Ray script: **{ratio:.2f}x** the wall time "
         f"(target at most {TARGET}x: {'met' if ratio <= TARGET else 'missed'}).\n\n"
@@ -116,7 +103,7 @@ def main() -> None:
         "Peak RSS is the driver process's alone; Ray's workers and Prefect's server run in "
         "processes of their own.\n"
     )
-    print((HERE / "results.md").read_text())
+    print(write_section("overhead", figures, markdown).read_text())
 
 
 if __name__ == "__main__":

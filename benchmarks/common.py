@@ -1,0 +1,267 @@
+"""What every benchmark section shares: the machine and versions it ran on, writing its
+results (``results/<section>.json`` and ``results/<section>.md``, each written to a
+temporary file and renamed), a local Ray cluster of its own, synthetic Parquet inputs,
+and the memory of a process tree sampled while it works."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import threading
+import time
+from contextlib import contextmanager
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+# The load on the machine when this benchmark started and when it wrote its results: the
+# machines are shared, and other work moves wall times.
+LOAD_AT_START = os.getloadavg()
+PACKAGES = ("trainflow", "torch", "ray", "prefect", "mlflow-skinny", "pyarrow", "numpy")
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_average_1_5_15min": {
+            "at_start": [round(x, 2) for x in LOAD_AT_START],
+            "at_end": [round(x, 2) for x in os.getloadavg()],
+        },
+    }
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for package in PACKAGES:
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = "not installed"
+    return out
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def add_results_arg(parser) -> None:
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help=f"folder for <section>.json and .md (default {RESULTS}; quick runs: {RESULTS / 'quick'})",
+    )
+
+
+def write_section(section: str, figures: dict[str, Any], markdown: str, results: Path | None = None) -> Path:
+    """Write ``<section>.json`` (the figures plus date, machine, versions) and
+    ``<section>.md`` (the report's section, starting with ``## ``) into ``results``:
+    by default benchmarks/results, or benchmarks/results/quick for a quick run, so a
+    quick check never replaces measured figures."""
+    if not markdown.startswith("## "):
+        raise ValueError(f"the {section} section's markdown must start with '## '")
+    if results is None:
+        results = RESULTS / "quick" if figures.get("quick") else RESULTS
+    results.mkdir(parents=True, exist_ok=True)
+    doc = {"section": section, "date": now(), "machine": machine(), "versions": versions(), **figures}
+    _write_atomic(results / f"{section}.json", json.dumps(doc, indent=2) + "\n")
+    _write_atomic(results / f"{section}.md", markdown.rstrip() + "\n")
+    return results / f"{section}.md"
+
+
+def start_ray(num_cpus: int = 2, object_store_mb: int | None = None, **extra) -> None:
+    """A local Ray cluster of this process's own, set up as trainflow sets up its own."""
+    import ray
+
+    from trainflow.runtime import configure_ray_data, ray_init_kwargs
+
+    kwargs = ray_init_kwargs()
+    if object_store_mb:
+        kwargs["object_store_memory"] = object_store_mb << 20
+    ray.init(address="local", num_cpus=num_cpus, **kwargs, **extra)
+    configure_ray_data()
+
+
+# Synthetic tabular input: float32 features f0..f{n-1} and an integer label of 4 classes.
+
+ROWS_PER_FILE = 250_000
+
+
+def write_parquet_input(folder: Path, rows: int, features: int = 64, seed: int = 0) -> dict[str, Any]:
+    """A folder of Parquet files (Snappy, as pyarrow writes by default); returns its size."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    written, part = 0, 0
+    while written < rows:
+        n = min(ROWS_PER_FILE, rows - written)
+        x = rng.standard_normal((n, features), dtype=np.float32) * 3 + 1
+        label = (x[:, 0] > 1).astype(np.int64) + 2 * (x[:, 1] > 1).astype(np.int64)
+        table = pa.table({**{f"f{j}": x[:, j] for j in range(features)}, "label": label})
+        pq.write_table(table, folder / f"part-{part:04d}.parquet")
+        written, part = written + n, part + 1
+    size = sum(p.stat().st_size for p in folder.glob("*.parquet"))
+    return {"rows": rows, "features": features, "files": part, "file_mb": round(size / 2**20, 1)}
+
+
+def raw_mb(rows: int, features: int = 64) -> float:
+    """The input's size in memory: float32 features plus an int64 label per row."""
+    return rows * (4 * features + 8) / 2**20
+
+
+# Memory of a process and everything it started (Ray's GCS, raylet and workers).
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry.name}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        kids.setdefault(ppid, []).append(int(entry.name))
+    return kids
+
+
+def _tree(root: int) -> list[int]:
+    kids = _children()
+    todo, out = [root], []
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(kids.get(pid, []))
+    return out
+
+
+def tree_pss_mb(root: int) -> float:
+    """The summed proportional set size of ``root`` and its descendants: shared memory
+    (Ray's object store, shared libraries) counts once across the processes that map it."""
+    total = 0
+    for pid in _tree(root):
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+                    break
+        except OSError:
+            continue
+    return total / 1024
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(root: int) -> dict[int, float]:
+    """CPU seconds (user + system) so far of ``root`` and each live descendant, by pid.
+
+    On a shared machine wall time moves with other people's load; the CPU time a
+    piece of work consumed moves much less.
+    """
+    out = {}
+    for pid in _tree(root):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return out
+
+
+def cpu_since(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds spent between two :func:`tree_cpu_s` readings (a process that exited
+    in between is not counted; Ray keeps its workers)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+
+
+class MemorySampler:
+    """Samples :func:`tree_pss_mb` of this process every ``every_s`` in a thread; the peak
+    memory, wall and CPU seconds of each phase marked with :meth:`phase`."""
+
+    def __init__(self, every_s: float = 0.25):
+        self.every_s = every_s
+        self.peaks: dict[str, float] = {}
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self.current: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
+
+    def _sample(self) -> None:
+        mb = tree_pss_mb(os.getpid())
+        if self.current is not None:
+            self.peaks[self.current] = max(self.peaks.get(self.current, 0.0), mb)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._sample()
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @contextmanager
+    def phase(self, name: str):
+        self.current = name
+        self._sample()
+        cpu, start = tree_cpu_s(os.getpid()), time.perf_counter()
+        try:
+            yield
+        finally:
+            self.wall[name] = round(time.perf_counter() - start, 2)
+            self.cpu[name] = round(cpu_since(cpu, tree_cpu_s(os.getpid())), 2)
+            self._sample()
+            self.current = None
+
+
+def median(values: list[float]) -> float:
+    import statistics
+
+    return statistics.median(values)
+
+
+def ratio(a: float, b: float) -> float | None:
+    """a / b, or None (JSON null) when b is 0: a phase too short to time."""
+    return round(a / b, 3) if b else None
+
+
+# A train.callbacks hook for Ray Train workers: each worker appends when it finished an
+# epoch to the file named by TRAINFLOW_BENCH_EPOCH_LOG. Workers import it as
+# "common:epoch_done" (benchmarks/ is on their PYTHONPATH, see :func:`workers_import_here`).
+
+EPOCH_LOG = "TRAINFLOW_BENCH_EPOCH_LOG"
+
+
+def epoch_done(epoch: int, metrics: dict, rank: int) -> None:
+    import torch
+
+    row = {"epoch": epoch, "rank": rank, "time": time.time(), "threads": torch.get_num_threads()}
+    with open(os.environ[EPOCH_LOG], "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def workers_import_here() -> None:
+    """Let Ray workers started from now on import the modules of benchmarks/."""
+    path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = f"{HERE}{os.pathsep}{path}" if path else str(HERE)

@@ -1,0 +1,201 @@
+"""Scaling: the same job on 1x, 4x and 16x the data; wall time and peak memory of ingest,
+preprocess and one epoch, and how they grow.
+
+Each size runs in a fresh process with a local Ray cluster of 2 CPUs: trainflow's
+``inspect_source`` and ``prepare`` (as the flow's ingest and preprocess steps call
+them), then one epoch of ``build_trainer`` with the default scaling (two workers of half
+a CPU) on the prepared splits, reading shards into memory or streaming them by the
+train step's own rule (under 1 GB of prepared train split: in memory). Peak memory is
+the largest summed PSS of the process and everything it started (Ray's GCS, raylet,
+workers and object store), sampled every 0.25 s.
+
+    python benchmarks/scaling.py                      # 500k, 2M, 8M rows x 64 features
+    python benchmarks/scaling.py --base-rows 100000
+    python benchmarks/scaling.py --quick              # 5k, 20k, 80k rows
+
+Writes benchmarks/results/scaling.json and scaling.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import (
+    MemorySampler,
+    add_results_arg,
+    ratio,
+    raw_mb,
+    start_ray,
+    write_parquet_input,
+    write_section,
+)
+
+FACTORS = (1, 4, 16)
+TIME_TARGET, MEMORY_TARGET = 18.0, 1.5  # at 16x the data: at most 18x the time, 1.5x the memory
+FEATURES = 64
+PHASES = ("ingest", "preprocess", "epoch")
+
+
+def measure(source: str, work: str) -> dict:
+    """Runs in its own process: ingest, preprocess and one epoch, each timed and sampled."""
+    import ray.data
+
+    from trainflow.config import PipelineConfig
+    from trainflow.pipelines.data import inspect_source
+    from trainflow.pipelines.models import model_spec
+    from trainflow.pipelines.preprocess import prepare
+    from trainflow.pipelines.train import build_trainer
+
+    cfg = PipelineConfig.model_validate(
+        {
+            "name": "bench-scaling",
+            "data": {"source": source},
+            "model": {"kind": "mlp", "hidden_sizes": [128]},
+            "train": {"epochs": 1, "batch_size": 256},
+            "checkpoint": {"keep": 1},
+            "failure": {"max_failures": 0},
+        }
+    )
+    cache = Path(work) / "cache"
+    start_ray(num_cpus=2)
+    with MemorySampler() as memory:
+        with memory.phase("ingest"):
+            info = inspect_source(cfg.data, cache)
+        with memory.phase("preprocess"):
+            entry = prepare(info, cfg.data.split, cfg.preprocess, cache)
+        with memory.phase("epoch"):
+            train_bytes = sum(p.stat().st_size for p in (entry.path / "train").rglob("*.parquet"))
+            in_memory = train_bytes < IN_MEMORY_BYTES
+            pre = entry.preprocessor
+            loop_config = cfg.to_train_loop_config(
+                model_spec=model_spec(cfg.model, pre.num_features, len(pre.classes)),
+                preprocessor=pre.to_dict(),
+                progress_actor=None,
+                in_memory=in_memory,
+            )
+            datasets = {name: ray.data.read_parquet(str(entry.path / name)) for name in ("train", "val")}
+            trainer = build_trainer(
+                cfg, loop_config, datasets, run_name=f"bench-{time.time_ns()}", storage_path=f"{work}/runs"
+            )
+            trainer.fit()
+    return {
+        "rows": sum(entry.counts.values()),
+        "in_memory": in_memory,
+        "seconds": memory.wall,
+        "cpu_s": memory.cpu,
+        "peak_mb": {k: round(v, 1) for k, v in memory.peaks.items()},
+        "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+    }
+
+
+# The train step's rule for keeping shards in memory (trainflow.tasks.steps.IN_MEMORY_BYTES),
+# repeated here so this benchmark does not import Prefect.
+IN_MEMORY_BYTES = 1 << 30
+
+
+def markdown(sizes: list[dict], growth: dict, met: dict, quick: bool, note: str) -> str:
+    rows = []
+    for s in sizes:
+        m = s["measured"]
+        rows.append(
+            f"| {s['factor']}x | {s['rows']:,} | {s['raw_mb']:.0f} | "
+            + " | ".join(f"{m['seconds'][p]:.1f}" for p in PHASES)
+            + f" | {sum(m['seconds'].values()):.1f} | {m['peak_mb_overall']:.0f} | "
+            + ("memory" if m["in_memory"] else "streamed")
+            + " |"
+        )
+    top = sizes[-1]["factor"]
+    g = growth
+    return "\n".join(
+        [
+            f"## Scaling{' (quick run)' if quick else ''}",
+            "",
+            f"Synthetic Parquet, {FEATURES} float32 features and an int64 label per row; each size in "
+            "a fresh process with a local Ray cluster of 2 CPUs. ingest: `inspect_source`; preprocess: "
+            "`prepare` (row checks, split, fit, transform, write); epoch: one epoch of `build_trainer` "
+            "(MLP 128, batch 256, two workers of half a CPU, Ray Train start-up included), shards kept "
+            "in memory or streamed by the train step's rule. Peak MB: the largest summed PSS of the "
+            "driver and every Ray process it started (object store included), over the three phases.",
+            "",
+            "| data | rows | MB | ingest s | preprocess s | epoch s | total s | peak MB | shards |",
+            "|---|---|---|---|---|---|---|---|---|",
+            *rows,
+            "",
+            f"Growth from 1x to {top}x: time **{g['time']:.2f}x** (preprocess {g['preprocess_time']:.2f}x, "
+            f"epoch {g['epoch_time']:.2f}x), peak memory **{g['memory']:.2f}x**. "
+            f"Targets at {top}x the data: time at most {TIME_TARGET:g}x "
+            f"({'met' if met['time'] else 'missed'}), peak memory at most {MEMORY_TARGET:g}x "
+            f"({'met' if met['memory'] else 'missed'}).",
+            *([f"\nNote: {note}"] if note else []),
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--base-rows", type=int, default=500_000, help="rows at 1x")
+    parser.add_argument("--factors", type=int, nargs="+", default=list(FACTORS))
+    parser.add_argument("--quick", action="store_true", help="5,000 rows at 1x")
+    parser.add_argument("--note", default="", help="conditions worth recording, such as other load")
+    parser.add_argument("--measure", nargs=3, metavar=("SOURCE", "WORK", "OUT"), help=argparse.SUPPRESS)
+    add_results_arg(parser)
+    args = parser.parse_args()
+    if args.measure:
+        source, work, out = args.measure
+        Path(out).write_text(json.dumps(measure(source, work)))  # Ray Train prints to stdout too
+        return
+    base = 5_000 if args.quick else args.base_rows
+
+    sizes = []
+    for factor in args.factors:
+        rows = base * factor
+        work = Path(tempfile.mkdtemp(prefix="trainflow-bench-scaling-"))
+        try:
+            written = write_parquet_input(work / "input", rows, FEATURES)
+            result = work / "measured.json"
+            cmd = [sys.executable, __file__, "--measure", str(work / "input"), str(work), str(result)]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if out.returncode:
+                sys.exit(f"{factor}x ({rows} rows) failed:\n{out.stderr[-4000:]}")
+            m = json.loads(result.read_text())
+            m["peak_mb_overall"] = max(m["peak_mb"].values())
+            print(f"{factor}x ({rows:,} rows): {m}", flush=True)
+            mb = round(raw_mb(rows), 1)
+            sizes.append({"factor": factor, "rows": rows, "raw_mb": mb, "input": written, "measured": m})
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    first, last = sizes[0]["measured"], sizes[-1]["measured"]
+    growth = {
+        "time": ratio(sum(last["seconds"].values()), sum(first["seconds"].values())),
+        "memory": ratio(last["peak_mb_overall"], first["peak_mb_overall"]),
+        **{f"{p}_time": ratio(last["seconds"][p], first["seconds"][p]) for p in PHASES},
+        **{f"{p}_memory": ratio(last["peak_mb"][p], first["peak_mb"][p]) for p in PHASES},
+    }
+    met = {"time": growth["time"] <= TIME_TARGET, "memory": growth["memory"] <= MEMORY_TARGET}
+    figures = {
+        "quick": args.quick,
+        "note": args.note,
+        "sizes": sizes,
+        "growth": growth,
+        "target": {"time_growth_at_most": TIME_TARGET, "memory_growth_at_most": MEMORY_TARGET},
+        "met": met,
+    }
+    path = write_section(
+        "scaling", figures, markdown(sizes, growth, met, args.quick, args.note), args.results
+    )
+    print(path.read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -46,13 +46,12 @@ PHASES = ("ingest", "preprocess", "epoch")
 
 def measure(source: str, work: str) -> dict:
     """Runs in its own process: ingest, preprocess and one epoch, each timed and sampled."""
-    import ray.data
 
     from trainflow.config import PipelineConfig
     from trainflow.pipelines.data import inspect_source
     from trainflow.pipelines.models import model_spec
     from trainflow.pipelines.preprocess import prepare
-    from trainflow.pipelines.train import build_trainer
+    from trainflow.pipelines.train import build_trainer, split_inputs
 
     cfg = PipelineConfig.model_validate(
         {
@@ -75,13 +74,14 @@ def measure(source: str, work: str) -> dict:
             train_bytes = sum(p.stat().st_size for p in (entry.path / "train").rglob("*.parquet"))
             in_memory = train_bytes < IN_MEMORY_BYTES
             pre = entry.preprocessor
+            split_paths, datasets = split_inputs(entry.path, in_memory=in_memory)
             loop_config = cfg.to_train_loop_config(
                 model_spec=model_spec(cfg.model, pre.num_features, len(pre.classes)),
                 preprocessor=pre.to_dict(),
                 progress_actor=None,
                 in_memory=in_memory,
+                split_paths=split_paths,
             )
-            datasets = {name: ray.data.read_parquet(str(entry.path / name)) for name in ("train", "val")}
             trainer = build_trainer(
                 cfg, loop_config, datasets, run_name=f"bench-{time.time_ns()}", storage_path=f"{work}/runs"
             )

@@ -73,21 +73,21 @@ def config(args, workers: int, cpu: float, in_memory: str):
 
 def run_trainflow(args, folder: Path, workers: int, cpu: float, in_memory: str) -> dict:
     """One TorchTrainer run as the train step builds it; seconds per epoch from the workers' log."""
-    import ray.data
 
     from trainflow.pipelines.models import model_spec
-    from trainflow.pipelines.train import build_trainer
+    from trainflow.pipelines.train import build_trainer, split_inputs
 
     cfg = config(args, workers, cpu, in_memory)
     log = Path(os.environ[EPOCH_LOG])
     seen = len(log.read_text().splitlines()) if log.exists() else 0
+    split_paths, datasets = split_inputs(folder, in_memory=in_memory == "always")
     loop_config = cfg.to_train_loop_config(
         model_spec=model_spec(cfg.model, FEATURES, CLASSES),
         preprocessor={},
         progress_actor=None,
         in_memory=in_memory == "always",
+        split_paths=split_paths,
     )
-    datasets = {name: ray.data.read_parquet(str(folder / name)) for name in ("train", "val")}
     trainer = build_trainer(
         cfg, loop_config, datasets, run_name=f"bench-{time.time_ns()}", storage_path=str(folder / "runs")
     )

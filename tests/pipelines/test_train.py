@@ -86,21 +86,18 @@ def fit(prepared, storage, run_name=None, in_memory=True, **train):
     """Train the small MLP the way the train task does; (outcome, history, progress).
     In memory, each worker reads its rows of the prepared Parquet; else they stream from
     Ray Data (the shapes config's augmented images take that path end to end)."""
-    import ray.data
 
     config = load_config(small_config(train=train))
     spec = models.model_spec(config.model, len(prepared.preprocessor.feature_columns), 10)
     actor = f"test-progress-{uuid.uuid4().hex[:8]}"
+    split_paths, datasets = tr.split_inputs(prepared.path, in_memory=in_memory)
     loop_config = config.to_train_loop_config(
         model_spec=spec,
         preprocessor=prepared.preprocessor.to_dict(),
         progress_actor=actor,
         in_memory=in_memory,
-        split_paths={name: str(prepared.path / name) for name in ("train", "val")},
+        split_paths=split_paths,
     )
-    datasets = None
-    if not in_memory:
-        datasets = {name: ray.data.read_parquet(str(prepared.path / name)) for name in ("train", "val")}
     trainer = tr.build_trainer(
         config,
         loop_config,

@@ -19,8 +19,7 @@ from typing import Any
 from trainflow.config import FailureSection, PipelineConfig, SweepConfig, trial_config
 from trainflow.pipelines.checkpoint import METRICS, read_json
 from trainflow.pipelines.models import model_spec
-from trainflow.pipelines.preprocess import augment_dataset
-from trainflow.pipelines.train import TrainingDiverged, build_trainer
+from trainflow.pipelines.train import TrainingDiverged, build_trainer, split_inputs
 from trainflow.runtime import configure_ray_data
 
 # What a trial's report row holds besides the metrics (set by TuneReportCallback).
@@ -96,17 +95,16 @@ def run_trial(
     # that nothing removes. A worker that fails fails its trial, which the sweep reports.
     config = config.model_copy(update={"failure": FailureSection(max_failures=0)})
     spec = model_spec(config.model, data["num_features"], data["num_classes"])
+    split_paths, datasets = split_inputs(
+        data["path"], in_memory=data["in_memory"], preprocessor=data["preprocessor"]
+    )
     loop_config = config.to_train_loop_config(
         model_spec=spec,
         preprocessor=data["preprocessor"],
         progress_actor=progress,
         in_memory=data["in_memory"],
-        split_paths={name: f"{data['path']}/{name}" for name in ("train", "val")},
+        split_paths=split_paths,
     )
-    datasets = None  # in memory: each worker reads its rows of the prepared Parquet itself
-    if not data["in_memory"]:
-        datasets = {name: ray.data.read_parquet(f"{data['path']}/{name}") for name in ("train", "val")}
-        datasets["train"] = augment_dataset(datasets["train"], data["preprocessor"])
     trial_id = ray.tune.get_context().get_trial_id()
     trainer = build_trainer(
         config,

@@ -496,6 +496,25 @@ def follow_progress(
         ray.kill(actor)
 
 
+def split_inputs(
+    path: str | Path, *, in_memory: bool, preprocessor: dict[str, Any] | None = None
+) -> tuple[dict[str, str], dict[str, ray.data.Dataset] | None]:
+    """What the train loop reads of a prepared entry at ``path``: the splits' folders (the
+    loop config's ``split_paths``) and the Datasets to hand TorchTrainer. In memory, each
+    worker reads its rows of the Parquet itself and there are no Datasets; streamed, the
+    train split is augmented anew each epoch when the preprocessor says so."""
+    split_paths = {name: str(Path(path) / name) for name in ("train", "val")}
+    if in_memory:
+        return split_paths, None
+    import ray.data
+
+    from trainflow.pipelines.preprocess import augment_dataset
+
+    datasets = {name: ray.data.read_parquet(folder) for name, folder in split_paths.items()}
+    datasets["train"] = augment_dataset(datasets["train"], preprocessor or {})
+    return split_paths, datasets
+
+
 def build_trainer(
     config: PipelineConfig,
     loop_config: dict[str, Any],

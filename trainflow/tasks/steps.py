@@ -143,24 +143,22 @@ def _retry_unless_diverged(task, task_run, state) -> bool:
 def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
     """TorchTrainer on the prepared splits. The run name is fixed per flow run, so a
     retry of this task resumes the same Ray run from its latest checkpoint."""
-    import ray.data
 
     logger = get_run_logger()
     in_memory = shards_in_memory(config, prepared)
     spec = models.model_spec(config.model, prepared.num_features, prepared.num_classes)
     # Unique per attempt: a retry must not race the last attempt's actor for the name.
     progress = f"trainflow-progress-{run_name}-{uuid.uuid4().hex[:8]}"
+    split_paths, datasets = tr.split_inputs(
+        prepared.path, in_memory=in_memory, preprocessor=prepared.preprocessor
+    )
     loop_config = config.to_train_loop_config(
         model_spec=spec,
         preprocessor=prepared.preprocessor,
         progress_actor=progress,
         in_memory=in_memory,
-        split_paths={name: prepared.split_path(name) for name in ("train", "val")},
+        split_paths=split_paths,
     )
-    datasets = None  # in memory: each worker reads its rows of the prepared Parquet itself
-    if not in_memory:
-        datasets = {name: ray.data.read_parquet(prepared.split_path(name)) for name in ("train", "val")}
-        datasets["train"] = prep.augment_dataset(datasets["train"], prepared.preprocessor)
     storage = config.storage or str(workspace().runs)
     trainer = tr.build_trainer(config, loop_config, datasets, run_name=run_name, storage_path=storage)
     s = config.scaling

@@ -13,12 +13,28 @@ TRAINFLOW = [sys.executable, "-m", "trainflow.cli"]
 
 
 def trainflow(*args, home: Path, timeout=600) -> subprocess.CompletedProcess:
+    """`trainflow ARGS` as a subprocess, as a user types it: its own imports, Prefect's
+    temporary server and Ray cluster, each a few seconds of start-up."""
     env = {**os.environ, "TRAINFLOW_HOME": str(home)}
     for key in ("RAY_ADDRESS", "PREFECT_API_URL", "MLFLOW_TRACKING_URI"):
         env.pop(key, None)
     return subprocess.run(
         [*TRAINFLOW, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def trainflow_in_process(*args):
+    """`trainflow ARGS` through the same command-line app, in this process: the session's
+    Ray cluster and Prefect server (the ``ray_cluster`` and ``prefect_harness`` fixtures)
+    serve it, and TRAINFLOW_HOME comes from the environment (``trainflow_home``). For
+    tests about what a run does rather than how the command starts."""
+    from typer.testing import CliRunner
+
+    from trainflow.cli import app
+
+    result = CliRunner().invoke(app, [str(arg) for arg in args])
+    result.returncode = result.exit_code
+    return result
 
 
 @pytest.mark.parametrize(

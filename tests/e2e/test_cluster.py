@@ -78,7 +78,7 @@ def test_the_flow_waits_for_a_second_node_then_trains_on_both(tmp_path):
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_USAGE_STATS_ENABLED="0")
     trainer = '--resources={"trainer": 1}'  # one training worker fits on each node
     config = small_config(
-        train={"epochs": 2},
+        train={"epochs": 1},  # where the workers run is the point, not how long they train
         data={"limit": 600},
         scaling={"resources_per_worker": {"CPU": 0.5, "trainer": 1}, "wait_for_resources_s": 300},
     )

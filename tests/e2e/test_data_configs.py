@@ -1,36 +1,36 @@
-"""The bundled tabular and image-folder configs, end to end through `trainflow run`."""
+"""The bundled image-folder config end to end through `trainflow run`, and a bad row
+stopping `trainflow run` before training, in one line.
+
+Both run the command in this process, on the session's Ray cluster and Prefect server:
+what the run does is the point here (tests/e2e/test_cli.py runs the command as a user
+types it). The bundled churn config runs twice in tests/flows/test_data_caching.py."""
 
 import re
 
 import numpy as np
 import pytest
 
-from tests.e2e.test_cli import REPO, trainflow
+from tests.e2e.test_cli import REPO, trainflow_in_process
 
 pytestmark = pytest.mark.slow
 
 
 def summary_of(out) -> str:
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout[out.stdout.index("model       ") :]
 
 
-def test_churn_csv_with_categorical_columns_runs_and_a_second_run_is_cached(tmp_path):
-    home = tmp_path / "home"
-    args = ("run", "configs/churn.yaml", "--set", "train.epochs=1", "--set", "scaling.num_workers=1")
-    first = summary_of(trainflow(*args, home=home))
-    assert "churn version 1" in first and "cache" not in first
-    second = summary_of(trainflow(*args, home=home))
-    assert "churn version 2" in second
-    assert "cache       ingest, preprocess skipped: same data and config as an earlier run" in second
-
-
-def test_shapes_image_folder_runs_and_predicts_class_names(tmp_path):
+def test_shapes_image_folder_runs_and_predicts_class_names(
+    ray_cluster, prefect_harness, trainflow_home, monkeypatch
+):
     from PIL import Image
 
     from trainflow.pipelines.checkpoint import load_checkpoint
 
-    out = trainflow("run", "configs/shapes.yaml", "--set", "train.epochs=1", home=tmp_path / "home")
+    # In this process, from the checkout's root as a user runs it: the run, not the
+    # command's start-up, is what this test is about.
+    monkeypatch.chdir(REPO)
+    out = trainflow_in_process("run", "configs/shapes.yaml", "--set", "train.epochs=1")
     summary = summary_of(out)
     assert "shapes version 1" in summary
     checkpoint = re.search(r"checkpoint  (\S+)", summary).group(1)
@@ -47,19 +47,20 @@ def test_shapes_image_folder_runs_and_predicts_class_names(tmp_path):
     assert set(predicted) <= {"checker", "horizontal", "vertical"} and len(predicted) == 4
 
 
-def test_a_bad_row_stops_the_run_before_training_with_one_line_naming_it(tmp_path):
+def test_a_bad_row_stops_the_run_before_training_with_one_line_naming_it(
+    ray_cluster, prefect_harness, trainflow_home, tmp_path, monkeypatch
+):
     import pandas as pd
 
     bad = pd.read_csv(REPO / "configs" / "data" / "churn.csv")
     bad.loc[[3, 7], "monthly_fee"] = float("inf")
     bad.to_csv(tmp_path / "bad.csv", index=False)
-    out = trainflow(
-        "run", "configs/churn.yaml", "--set", f"data.source={tmp_path / 'bad.csv'}", home=tmp_path / "home"
-    )
+    monkeypatch.chdir(REPO)
+    out = trainflow_in_process("run", "configs/churn.yaml", "--set", f"data.source={tmp_path / 'bad.csv'}")
     assert out.returncode == 2, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, out.stderr[-3000:]
     assert re.fullmatch(
         r"error: data\.source .*bad\.csv: column 'monthly_fee' holds inf in 2 of 400 rows", errors[0]
     )
-    assert not list((tmp_path / "home").glob("runs/*"))  # no training started
+    assert not list(trainflow_home.glob("runs/*"))  # no training started

@@ -1,7 +1,11 @@
 """Deployments as users run them, with real components: `prefect server start` on a
 free localhost port, a process work pool and worker, the deployments from
 deployments/prefect.yaml, `prefect deployment run ... --watch`, and `trainflow serve`
-on an interval schedule that fires by itself."""
+on an interval schedule that fires by itself.
+
+One server serves the module; each flow run the worker or `trainflow serve` starts is a
+subprocess with its own Ray cluster, as in production.
+"""
 
 import json
 import os
@@ -15,6 +19,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.e2e.test_cli import trainflow_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -60,9 +66,9 @@ def server(tmp_path_factory):
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         PREFECT_UI_ENABLED="false",
         # Short loops so that a schedule fires and workers pick runs up within seconds.
-        PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="5",
-        PREFECT_WORKER_QUERY_SECONDS="2",
-        PREFECT_RUNNER_POLL_FREQUENCY="2",
+        PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="1",
+        PREFECT_WORKER_QUERY_SECONDS="1",
+        PREFECT_RUNNER_POLL_FREQUENCY="1",
         TRAINFLOW_HOME=str(tmp / "trainflow-home"),
         # The git pull step clones this checkout: a real clone, with no network.
         TRAINFLOW_GIT_URL=str(REPO),
@@ -77,7 +83,7 @@ def server(tmp_path_factory):
         except httpx.HTTPError:
             pass
         assert proc.poll() is None and time.monotonic() < deadline, (tmp / "server.log").read_text()[-3000:]
-        time.sleep(1)
+        time.sleep(0.2)
     yield env, tmp
     stop(proc)
 
@@ -91,6 +97,15 @@ def flow_runs(env, deployment_name: str) -> list[dict]:
         return []
     body = {"flow_runs": {"deployment_id": {"any_": [deployments[0]["id"]]}}}
     return httpx.post(f"{api}/flow_runs/filter", json=body).json()
+
+
+def models_show(env, model: str):
+    """`trainflow models show` on the runs' registry, in this process (tests/e2e/test_cli.py
+    runs it as a subprocess)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRAINFLOW_HOME", env["TRAINFLOW_HOME"])
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        return trainflow_in_process("models", "show", model)
 
 
 def test_deployments_run_on_a_worker_and_a_served_schedule_fires(server):
@@ -120,8 +135,8 @@ def test_deployments_run_on_a_worker_and_a_served_schedule_fires(server):
         )  # fmt: skip
         assert ran.returncode == 0, ran.stdout[-3000:] + (tmp / "worker.log").read_text()[-3000:]
         assert "Completed" in ran.stdout
-        shown = run([BIN / "trainflow", "models", "show", "digits-smoke/1"], env)
-        assert shown.returncode == 0, shown.stderr
+        shown = models_show(env, "digits-smoke/1")
+        assert shown.returncode == 0, shown.output
         assert json.loads(shown.stdout)["tags"]["gate.passed"] == "True"
 
         # The same from a fresh git clone of the repository.
@@ -132,7 +147,16 @@ def test_deployments_run_on_a_worker_and_a_served_schedule_fires(server):
         )  # fmt: skip
         assert cloned.returncode == 0, cloned.stdout[-3000:] + (tmp / "worker.log").read_text()[-3000:]
         assert "Executing deployment step: git_clone" in (tmp / "worker.log").read_text()
-        assert run([BIN / "trainflow", "models", "show", "digits-smoke/2"], env).returncode == 0
+        assert models_show(env, "digits-smoke/2").returncode == 0
+
+        # A served deployment's interval schedule creates and runs a flow run by itself.
+        # Started now: while it imports and waits for its first scheduled time, the worker
+        # runs the (cheap) bad-parameter run below; no two trainings overlap.
+        served = start(
+            [BIN / "trainflow", "serve", "configs/digits.yaml", "--smoke", "--set", "name=served",
+             "--name", "every-5s", "--interval", "5"],
+            env, tmp / "serve.log",
+        )  # fmt: skip
 
         # A bad parameter fails the run, and its state names the field.
         bad = run(
@@ -143,22 +167,15 @@ def test_deployments_run_on_a_worker_and_a_served_schedule_fires(server):
         assert bad.returncode != 0
         failed = [r for r in flow_runs(env, "on-demand") if r["state"]["type"] == "FAILED"]
         assert len(failed) == 1 and "train.epochs" in failed[0]["state"]["message"]
-
-        # A served deployment's interval schedule creates and runs a flow run by itself.
-        # (Started last: on 2 cores, runs side by side would slow each other down.)
         stop(worker)
-        served = start(
-            [BIN / "trainflow", "serve", "configs/digits.yaml", "--smoke", "--set", "name=served",
-             "--name", "every-20s", "--interval", "20"],
-            env, tmp / "serve.log",
-        )  # fmt: skip
+
         deadline = time.monotonic() + 400
         while not any(
-            r["auto_scheduled"] and r["state"]["type"] == "COMPLETED" for r in flow_runs(env, "every-20s")
+            r["auto_scheduled"] and r["state"]["type"] == "COMPLETED" for r in flow_runs(env, "every-5s")
         ):
             assert served.poll() is None, (tmp / "serve.log").read_text()[-3000:]
             assert time.monotonic() < deadline, (tmp / "serve.log").read_text()[-3000:]
-            time.sleep(3)
+            time.sleep(1)
         assert re.search(r"served-smoke-[0-9a-f]{8}", (tmp / "serve.log").read_text())
     finally:
         if served is not None:

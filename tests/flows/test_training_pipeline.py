@@ -96,23 +96,14 @@ def test_flow_trains_registers_and_the_champion_predicts_as_reported(
     accuracy = np.mean(model.predict(test) == test["label"].to_numpy())
     assert accuracy == pytest.approx(first.test_metrics["accuracy"])
 
-    # A second run reuses the prepared splits, registers version 2, and moves the
-    # champion only if the gate passes.
-    second = training_pipeline(config=config)
-    assert second.prepared_reused and second.registered.version == "2"
-    improved = second.test_metrics["accuracy"] - first.test_metrics["accuracy"] >= 0.0
-    assert second.registered.champion == improved
-    champion = c.get_model_version_by_alias("digits-test", "champion")
-    assert str(champion.version) == ("2" if improved else "1")
-    assert second.registered.aliases == (["champion"] if improved else ["challenger"])
-
-    # New data (a different test split): the gate scores the champion again on the new
-    # test rows, with its own preprocessing, before comparing.
+    # A second run on new data (a different test split): the gate scores the champion
+    # again on the new test rows, with its own preprocessing, before comparing. (A second
+    # run on the same data, compared on the same test rows, is in test_data_caching.py.)
     champion_before = trainflow.load_model("digits-test@champion")
     newer = load_config(small_config(train={"epochs": 3}, data={"limit": 1500}))
-    third = training_pipeline(config=newer).registered
-    d = third.decision
-    assert third.version == "3" and d["same_test_data"] is False and d["champion_reevaluated"] is True
+    second = training_pipeline(config=newer).registered
+    d = second.decision
+    assert second.version == "2" and d["same_test_data"] is False and d["champion_reevaluated"] is True
     info = inspect_source(newer.data)
     new_test = split_dataset(load_dataset(info), newer.data.split, info.label_column)["test"].to_pandas()
     expected = np.mean(champion_before.predict(new_test) == new_test["label"].to_numpy())

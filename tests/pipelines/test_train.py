@@ -138,19 +138,20 @@ def test_early_stopping_stops_every_worker_together(prepared, tmp_path):
 
 def test_a_run_that_lost_a_worker_resumes_exactly_where_it_stopped(prepared, tmp_path):
     # Dropout, SGD momentum, a cosine schedule with warm-up: all of it must resume.
+    # Killed after epoch 2 of 3: at least the last epoch is trained after the restart.
     settings = dict(
-        epochs=4, optimizer="sgd", lr=0.05, scheduler="cosine", warmup_epochs=1, deterministic=True
+        epochs=3, optimizer="sgd", lr=0.05, scheduler="cosine", warmup_epochs=1, deterministic=True
     )
     _, straight, progress = fit(prepared, tmp_path / "straight", **settings)
     assert progress.starts == [0]
     outcome, resumed, progress = fit(
-        prepared, tmp_path / "killed", callbacks=["tests.faults:kill_rank1_at_epoch3"], **settings
+        prepared, tmp_path / "killed", callbacks=["tests.faults:kill_rank1_at_epoch2"], **settings
     )
     assert outcome["status"] == "completed"
-    assert progress.starts[0] == 0 and len(progress.starts) == 2 and progress.starts[1] >= 1
+    assert progress.starts[0] == 0 and len(progress.starts) == 2 and 1 <= progress.starts[1] <= 2
     start = progress.starts[1]
     # Epochs after the checkpoint are trained again; what they give equals the straight run.
-    assert [m["epoch"] for m in resumed] == [1, 2, 3, *range(start + 1, 5)]
+    assert [m["epoch"] for m in resumed] == [1, 2, *range(start + 1, 4)]
     by_epoch = {m["epoch"]: m for m in resumed}  # the last report of each epoch
     for m in straight:
         for key in ("train_loss", "val_loss", "val_accuracy", "lr"):

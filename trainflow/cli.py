@@ -84,7 +84,6 @@ def run(config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False) 
 
     apply_quiet_env()
     logging.getLogger("mlflow").setLevel(logging.WARNING)
-    _show_trainflow_logs()  # what happens before the flow's own logs start: Ray's address
     # Start-up, overlapped: Prefect's temporary server (when no PREFECT_API_URL names a
     # server), the MLflow store and the flow's imports (torch among them) come up in
     # threads while this one starts Ray, which waits on processes of its own. Run one
@@ -94,7 +93,7 @@ def run(config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False) 
     flow = _Background("import-flow", lambda: importlib.import_module("trainflow.flows.training"))
 
     try:
-        with ray_session(cfg):
+        with ray_session(cfg, _cli_logger()):  # before the flow's logs start: Ray's address
             for step in (flow, server, store):
                 step.wait()
             from trainflow.flows.training import training_pipeline
@@ -128,9 +127,9 @@ def run(config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False) 
     typer.echo("\n".join(lines))
 
 
-def _show_trainflow_logs() -> None:
-    """trainflow's own INFO lines on stderr, in the look of Prefect's."""
-    logger = logging.getLogger("trainflow")
+def _cli_logger() -> logging.Logger:
+    """INFO lines of the command itself on stderr, in the look of Prefect's."""
+    logger = logging.getLogger("trainflow.cli")
     if not logger.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(
@@ -141,6 +140,7 @@ def _show_trainflow_logs() -> None:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
+    return logger
 
 
 class _Background:

@@ -105,17 +105,11 @@ def run(config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False) 
         raise _fail(f"the training flow failed: {type(e).__name__}: {e}", code=1) from None
 
     reg = result.registered
-    t = result.timings
     lines = [
         "",
-        f"model       {reg.name} version {reg.version}"
-        + (" -> champion" if reg.champion else " -> challenger (champion unchanged)"),
-        f"gate        {reg.decision['reason']}",
-        "test        " + ", ".join(f"{k} {v:.4f}" for k, v in result.test_metrics.items()),
+        *_registered_lines(reg, result.test_metrics),
         f"checkpoint  {result.checkpoint}",
-        "steps       "
-        + ", ".join(f"{k} {v:.1f}s" for k, v in t.items())
-        + f" (total {sum(t.values()):.1f}s)",
+        _steps_line(result.timings),
         f'load it     trainflow.load_model("{reg.name}@champion") or "{reg.name}/{reg.version}"',
     ]
     if result.cached:
@@ -240,22 +234,33 @@ def sweep(
         "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]
     ]
     lines += [f"failed      {t['trial_id']}: {t['error']}" for t in result.trials if t["status"] == "failed"]
-    reg = result.registered
-    t = result.timings
     lines += [
         "",
         f"best        trial {result.best_trial}; its config: {result.best_config_path}"
         + (f" (and {best_config})" if best_config else ""),
+        *_registered_lines(result.registered, result.test_metrics),
+        f"concurrency {result.max_concurrent} trials at a time",
+        _steps_line(result.timings),
+    ]
+    typer.echo("\n".join(lines))
+
+
+def _registered_lines(reg, test_metrics: dict[str, float]) -> list[str]:
+    """The summary's model, gate and test lines for a registered version."""
+    return [
         f"model       {reg.name} version {reg.version}"
         + (" -> champion" if reg.champion else " -> challenger (champion unchanged)"),
         f"gate        {reg.decision['reason']}",
-        "test        " + ", ".join(f"{k} {v:.4f}" for k, v in result.test_metrics.items()),
-        f"concurrency {result.max_concurrent} trials at a time",
-        "steps       "
-        + ", ".join(f"{k} {v:.1f}s" for k, v in t.items())
-        + f" (total {sum(t.values()):.1f}s)",
+        "test        " + ", ".join(f"{k} {v:.4f}" for k, v in test_metrics.items()),
     ]
-    typer.echo("\n".join(lines))
+
+
+def _steps_line(timings: dict[str, float]) -> str:
+    return (
+        "steps       "
+        + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())
+        + f" (total {sum(timings.values()):.1f}s)"
+    )
 
 
 @app.command()

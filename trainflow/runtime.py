@@ -56,8 +56,8 @@ def quiet_worker() -> None:
     # Ray's helpers inside a worker (Train's placement-group cleaner asks the state API
     # whether the controller lives) find their cluster by RAY_ADDRESS, else by the last
     # cluster started on this machine: on a machine running several (tests, shared
-    # hosts) another one, or a dead one that they wait on. Measured: each training run's
-    # end stalled 12 s on it. Name this worker's own cluster.
+    # hosts) another one, or a dead one that they wait on. Seen here: the end of a
+    # training run stalled 12 s on it in some runs. Name this worker's own cluster.
     os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner").setLevel(
         logging.ERROR

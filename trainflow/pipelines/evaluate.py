@@ -1,10 +1,10 @@
 """Batch inference over a Dataset with map_batches, and the metrics by task type.
 
-The model loads once per actor of the pool (for a small split, once in the driver). Two
-predictors: :class:`BatchPredictor`
-reads prepared splits (features already transformed), :class:`RowPredictor` reads raw
-rows and applies the checkpoint's own saved preprocessing (batch prediction, and a
-champion re-scored on another model's test data). The metrics are scikit-learn's.
+The model loads once per actor of the pool (for a small split, once in the driver).
+Two predictors: :class:`BatchPredictor` reads prepared splits (features already
+transformed), :class:`RowPredictor` reads raw rows and applies the checkpoint's own
+saved preprocessing (batch prediction, and a champion re-scored on another model's
+test data). The metrics are scikit-learn's.
 """
 
 from __future__ import annotations

@@ -143,7 +143,6 @@ def _retry_unless_diverged(task, task_run, state) -> bool:
 def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
     """TorchTrainer on the prepared splits. The run name is fixed per flow run, so a
     retry of this task resumes the same Ray run from its latest checkpoint."""
-
     logger = get_run_logger()
     in_memory = shards_in_memory(config, prepared)
     spec = models.model_spec(config.model, prepared.num_features, prepared.num_classes)

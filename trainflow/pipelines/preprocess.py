@@ -14,6 +14,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -287,16 +288,11 @@ def transform_dataset(ds: ray.data.Dataset, pre: Preprocessor) -> ray.data.Datas
 def write_prepared(
     splits: dict[str, ray.data.Dataset], pre: Preprocessor, out_dir: Path, *, seed: int, shuffle: bool = True
 ) -> dict[str, int]:
-    """Write every transformed split as Parquet into ``out_dir``, all or nothing.
-
-    The files go to a temporary folder beside ``out_dir`` that is renamed when every
-    split is written, so a crash never leaves a partial entry that a later run reuses.
-    The train split is shuffled once here (sources often arrive sorted by label): all of
-    it when ``shuffle``, else only the order of its blocks, which streams.
+    """Write every transformed split as Parquet into ``out_dir``, all or nothing (see
+    :func:`staging`). The train split is shuffled once here (sources often arrive sorted
+    by label): all of it when ``shuffle``, else only the order of its blocks, which streams.
     """
-    tmp = out_dir.parent / f".tmp-{out_dir.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
-    try:
+    with staging(out_dir) as tmp:
         counts = {}
         for name in SPLITS:
             ds = transform_dataset(splits[name], pre)
@@ -304,15 +300,33 @@ def write_prepared(
                 ds = ds.random_shuffle(seed=seed) if shuffle else ds.randomize_block_order(seed=seed)
             ds.write_parquet(str(tmp / name))
             counts[name] = sum(_parquet_rows(p) for p in (tmp / name).glob("*.parquet"))
-            if counts[name] == 0:
-                raise DataError(f"the {name} split is empty; add rows or change data.split")
-        pre.save(tmp / "preprocessor.json")
-        (tmp / "counts.json").write_text(json.dumps(counts))
+        finish_entry(tmp, pre, counts)
+    return counts
+
+
+@contextmanager
+def staging(out_dir: Path) -> Iterator[Path]:
+    """A temporary folder beside the cache entry ``out_dir``, renamed to it when the block
+    ends without error, else removed: a crash never leaves a partial entry that a later
+    run reuses."""
+    tmp = out_dir.parent / f".tmp-{out_dir.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
         _publish(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return counts
+
+
+def finish_entry(tmp: Path, pre: Preprocessor, counts: dict[str, int]) -> None:
+    """Refuse an empty split, then write what marks an entry finished: the preprocessor
+    and the rows per split (``counts.json`` last)."""
+    for name in SPLITS:
+        if not counts.get(name):
+            raise DataError(f"the {name} split is empty; add rows or change data.split")
+    pre.save(tmp / "preprocessor.json")
+    (tmp / "counts.json").write_text(json.dumps(counts))
 
 
 def _publish(tmp: Path, out_dir: Path) -> None:
@@ -368,10 +382,10 @@ def code_version() -> str:
     """trainflow's version and a hash of the code that prepares data: an entry prepared by
     other code is not reused."""
     from trainflow import __version__
-    from trainflow.pipelines import data, sources
+    from trainflow.pipelines import data, sources, tabular
 
     h = hashlib.sha256(__version__.encode())
-    for module in (data, sources):
+    for module in (data, sources, tabular):
         h.update(Path(module.__file__).read_bytes())
     h.update(Path(__file__).read_bytes())
     return h.hexdigest()[:16]
@@ -405,12 +419,18 @@ def finished_entry(cache_root: Path, key: str) -> Path | None:
 
 def prepare(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig, cache_root: Path) -> PreparedEntry:
     """Check the rows, split, fit on train, transform and write every split; or reuse a
-    finished entry with the same key."""
+    finished entry with the same key. Tabular inputs go through Ray tasks per fragment
+    (:mod:`trainflow.pipelines.tabular`); image folders through Ray Data, below."""
     key = cache_key(info, split, cfg)
     out = cache_root / key
     if finished_entry(cache_root, key):
         pre, counts = read_prepared(out)
         return PreparedEntry(out, pre, counts, key, reused=True)
+    if info.format != "images":
+        from trainflow.pipelines.tabular import prepare_tabular
+
+        pre, counts, dropped = prepare_tabular(info, split, cfg, out)
+        return PreparedEntry(out, pre, counts, key, reused=False, dropped=dropped)
     ds = load_dataset(info)
     if info.bytes <= SMALL_INPUT_BYTES:
         ds = ds.materialize()  # one read for every pass below

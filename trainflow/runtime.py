@@ -147,10 +147,27 @@ def ray_session(
     # shared when the config or RAY_ADDRESS says so.
     ray.init(address=address or "local", **ray_init_kwargs())
     configure_ray_data()
+    warm_workers()
     try:
         yield
     finally:
         ray.shutdown()
+
+
+def _import_prepare_code() -> None:
+    import trainflow.pipelines.tabular  # noqa: F401  pandas, pyarrow, Ray's tensor type
+
+
+def warm_workers(most: int = 8) -> list:
+    """Start worker processes for this run now, one per CPU up to ``most``, each importing
+    what preprocessing runs; returns the tasks' refs, which no one needs to wait for.
+    Ray starts a job's workers at its first tasks: about a second each on 2 cores, which
+    the preprocess step would otherwise wait for (digits: 2.1 s, 0.2 s warm); started
+    here, it overlaps the flow's own start-up."""
+    import ray
+
+    task = ray.remote(num_cpus=1)(_import_prepare_code)
+    return [task.remote() for _ in range(min(int(ray.cluster_resources().get("CPU", 0)), most))]
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:

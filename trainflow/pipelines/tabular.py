@@ -374,7 +374,11 @@ def write_fragment(
                 if split_name not in writers:
                     path = Path(folder) / split_name / name
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    writers[split_name] = pq.ParquetWriter(str(path), table.schema)
+                    # Dictionary encoding and statistics of feature tensors cost time
+                    # and help no reader: splits are read whole.
+                    writers[split_name] = pq.ParquetWriter(
+                        str(path), table.schema, use_dictionary=[LABEL], write_statistics=False
+                    )
                 writers[split_name].write_table(table)
                 counts[split_name] += len(rows)
     finally:

@@ -1,5 +1,8 @@
 """Sources into ``ray.data.Dataset``: schema checks, a fingerprint, a seeded split.
 
+Tabular inputs are prepared by :mod:`trainflow.pipelines.tabular`, which reuses the row
+checks and split codes here; image folders go through the Datasets below.
+
 :func:`inspect_source` reads only metadata in the driver (file listings, Parquet
 footers, the first block of a CSV, NumPy headers), so a missing file, column or a
 wrong dtype fails before any Ray worker starts. :func:`load_dataset` then reads
@@ -38,12 +41,14 @@ IMAGE = "image"  # the image column of an image folder source
 PATH = "path"  # each image's path: what the split hashes, dropped after the split
 # A label with more distinct values than this is almost surely a regression target.
 MAX_CLASSES = 1000
-# Up to this many rows the split is exact per class (a group-by holds a class in one
-# task's memory); above it each row's split comes from a hash of its content alone,
-# which streams in bounded memory and is stratified in expectation.
+# Up to this many rows the split is exact per class (the rows' hashes are ranked in the
+# driver, or a group-by holds a class in one task's memory); above it each row's split
+# comes from a hash of its content alone, which streams in bounded memory and is
+# stratified in expectation.
 EXACT_SPLIT_ROWS = 1_000_000
-# Inputs up to this size are read once and kept in Ray's object store while they are
-# checked, split and fitted; larger ones stream from their files at each pass.
+# Inputs up to this size may be split exactly (above: by row hash whatever the row
+# count); image folders this small are read once into Ray's object store while they are
+# checked, split and fitted, larger ones stream from their files at each pass.
 SMALL_INPUT_BYTES = 256 << 20
 
 

@@ -1,4 +1,7 @@
-"""Preprocessing fitted on the train split only, applied to every split with map_batches.
+"""Preprocessing fitted on the train split only, applied to every split.
+
+Tabular inputs are fitted and transformed by Ray tasks per fragment
+(:mod:`trainflow.pipelines.tabular`); image folders by Ray Data's ``map_batches`` here.
 
 The fitted state is plain JSON (:class:`Preprocessor`); it travels inside every
 checkpoint, so evaluation and prediction apply exactly what training saw. Prepared

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
-from trainflow.pipelines import tabular
+from trainflow.pipelines import data, tabular
 from trainflow.pipelines.data import (
     DataError,
     SourceInfo,
@@ -83,9 +83,13 @@ def _through_ray_data(info, split: SplitConfig, cfg: PreprocessConfig, *, exact:
     return pre, {name: _rows([transform_dataset(s, pre).to_pandas()]) for name, s in splits.items()}
 
 
-@pytest.mark.parametrize("exact", [True, False], ids=["exact split", "split by row hash"])
+@pytest.mark.parametrize(
+    ("exact", "stratify"),
+    [(True, True), (True, False), (False, True)],
+    ids=["exact stratified split", "exact split", "split by row hash"],
+)
 def test_fragments_prepare_the_rows_and_state_that_ray_data_prepares(
-    tmp_path, ray_cluster, monkeypatch, exact
+    tmp_path, ray_cluster, monkeypatch, exact, stratify
 ):
     frame = _frame(900)
     frame.loc[[5, 400, 899], "x"] = np.nan  # dropped: data.missing=drop
@@ -94,8 +98,8 @@ def test_fragments_prepare_the_rows_and_state_that_ray_data_prepares(
         DataConfig(source=str(source), label_column="label", categorical_columns=["c"], missing="drop")
     )
     if not exact:
-        monkeypatch.setattr(tabular, "SMALL_INPUT_BYTES", 0)  # the driver's choice: split by row hash
-    split, cfg = SplitConfig(seed=3), PreprocessConfig()
+        monkeypatch.setattr(data, "SMALL_INPUT_BYTES", 0)  # the driver's choice: split by row hash
+    split, cfg = SplitConfig(seed=3, stratify=stratify), PreprocessConfig()
     assert len(tabular.plan_fragments(info)) == 3  # small row groups: one fragment per file
 
     entry = prepare(info, split, cfg, tmp_path / "cache")
@@ -107,7 +111,13 @@ def test_fragments_prepare_the_rows_and_state_that_ray_data_prepares(
     assert entry.preprocessor.std == pytest.approx(pre.std, rel=1e-9)
     for name in ("train", "val", "test"):
         np.testing.assert_allclose(_prepared(entry, name), expected[name], rtol=1e-6, err_msg=name)
-    if exact:  # each class split exactly: 10% and 20% of every class, rounded
+    # The rows the gate scores a champion on: this split's raw rows, read again.
+    raw_test = data.raw_split(info, split, "test", kept_rows=897).to_pandas()
+    assert len(raw_test) == entry.counts["test"]
+    np.testing.assert_allclose(
+        sorted(raw_test["x"]), sorted(_prepared(entry, "test")[:, 0] * pre.std[0] + pre.mean[0]), rtol=1e-9
+    )
+    if exact and stratify:  # each class split exactly: 10% and 20% of every class, rounded
         for label, n in pd.Series(frame.dropna()["label"]).value_counts().items():
             code = entry.preprocessor.classes.index(label)
             test = (_prepared(entry, "test")[:, -1] == code).sum()

@@ -491,9 +491,33 @@ def split_dataset(
     elif cfg.stratify:
         marked = ds.groupby(label_column).map_groups(assign_split, fn_kwargs=kwargs, batch_format="pandas")
         marked = marked.materialize()
-    else:
-        marked = ds.map_batches(assign_split, fn_kwargs=kwargs, batch_format="pandas").materialize()
+    else:  # every row ranked against every other: one block
+        marked = ds.repartition(1).map_batches(
+            assign_split, fn_kwargs=kwargs, batch_format="pandas", batch_size=None
+        )
+        marked = marked.materialize()
     return {
         name: marked.filter(expr=f"{SPLIT_COLUMN} == {i}").drop_columns([SPLIT_COLUMN])
         for i, name in enumerate(SPLITS)
     }
+
+
+def small_input(info: SourceInfo) -> bool:
+    """Small enough to split exactly, if its rows are few enough (SMALL_INPUT_BYTES)."""
+    return info.bytes <= SMALL_INPUT_BYTES
+
+
+def split_is_exact(info: SourceInfo, kept_rows: int) -> bool:
+    """Whether preparing this input splits it exactly per class, or places rows by hash."""
+    return small_input(info) and kept_rows <= EXACT_SPLIT_ROWS
+
+
+def raw_split(info: SourceInfo, cfg: SplitConfig, name: str, *, kept_rows: int) -> ray.data.Dataset:
+    """The raw rows of one split as preparing the input placed them (``kept_rows``: the
+    rows it kept, all of the splits'), read again from the source: for scoring another
+    model on exactly this run's test rows with that model's own preprocessing."""
+    ds = load_dataset(info)
+    if info.missing == "drop":
+        columns = [*([] if info.format == "images" else info.feature_columns), info.label_column]
+        ds = ds.map_batches(drop_missing, fn_kwargs={"columns": columns}, batch_format="pandas")
+    return split_dataset(ds, cfg, info.label_column, exact=split_is_exact(info, kept_rows))[name]

@@ -27,9 +27,7 @@ import pandas as pd
 
 from trainflow.config import PreprocessConfig, SplitConfig
 from trainflow.pipelines.data import (
-    EXACT_SPLIT_ROWS,
     IMAGE,
-    SMALL_INPUT_BYTES,
     SPLITS,
     DataError,
     SourceInfo,
@@ -37,7 +35,9 @@ from trainflow.pipelines.data import (
     check_rows,
     drop_missing,
     load_dataset,
+    small_input,
     split_dataset,
+    split_is_exact,
     value_order,
 )
 
@@ -99,10 +99,15 @@ class Preprocessor:
         if self.image:
             parts.append(image_features(frame[IMAGE], self.image))
         if self.feature_columns:
-            x = np.stack([np.asarray(frame[c], dtype=np.float32) for c in self.feature_columns], axis=1)
             if self.standardize:
-                x -= np.asarray(self.mean, dtype=np.float32)
-                x /= np.asarray(self.std, dtype=np.float32)
+                # Scaled in float64, then narrowed: a column far from zero (timestamps,
+                # say) would lose its spread if cast to float32 first.
+                x = np.stack([np.asarray(frame[c], dtype=np.float64) for c in self.feature_columns], axis=1)
+                x -= np.asarray(self.mean)
+                x /= np.asarray(self.std)
+                x = x.astype(np.float32)
+            else:
+                x = np.stack([np.asarray(frame[c], dtype=np.float32) for c in self.feature_columns], axis=1)
             parts.append(x)
         for column, vocabulary in self.categorical.items():
             parts.append(one_hot(np.asarray(frame[column]), vocabulary))
@@ -435,7 +440,7 @@ def prepare(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig, cache_r
         pre, counts, dropped = prepare_tabular(info, split, cfg, out)
         return PreparedEntry(out, pre, counts, key, reused=False, dropped=dropped)
     ds = load_dataset(info)
-    if info.bytes <= SMALL_INPUT_BYTES:
+    if small_input(info):
         ds = ds.materialize()  # one read for every pass below
     report = check_rows(ds, info)
     dropped = report.missing_rows  # check_rows let them through only for data.missing=drop
@@ -443,7 +448,7 @@ def prepare(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig, cache_r
         columns = [*([] if info.format == "images" else info.feature_columns), info.label_column]
         ds = ds.map_batches(drop_missing, fn_kwargs={"columns": columns}, batch_format="pandas")
     classes = info.classes if info.classes is not None else report.labels
-    small = report.rows - dropped <= EXACT_SPLIT_ROWS and info.bytes <= SMALL_INPUT_BYTES
+    small = split_is_exact(info, report.rows - dropped)
     splits = split_dataset(ds, split, info.label_column, exact=small)
     pre = fit_preprocessor(
         splits["train"],

@@ -32,8 +32,6 @@ import pandas as pd
 
 from trainflow.config import PreprocessConfig, SplitConfig
 from trainflow.pipelines.data import (
-    EXACT_SPLIT_ROWS,
-    SMALL_INPUT_BYTES,
     SPLITS,
     DataError,
     SourceInfo,
@@ -45,6 +43,8 @@ from trainflow.pipelines.data import (
     rank_split_codes,
     row_keys,
     row_report,
+    small_input,
+    split_is_exact,
     value_order,
 )
 from trainflow.pipelines.preprocess import (
@@ -449,14 +449,14 @@ def prepare_tabular(
     if not fragments:
         raise DataError(f"data.source {info.source}: no rows")
     # Small inputs may be split exactly per class: their rows' hashes fit in the driver.
-    candidate = info.bytes <= SMALL_INPUT_BYTES
+    candidate = small_input(info)
     scans = _run(scan_fragment, [(info, f, split, cfg.scaler, candidate) for f in fragments])
     report = row_report(
         pd.concat([s["stats"] for s in scans if not s["stats"].empty] or [pd.DataFrame()]), info
     )
     dropped = report.missing_rows  # row_report let them through only for data.missing=drop
     classes = info.classes if info.classes is not None else report.labels
-    exact = candidate and report.rows - dropped <= EXACT_SPLIT_ROWS
+    exact = split_is_exact(info, report.rows - dropped)
     codes: list[np.ndarray | None] = [None] * len(fragments)
     train = TrainStats()
     if candidate:

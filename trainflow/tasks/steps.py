@@ -337,7 +337,7 @@ def register(
         history=trained.history,
         tags=tags,
         gate=config.registry,
-        reevaluate=lambda champion_dir: _score_on_this_test_split(config, source, champion_dir),
+        reevaluate=lambda champion_dir: _score_on_this_test_split(config, source, prepared, champion_dir),
         reports=evaluated.reports,
     )
     d = reg.decision
@@ -373,12 +373,15 @@ def register(
     )
 
 
-def _score_on_this_test_split(config: PipelineConfig, source: data.SourceInfo, checkpoint_dir) -> dict:
+def _score_on_this_test_split(
+    config: PipelineConfig, source: data.SourceInfo, prepared: Prepared, checkpoint_dir
+) -> dict:
     """A champion measured on other test data, scored on this run's raw test rows with
     its own saved preprocessing, so the gate compares the two on the same rows."""
     logger = get_run_logger()
     logger.info("the champion was evaluated on other test data; scoring it on this run's test split")
-    test = data.split_dataset(data.load_dataset(source), config.data.split, source.label_column)["test"]
+    kept = sum(prepared.counts.values())
+    test = data.raw_split(source, config.data.split, "test", kept_rows=kept)
     metrics = ev.evaluate_rows(
         str(checkpoint_dir),
         test,

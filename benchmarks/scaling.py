@@ -4,8 +4,9 @@ preprocess and one epoch, and how they grow.
 Each size runs in a fresh process with a local Ray cluster of 2 CPUs: trainflow's
 ``inspect_source`` and ``prepare`` (as the flow's ingest and preprocess steps call
 them), then one epoch of ``build_trainer`` with the default scaling (two workers of half
-a CPU) on the prepared splits, reading shards into memory or streaming them by the
-train step's own rule (under 1 GB of prepared train split: in memory). Peak memory is
+a CPU) on the prepared splits, reading each split into memory or streaming it by the
+train step's own rule (``train.in_memory: auto``: a split under 1 GB of prepared
+Parquet in memory). Peak memory is
 the largest summed PSS of the process and everything it started (Ray's GCS, raylet,
 workers and object store), sampled every 0.25 s.
 
@@ -51,7 +52,7 @@ def measure(source: str, work: str) -> dict:
     from trainflow.pipelines.data import inspect_source
     from trainflow.pipelines.models import model_spec
     from trainflow.pipelines.preprocess import prepare
-    from trainflow.pipelines.train import build_trainer, split_inputs
+    from trainflow.pipelines.train import SPLITS, build_trainer, in_memory_splits, split_inputs
 
     cfg = PipelineConfig.model_validate(
         {
@@ -71,16 +72,17 @@ def measure(source: str, work: str) -> dict:
         with memory.phase("preprocess"):
             entry = prepare(info, cfg.data.split, cfg.preprocess, cache)
         with memory.phase("epoch"):
-            train_bytes = sum(p.stat().st_size for p in (entry.path / "train").rglob("*.parquet"))
-            in_memory = train_bytes < IN_MEMORY_BYTES
+            sizes = {
+                name: sum(p.stat().st_size for p in (entry.path / name).rglob("*.parquet")) for name in SPLITS
+            }
+            in_memory = in_memory_splits(cfg.train.in_memory, sizes, augment=False)
             pre = entry.preprocessor
-            split_paths, datasets = split_inputs(entry.path, in_memory=in_memory)
+            memory_splits, datasets = split_inputs(entry.path, in_memory=in_memory)
             loop_config = cfg.to_train_loop_config(
                 model_spec=model_spec(cfg.model, pre.num_features, len(pre.classes)),
                 preprocessor=pre.to_dict(),
                 progress_actor=None,
-                in_memory=in_memory,
-                split_paths=split_paths,
+                memory_splits=memory_splits,
             )
             trainer = build_trainer(
                 cfg, loop_config, datasets, run_name=f"bench-{time.time_ns()}", storage_path=f"{work}/runs"
@@ -88,17 +90,12 @@ def measure(source: str, work: str) -> dict:
             trainer.fit()
     return {
         "rows": sum(entry.counts.values()),
-        "in_memory": in_memory,
+        "in_memory": list(in_memory),
         "seconds": memory.wall,
         "cpu_s": memory.cpu,
         "peak_mb": {k: round(v, 1) for k, v in memory.peaks.items()},
         "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
     }
-
-
-# The train step's rule for keeping shards in memory (trainflow.tasks.steps.IN_MEMORY_BYTES),
-# repeated here so this benchmark does not import Prefect.
-IN_MEMORY_BYTES = 1 << 30
 
 
 def markdown(sizes: list[dict], growth: dict, met: dict, quick: bool, note: str) -> str:
@@ -109,7 +106,7 @@ def markdown(sizes: list[dict], growth: dict, met: dict, quick: bool, note: str)
             f"| {s['factor']}x | {s['rows']:,} | {s['raw_mb']:.0f} | "
             + " | ".join(f"{m['seconds'][p]:.1f}" for p in PHASES)
             + f" | {sum(m['seconds'].values()):.1f} | {m['peak_mb_overall']:.0f} | "
-            + ("memory" if m["in_memory"] else "streamed")
+            + (", ".join(m["in_memory"]) or "none")
             + " |"
         )
     top = sizes[-1]["factor"]
@@ -121,11 +118,11 @@ def markdown(sizes: list[dict], growth: dict, met: dict, quick: bool, note: str)
             f"Synthetic Parquet, {FEATURES} float32 features and an int64 label per row; each size in "
             "a fresh process with a local Ray cluster of 2 CPUs. ingest: `inspect_source`; preprocess: "
             "`prepare` (row checks, split, fit, transform, write); epoch: one epoch of `build_trainer` "
-            "(MLP 128, batch 256, two workers of half a CPU, Ray Train start-up included), shards kept "
-            "in memory or streamed by the train step's rule. Peak MB: the largest summed PSS of the "
+            "(MLP 128, batch 256, two workers of half a CPU, Ray Train start-up included), each split "
+            "kept in memory or streamed by the train step's rule. Peak MB: the largest summed PSS of the "
             "driver and every Ray process it started (object store included), over the three phases.",
             "",
-            "| data | rows | MB | ingest s | preprocess s | epoch s | total s | peak MB | shards |",
+            "| data | rows | MB | ingest s | preprocess s | epoch s | total s | peak MB | in memory |",
             "|---|---|---|---|---|---|---|---|---|",
             *rows,
             "",

@@ -154,9 +154,12 @@ class TrainConfig(_Section):
     # Import paths ("package.module:function") called on every worker after each epoch
     # with (epoch, metrics, rank): custom logging, fault drills, extra stopping rules.
     callbacks: list[str] = []
-    # Read each worker's shard once, straight from the prepared Parquet, and keep it in
-    # memory ("auto": when the prepared train split is under 1 GB and not augmented),
-    # instead of streaming it from Ray Data every epoch.
+    # Read each worker's shards once, straight from the prepared Parquet, and keep them in
+    # memory instead of streaming them from Ray Data every epoch. "auto" decides per
+    # split: the val split when its prepared Parquet is under 1 GB, the train split when
+    # it is under 1 GB and not augmented (so a large train split streams while a small
+    # val split stays in memory). "always" keeps both; "never" streams both, for workers
+    # whose memory cannot spare them.
     in_memory: Literal["auto", "always", "never"] = "auto"
 
     @field_validator("precision", mode="before")

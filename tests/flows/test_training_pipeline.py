@@ -73,6 +73,8 @@ def test_flow_trains_registers_and_the_champion_predicts_as_reported(
     # Per-epoch metrics reached the train task's Prefect logs, and the artifacts exist.
     logs = flow_logs(state.state_details.flow_run_id)
     assert any(line.startswith("epoch 3/3  train_loss") for line in logs)
+    # Both small splits were read once into the workers' memory, and the log says so.
+    assert any("train and val in memory; Ray run" in line for line in logs)
     assert {
         "digits-test-summary",
         "digits-test-gate",

@@ -11,6 +11,7 @@ from torch import nn
 from trainflow.config import DataConfig, PreprocessConfig, load_config
 from trainflow.pipelines import models
 from trainflow.pipelines import train as tr
+from trainflow.pipelines.checkpoint import load_checkpoint
 from trainflow.pipelines.data import inspect_source
 from trainflow.pipelines.preprocess import FEATURES, LABEL, prepare, read_split_batches
 from trainflow.testing import small_config
@@ -82,21 +83,21 @@ def prepared(ray_cluster, tmp_path_factory):
     return prepare(info, DataConfig().split, PreprocessConfig(), tmp_path_factory.mktemp("cache"))
 
 
-def fit(prepared, storage, run_name=None, in_memory=True, **train):
-    """Train the small MLP the way the train task does; (outcome, history, progress).
-    In memory, each worker reads its rows of the prepared Parquet; else they stream from
-    Ray Data (the shapes config's augmented images take that path end to end)."""
+def fit(prepared, storage, run_name=None, in_memory=("train", "val"), **train):
+    """Train the small MLP the way the train task does; (outcome, history, progress, result).
+    Each split in ``in_memory`` is read by each worker from the prepared Parquet; the
+    others stream from Ray Data (the shapes config's augmented images take that path end
+    to end)."""
 
     config = load_config(small_config(train=train))
     spec = models.model_spec(config.model, len(prepared.preprocessor.feature_columns), 10)
     actor = f"test-progress-{uuid.uuid4().hex[:8]}"
-    split_paths, datasets = tr.split_inputs(prepared.path, in_memory=in_memory)
+    memory_splits, datasets = tr.split_inputs(prepared.path, in_memory=in_memory)
     loop_config = config.to_train_loop_config(
         model_spec=spec,
         preprocessor=prepared.preprocessor.to_dict(),
         progress_actor=actor,
-        in_memory=in_memory,
-        split_paths=split_paths,
+        memory_splits=memory_splits,
     )
     trainer = tr.build_trainer(
         config,
@@ -109,7 +110,7 @@ def fit(prepared, storage, run_name=None, in_memory=True, **train):
     with tr.follow_progress(actor, rows.append) as progress:
         result = trainer.fit()
     history = [r for r in rows if r["kind"] == "epoch"]
-    return result.return_value, history, progress
+    return result.return_value, history, progress, result
 
 
 def test_a_shard_read_from_parquet_is_every_world_size_th_row(prepared):
@@ -124,9 +125,51 @@ def test_a_shard_read_from_parquet_is_every_world_size_th_row(prepared):
     assert sorted(torch.cat([shard_y for _, shard_y in every]).tolist()) == sorted(y.tolist())
 
 
+def test_auto_keeps_each_split_in_memory_by_its_own_size():
+    small, large = 1 << 20, tr.IN_MEMORY_BYTES
+    assert tr.in_memory_splits("auto", {"train": large, "val": small}, augment=False) == ("val",)
+    assert tr.in_memory_splits("auto", {"train": small, "val": small}, augment=False) == ("train", "val")
+    # Augmented crops are drawn anew each epoch, so that train split streams however small.
+    assert tr.in_memory_splits("auto", {"train": small, "val": small}, augment=True) == ("val",)
+    assert tr.in_memory_splits("auto", {"train": large, "val": large}, augment=False) == ()
+    # The explicit settings hold whatever the sizes.
+    assert tr.in_memory_splits("never", {"train": small, "val": small}, augment=False) == ()
+    assert tr.in_memory_splits("always", {"train": large, "val": large}, augment=False) == ("train", "val")
+
+
+def test_split_inputs_hands_trainer_a_dataset_only_for_streamed_splits(prepared):
+    memory_splits, datasets = tr.split_inputs(prepared.path, in_memory=("train", "val"))
+    assert memory_splits == {name: str(prepared.path / name) for name in ("train", "val")}
+    assert datasets is None
+    memory_splits, datasets = tr.split_inputs(prepared.path, in_memory=())
+    assert memory_splits == {} and sorted(datasets) == ["train", "val"]
+    with pytest.raises(ValueError, match=r"unknown splits \['test'\]; use \['train', 'val'\]"):
+        tr.split_inputs(prepared.path, in_memory=("test",))
+
+
+def test_a_streamed_train_split_validates_on_the_whole_val_split_held_in_memory(prepared, tmp_path):
+    # What auto picks for a large train split: train streams from Ray Data, val is read
+    # once into each worker's memory. TorchTrainer gets no val Dataset, so a loop that
+    # asked Ray for a val shard would fail the run.
+    memory_splits, datasets = tr.split_inputs(prepared.path, in_memory=("val",))
+    assert list(memory_splits) == ["val"] and list(datasets) == ["train"]
+    outcome, history, _, result = fit(prepared, tmp_path, in_memory=("val",), epochs=2)
+    assert outcome["status"] == "completed" and [m["epoch"] for m in history] == [1, 2]
+    # The last epoch's val metrics are its checkpoint's model scored on every val row,
+    # though each of the two workers held only its own rows.
+    batch = next(iter(read_split_batches(str(prepared.path / "val"), batch_size=1 << 16)))
+    x, y = torch.tensor(batch[FEATURES]), torch.tensor(batch[LABEL])
+    with result.checkpoint.as_directory() as folder:
+        model = load_checkpoint(folder).model
+    with torch.no_grad():
+        logits = model(x)
+    assert history[-1]["val_loss"] == pytest.approx(nn.functional.cross_entropy(logits, y).item(), rel=1e-5)
+    assert history[-1]["val_accuracy"] == pytest.approx((logits.argmax(dim=1) == y).float().mean().item())
+
+
 def test_early_stopping_stops_every_worker_together(prepared, tmp_path):
     # No epoch can beat the first by 10: the run stops after 1 + patience epochs.
-    outcome, history, _ = fit(
+    outcome, history, _, _ = fit(
         prepared,
         tmp_path,
         epochs=6,
@@ -142,9 +185,9 @@ def test_a_run_that_lost_a_worker_resumes_exactly_where_it_stopped(prepared, tmp
     settings = dict(
         epochs=3, optimizer="sgd", lr=0.05, scheduler="cosine", warmup_epochs=1, deterministic=True
     )
-    _, straight, progress = fit(prepared, tmp_path / "straight", **settings)
+    _, straight, progress, _ = fit(prepared, tmp_path / "straight", **settings)
     assert progress.starts == [0]
-    outcome, resumed, progress = fit(
+    outcome, resumed, progress, _ = fit(
         prepared, tmp_path / "killed", callbacks=["tests.faults:kill_rank1_at_epoch2"], **settings
     )
     assert outcome["status"] == "completed"

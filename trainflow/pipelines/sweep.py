@@ -81,8 +81,9 @@ def run_trial(
     """One trial, run by Ray Tune in its own actor: a TorchTrainer for the sampled config.
 
     ``data`` holds the prepared splits' ``path``, ``preprocessor``, ``num_features``,
-    ``num_classes`` and ``in_memory``. Every epoch's report reaches Tune (and ASHA)
-    through TuneReportCallback; a diverged loss fails the trial with its message.
+    ``num_classes`` and ``in_memory`` (the names of the splits kept in memory). Every
+    epoch's report reaches Tune (and ASHA) through TuneReportCallback; a diverged loss
+    fails the trial with its message.
     """
     import ray.data
     import ray.tune
@@ -95,15 +96,14 @@ def run_trial(
     # that nothing removes. A worker that fails fails its trial, which the sweep reports.
     config = config.model_copy(update={"failure": FailureSection(max_failures=0)})
     spec = model_spec(config.model, data["num_features"], data["num_classes"])
-    split_paths, datasets = split_inputs(
+    memory_splits, datasets = split_inputs(
         data["path"], in_memory=data["in_memory"], preprocessor=data["preprocessor"]
     )
     loop_config = config.to_train_loop_config(
         model_spec=spec,
         preprocessor=data["preprocessor"],
         progress_actor=progress,
-        in_memory=data["in_memory"],
-        split_paths=split_paths,
+        memory_splits=memory_splits,
     )
     trial_id = ray.tune.get_context().get_trial_id()
     trainer = build_trainer(
@@ -203,7 +203,8 @@ def run_sweep(
 
     ``name`` is the experiment's folder under ``storage_path``; each trial's Ray Train run
     is ``name/trial-<id>`` in it. ``data`` holds the prepared splits' ``path``,
-    ``preprocessor``, ``num_features``, ``num_classes`` and ``in_memory``.
+    ``preprocessor``, ``num_features``, ``num_classes`` and ``in_memory`` (the names of
+    the splits kept in memory).
     """
     placements = _Placements(f"trainflow-sweep-{name}")
     try:

@@ -11,7 +11,7 @@ import json
 import math
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +31,12 @@ if TYPE_CHECKING:
     from ray.train.torch import TorchTrainer
 
     from trainflow.config import PipelineConfig
+
+
+# The splits the train loop reads: it trains on the first and validates on the second.
+SPLITS = ("train", "val")
+# A prepared split under this size is read once into each worker's memory (train.in_memory: auto).
+IN_MEMORY_BYTES = 1 << 30
 
 
 class TrainingDiverged(RuntimeError):
@@ -235,6 +241,23 @@ def load_callbacks(paths: list[str]) -> list[Callable[..., None]]:
     return out
 
 
+def split_source(
+    name: str, memory_splits: dict[str, str], rank: int, world_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor] | ray.data.DataIterator:
+    """This worker's part of split ``name``: its rows as tensors on ``device`` when the
+    split is kept in memory, else its Ray Data shard, iterated anew each epoch.
+
+    The train split is read in equal shards (DDP needs every worker at every step); the
+    val split whole, since its metrics are summed over workers.
+    """
+    import ray.train
+
+    if name not in memory_splits:
+        return ray.train.get_dataset_shard(name)
+    x, y = read_shard(memory_splits[name], rank, world_size, equal=name == "train")
+    return x.to(device), y.to(device)
+
+
 def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") else model
 
@@ -256,8 +279,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     preprocessor = config["preprocessor"]
     pipeline = config["pipeline"]
     progress_actor = config["progress_actor"]
-    in_memory = config["in_memory"]
-    split_paths = config["split_paths"]
+    memory_splits = config["memory_splits"]
     grad_clip_norm = config["grad_clip_norm"]
     log_every = config["log_every_n_steps"]
     callbacks = load_callbacks(config["callbacks"])
@@ -306,40 +328,32 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
             ctx.get_experiment_name(),
         )
 
-    if in_memory:
-        # Small splits are read once, straight from the prepared Parquet, and kept as
-        # tensors: Ray Data's split coordinators and a streaming pass per epoch cost
-        # seconds that dwarf a small epoch.
-        world_size = ctx.get_world_size()
-        train_x, train_y = (
-            t.to(device) for t in read_shard(split_paths["train"], rank, world_size, equal=True)
-        )
-        val_x, val_y = (t.to(device) for t in read_shard(split_paths["val"], rank, world_size, equal=False))
-    else:
-        train_shard = ray.train.get_dataset_shard("train")
-        val_shard = ray.train.get_dataset_shard("val")
+    # Splits in memory_splits are read once, straight from the prepared Parquet, and kept
+    # as tensors: Ray Data's split coordinators and a streaming pass per epoch cost
+    # seconds that dwarf a small epoch. The others stream from Ray Data every epoch.
+    world_size = ctx.get_world_size()
+    train = split_source("train", memory_splits, rank, world_size, device)
+    val = split_source("val", memory_splits, rank, world_size, device)
     pin_memory = device.type == "cuda"
 
     outcome = {"status": "completed", "epoch": epochs, "message": ""}
     for epoch in range(start_epoch, epochs):
         this_seed = epoch_seed(seed, epoch, rank)
         seed_everything(this_seed)
-        if in_memory:
-            train_batches = tensor_batches(
-                train_x, train_y, batch_size, torch.Generator().manual_seed(this_seed)
-            )
-            val_batches = tensor_batches(val_x, val_y, batch_size)
+        if isinstance(train, tuple):
+            train_batches = tensor_batches(*train, batch_size, torch.Generator().manual_seed(this_seed))
         else:
-            train_batches = train_shard.iter_torch_batches(
+            train_batches = train.iter_torch_batches(
                 batch_size=batch_size,
                 local_shuffle_buffer_size=batch_size * 8,
                 local_shuffle_seed=this_seed,
                 device=device,
                 pin_memory=pin_memory,
             )
-            val_batches = val_shard.iter_torch_batches(
-                batch_size=batch_size, device=device, pin_memory=pin_memory
-            )
+        if isinstance(val, tuple):
+            val_batches = tensor_batches(*val, batch_size)
+        else:
+            val_batches = val.iter_torch_batches(batch_size=batch_size, device=device, pin_memory=pin_memory)
 
         on_step = None
         if log_every and rank == 0 and progress is not None:
@@ -496,23 +510,47 @@ def follow_progress(
         ray.kill(actor)
 
 
+def in_memory_splits(setting: str, split_bytes: dict[str, int], *, augment: bool) -> tuple[str, ...]:
+    """The splits each worker reads once into memory under ``train.in_memory``.
+
+    ``always``: train and val; ``never``: neither, both stream from Ray Data every epoch;
+    ``auto``: each split whose prepared Parquet (``split_bytes``) is under
+    :data:`IN_MEMORY_BYTES`, decided per split, so a small val split stays in memory
+    while a large train split streams. An augmented train split always streams, so its
+    crops and flips are drawn anew each epoch.
+    """
+    if setting == "always":
+        return SPLITS
+    if setting == "never":
+        return ()
+    return tuple(
+        name for name in SPLITS if split_bytes[name] < IN_MEMORY_BYTES and not (name == "train" and augment)
+    )
+
+
 def split_inputs(
-    path: str | Path, *, in_memory: bool, preprocessor: dict[str, Any] | None = None
+    path: str | Path, *, in_memory: Collection[str], preprocessor: dict[str, Any] | None = None
 ) -> tuple[dict[str, str], dict[str, ray.data.Dataset] | None]:
-    """What the train loop reads of a prepared entry at ``path``: the splits' folders (the
-    loop config's ``split_paths``) and the Datasets to hand TorchTrainer. In memory, each
-    worker reads its rows of the Parquet itself and there are no Datasets; streamed, the
-    train split is augmented anew each epoch when the preprocessor says so."""
-    split_paths = {name: str(Path(path) / name) for name in ("train", "val")}
-    if in_memory:
-        return split_paths, None
+    """What the train loop reads of a prepared entry at ``path``, given the names of the
+    splits kept in memory: their folders (the loop config's ``memory_splits``), which each
+    worker reads itself, and a Dataset for every other split, to hand TorchTrainer (None
+    when there is none). A streamed train split is augmented anew each epoch when the
+    preprocessor says so."""
+    unknown = set(in_memory) - set(SPLITS)
+    if unknown:
+        raise ValueError(f"in_memory: unknown splits {sorted(unknown)}; use {list(SPLITS)}")
+    memory_splits = {name: str(Path(path) / name) for name in SPLITS if name in in_memory}
+    streamed = [name for name in SPLITS if name not in in_memory]
+    if not streamed:
+        return memory_splits, None
     import ray.data
 
     from trainflow.pipelines.preprocess import augment_dataset
 
-    datasets = {name: ray.data.read_parquet(folder) for name, folder in split_paths.items()}
-    datasets["train"] = augment_dataset(datasets["train"], preprocessor or {})
-    return split_paths, datasets
+    datasets = {name: ray.data.read_parquet(str(Path(path) / name)) for name in streamed}
+    if "train" in datasets:
+        datasets["train"] = augment_dataset(datasets["train"], preprocessor or {})
+    return memory_splits, datasets
 
 
 def build_trainer(

@@ -25,10 +25,6 @@ from trainflow.pipelines import train as tr
 from trainflow.runtime import workspace
 from trainflow.tasks.results import Evaluated, Prepared, Registered, Trained
 
-# Splits whose prepared Parquet is below this are read once into each worker's memory.
-IN_MEMORY_BYTES = 1 << 30
-
-
 # Ingest and preprocess cache across flow runs. Each record is a file at an absolute
 # path under TRAINFLOW_HOME/cache (hence the result storage at "/"): the preprocess
 # record sits inside the prepared entry it describes, so deleting an entry (or the
@@ -117,15 +113,20 @@ def _split_bytes(path: str) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*.parquet"))
 
 
-def shards_in_memory(config: PipelineConfig, prepared: Prepared) -> bool:
-    """Whether the workers keep their shards in memory (``train.in_memory``)."""
+def splits_in_memory(config: PipelineConfig, prepared: Prepared) -> tuple[str, ...]:
+    """The splits the workers read once into memory (``train.in_memory``); the rest stream."""
     # Augmented images stream from Ray Data, so each epoch draws new crops and flips.
     augment = bool((prepared.preprocessor.get("image") or {}).get("augment"))
-    return config.train.in_memory == "always" or (
-        config.train.in_memory == "auto"
-        and not augment
-        and _split_bytes(prepared.split_path("train")) < IN_MEMORY_BYTES
-    )
+    sizes = {name: _split_bytes(prepared.split_path(name)) for name in tr.SPLITS}
+    return tr.in_memory_splits(config.train.in_memory, sizes, augment=augment)
+
+
+def describe_splits(in_memory: tuple[str, ...]) -> str:
+    """``val in memory, train streamed from Ray Data`` and the like, for the train log."""
+    streamed = [name for name in tr.SPLITS if name not in in_memory]
+    parts = [f"{' and '.join(in_memory)} in memory"] if in_memory else []
+    parts += [f"{' and '.join(streamed)} streamed from Ray Data"] if streamed else []
+    return ", ".join(parts)
 
 
 def _retry_unless_diverged(task, task_run, state) -> bool:
@@ -144,30 +145,29 @@ def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
     """TorchTrainer on the prepared splits. The run name is fixed per flow run, so a
     retry of this task resumes the same Ray run from its latest checkpoint."""
     logger = get_run_logger()
-    in_memory = shards_in_memory(config, prepared)
+    in_memory = splits_in_memory(config, prepared)
     spec = models.model_spec(config.model, prepared.num_features, prepared.num_classes)
     # Unique per attempt: a retry must not race the last attempt's actor for the name.
     progress = f"trainflow-progress-{run_name}-{uuid.uuid4().hex[:8]}"
-    split_paths, datasets = tr.split_inputs(
+    memory_splits, datasets = tr.split_inputs(
         prepared.path, in_memory=in_memory, preprocessor=prepared.preprocessor
     )
     loop_config = config.to_train_loop_config(
         model_spec=spec,
         preprocessor=prepared.preprocessor,
         progress_actor=progress,
-        in_memory=in_memory,
-        split_paths=split_paths,
+        memory_splits=memory_splits,
     )
     storage = config.storage or str(workspace().runs)
     trainer = tr.build_trainer(config, loop_config, datasets, run_name=run_name, storage_path=storage)
     s = config.scaling
     logger.info(
-        "training %s for %d epochs on %d workers (%s each)%s; Ray run %s/%s",
+        "training %s for %d epochs on %d workers (%s each), %s; Ray run %s/%s",
         config.model.kind,
         config.train.epochs,
         s.num_workers,
         s.resources_per_worker,
-        ", shards in memory" if in_memory else "",
+        describe_splits(in_memory),
         storage,
         run_name,
     )

@@ -13,7 +13,7 @@ from trainflow.config import PipelineConfig, trial_config
 from trainflow.pipelines import sweep as sw
 from trainflow.runtime import workspace
 from trainflow.tasks.results import Prepared, Swept, Trained
-from trainflow.tasks.steps import artifact_key, shards_in_memory
+from trainflow.tasks.steps import artifact_key, splits_in_memory
 
 
 # No retries: a sweep that ran for an hour is not started over by a retry; failed trials
@@ -43,7 +43,7 @@ def sweep(config: PipelineConfig, prepared: Prepared, name: str, max_concurrent:
         "preprocessor": prepared.preprocessor,
         "num_features": prepared.num_features,
         "num_classes": prepared.num_classes,
-        "in_memory": shards_in_memory(config, prepared),
+        "in_memory": splits_in_memory(config, prepared),
     }
     trials = sw.run_sweep(
         config,

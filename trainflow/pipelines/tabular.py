@@ -62,7 +62,14 @@ FORMATS = ("parquet", "csv", "json", "numpy", "digits")
 # About this many bytes of decoded rows per fragment (Parquet row groups are grouped
 # up to it); a CSV, JSON lines or NumPy file is one fragment whatever its size.
 FRAGMENT_BYTES = 64 << 20
-BATCH_ROWS = 65_536  # rows a task holds at once
+# Rows a task holds at once: up to BATCH_ROWS, fewer for wide inputs, so that a batch's
+# float64 features (scaled in float64) stay near BATCH_BYTES.
+BATCH_ROWS = 65_536
+BATCH_BYTES = 64 << 20
+
+
+def batch_rows(info: SourceInfo) -> int:
+    return max(1024, min(BATCH_ROWS, BATCH_BYTES // (8 * (len(info.feature_columns) + 1))))
 
 
 @dataclass(frozen=True)
@@ -118,13 +125,13 @@ def _parquet_fragment(index: int, path: str, groups: list[int], rows: int, left:
 
 def fragment_batches(info: SourceInfo, fragment: Fragment) -> Iterator[pd.DataFrame]:
     """The fragment's rows (the feature columns and the label), a frame of at most
-    BATCH_ROWS at a time; an unreadable file is a DataError naming it."""
+    :func:`batch_rows` at a time; an unreadable file is a DataError naming it."""
     import pyarrow as pa
 
     columns = [*info.feature_columns, info.label_column]
     left = fragment.max_rows
     try:
-        for batch in _read(info, fragment, columns):
+        for batch in _read(info, fragment, columns, batch_rows(info)):
             if left is not None:
                 if left <= 0:
                     return
@@ -138,7 +145,7 @@ def fragment_batches(info: SourceInfo, fragment: Fragment) -> Iterator[pd.DataFr
         raise DataError(message) from None
 
 
-def _read(info: SourceInfo, fragment: Fragment, columns: list[str]) -> Iterator[Any]:
+def _read(info: SourceInfo, fragment: Fragment, columns: list[str], rows: int) -> Iterator[Any]:
     """Arrow record batches (a DataFrame for digits) of the fragment's columns."""
     if fragment.frame is not None:
         yield fragment.frame[columns]
@@ -149,9 +156,7 @@ def _read(info: SourceInfo, fragment: Fragment, columns: list[str]) -> Iterator[
 
         with fs.open_input_file(fragment.path) as f:
             groups = list(fragment.row_groups) if fragment.row_groups is not None else None
-            yield from pq.ParquetFile(f).iter_batches(
-                batch_size=BATCH_ROWS, row_groups=groups, columns=columns
-            )
+            yield from pq.ParquetFile(f).iter_batches(batch_size=rows, row_groups=groups, columns=columns)
     elif info.format == "csv":
         import pyarrow.csv as pacsv
 
@@ -167,7 +172,7 @@ def _read(info: SourceInfo, fragment: Fragment, columns: list[str]) -> Iterator[
                 ),
             )
             for batch in reader:
-                yield from _rebatch(batch)
+                yield from _rebatch(batch, rows)
     elif info.format == "json":
         import pyarrow.json as pajson
 
@@ -179,14 +184,14 @@ def _read(info: SourceInfo, fragment: Fragment, columns: list[str]) -> Iterator[
                 parse_options=pajson.ParseOptions(explicit_schema=types),
             )
             for batch in reader:
-                yield from _rebatch(batch.select(columns))
+                yield from _rebatch(batch.select(columns), rows)
     elif info.format == "numpy":
         from trainflow.pipelines.sources import numpy_frame
 
         with fs.open_input_stream(fragment.path) as f:
             frame = pd.DataFrame(numpy_frame(f.read(), fragment.path))[columns]
-        for start in range(0, len(frame), BATCH_ROWS):
-            yield frame.iloc[start : start + BATCH_ROWS]
+        for start in range(0, len(frame), rows):
+            yield frame.iloc[start : start + rows]
     else:
         raise DataError(f"data.format {info.format!r}: not a tabular format ({', '.join(FORMATS)})")
 
@@ -197,9 +202,9 @@ def _text_schema(fs, path: str, fmt: str):
     return pads.dataset(path, format=fmt, filesystem=fs).schema
 
 
-def _rebatch(batch):
-    for start in range(0, batch.num_rows, BATCH_ROWS):
-        yield batch.slice(start, BATCH_ROWS)
+def _rebatch(batch, rows: int):
+    for start in range(0, batch.num_rows, rows):
+        yield batch.slice(start, rows)
 
 
 def kept_rows(batch: pd.DataFrame, info: SourceInfo) -> pd.DataFrame:

@@ -147,6 +147,22 @@ def test_split_inputs_hands_trainer_a_dataset_only_for_streamed_splits(prepared)
         tr.split_inputs(prepared.path, in_memory=("test",))
 
 
+def test_streamed_epochs_give_every_row_once_each_epoch_with_the_next_started_early(ray_cluster):
+    import ray.data
+
+    ds = ray.data.from_items([{FEATURES: [float(i)], LABEL: i} for i in range(1000)], override_num_blocks=4)
+    (shard,) = ds.streaming_split(1)  # what Ray Train hands a worker
+    epochs = tr.StreamedEpochs(shard, 128, torch.device("cpu"), pin_memory=False)
+    for epoch in range(3):
+        more = epoch < 2
+        chunks = list(epochs.epoch(more=more))
+        assert all(len(c[LABEL]) <= 128 for c in chunks)
+        assert sorted(torch.cat([c[LABEL] for c in chunks]).tolist()) == list(range(1000))
+        assert (epochs._ahead is not None) == more  # the next epoch started before this one ended
+    batches = list(tr.chunk_batches(chunks, 50, torch.Generator().manual_seed(0)))
+    assert [len(b[LABEL]) for b in batches[:3]] == [50, 50, 28]  # a chunk of 128, cut
+
+
 def test_a_streamed_train_split_validates_on_the_whole_val_split_held_in_memory(prepared, tmp_path):
     # What auto picks for a large train split: train streams from Ray Data, val is read
     # once into each worker's memory. TorchTrainer gets no val Dataset, so a loop that

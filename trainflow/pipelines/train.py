@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 # The splits the train loop reads: it trains on the first and validates on the second.
 SPLITS = ("train", "val")
+# A streamed train split arrives from Ray Data in chunks of this many batches.
+STREAM_CHUNK_BATCHES = 32
 # A prepared split under this size is read once into each worker's memory (train.in_memory: auto).
 IN_MEMORY_BYTES = 1 << 30
 
@@ -165,6 +167,58 @@ def read_shard(path: str, rank: int, world_size: int, *, equal: bool) -> tuple[t
     return torch.from_numpy(np.ascontiguousarray(x[rank::world_size])), torch.from_numpy(
         np.ascontiguousarray(y[rank::world_size])
     )
+
+
+class StreamedEpochs:
+    """A streamed split's epochs, in chunks of rows, each epoch's execution started while
+    the one before trains its last chunk.
+
+    Ray Data executes the split anew at every epoch, and its first rows reach the worker
+    about 1.4 s later (measured on 2 cores for a 40,000-row split), a wait at every epoch.
+    Its coordinator shuts the running execution down when the next epoch starts, so the
+    next one starts, in a thread, once the current one has handed over its last chunk.
+    """
+
+    def __init__(self, shard: ray.data.DataIterator, chunk_rows: int, device: torch.device, pin_memory: bool):
+        self._shard = shard
+        self._kwargs = {"batch_size": chunk_rows, "device": device, "pin_memory": pin_memory}
+        self._ahead: threading.Thread | None = None  # starting the next epoch
+        self._started: Any = None  # (first chunk or None, the epoch's iterator), or an exception
+
+    def _start(self) -> None:
+        """Start an epoch's execution and wait for its first chunk; keep what came of it."""
+        try:
+            it = iter(self._shard.iter_torch_batches(**self._kwargs))
+            self._started = (next(it, None), it)
+        except BaseException as e:  # raised in the loop, where the epoch is read
+            self._started = e
+
+    def epoch(self, more: bool) -> Iterator[dict[str, torch.Tensor]]:
+        """This epoch's chunks; ``more``: another epoch follows, so start it early."""
+        if self._ahead is None:
+            self._start()
+        else:
+            self._ahead.join()
+            self._ahead = None
+        started, self._started = self._started, None
+        if isinstance(started, BaseException):
+            raise started
+        chunk, it = started
+        if chunk is None:
+            return
+        for following in it:
+            yield chunk
+            chunk = following
+        if more:
+            self._ahead = threading.Thread(target=self._start, name="trainflow-next-epoch", daemon=True)
+            self._ahead.start()
+        yield chunk
+
+
+def chunk_batches(chunks, batch_size: int, generator: torch.Generator):
+    """Mini-batches cut from larger chunks of rows, each chunk's rows shuffled first."""
+    for chunk in chunks:
+        yield from tensor_batches(chunk[FEATURES], chunk[LABEL], batch_size, generator)
 
 
 def tensor_batches(
@@ -335,6 +389,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     train = split_source("train", memory_splits, rank, world_size, device)
     val = split_source("val", memory_splits, rank, world_size, device)
     pin_memory = device.type == "cuda"
+    if not isinstance(train, tuple):
+        train = StreamedEpochs(train, batch_size * STREAM_CHUNK_BATCHES, device, pin_memory)
 
     outcome = {"status": "completed", "epoch": epochs, "message": ""}
     for epoch in range(start_epoch, epochs):
@@ -343,13 +399,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         if isinstance(train, tuple):
             train_batches = tensor_batches(*train, batch_size, torch.Generator().manual_seed(this_seed))
         else:
-            train_batches = train.iter_torch_batches(
-                batch_size=batch_size,
-                local_shuffle_buffer_size=batch_size * 8,
-                local_shuffle_seed=this_seed,
-                device=device,
-                pin_memory=pin_memory,
-            )
+            # Chunks of STREAM_CHUNK_BATCHES batches from Ray Data, each shuffled and cut
+            # into batches here.
+            chunks = train.epoch(more=epoch + 1 < epochs)
+            train_batches = chunk_batches(chunks, batch_size, torch.Generator().manual_seed(this_seed))
         if isinstance(val, tuple):
             val_batches = tensor_batches(*val, batch_size)
         else:

@@ -137,8 +137,8 @@ def phases(source: str, cache: str) -> None:
     pre = train.preprocessor(info, report.labels, cfg)
     lap("scan + fit")
     calls = [
-        (info, f, split, None, pre.to_dict(), f"{cache}/phases", f"part-{f.index:05d}.parquet")
-        for f in fragments
+        (info, f, split, s["codes"], pre.to_dict(), f"{cache}/phases", f"part-{f.index:05d}.parquet")
+        for f, s in zip(fragments, scans, strict=True)
     ]
     tabular._run(tabular.write_fragment, calls)
     lap("write 3 splits")

@@ -123,9 +123,12 @@ def _parquet_fragment(index: int, path: str, groups: list[int], rows: int, left:
     return Fragment(index, path, tuple(groups), cap)
 
 
-def fragment_batches(info: SourceInfo, fragment: Fragment) -> Iterator[pd.DataFrame]:
-    """The fragment's rows (the feature columns and the label), a frame of at most
-    :func:`batch_rows` at a time; an unreadable file is a DataError naming it."""
+def fragment_batches(
+    info: SourceInfo, fragment: Fragment, *, frames: bool = True
+) -> Iterator[pd.DataFrame | dict[str, np.ndarray]]:
+    """The fragment's rows (the feature columns and the label), at most :func:`batch_rows`
+    at a time: DataFrames, or with ``frames=False`` a dict of column arrays (no copy into
+    pandas' blocks); an unreadable file is a DataError naming it."""
     import pyarrow as pa
 
     columns = [*info.feature_columns, info.label_column]
@@ -137,7 +140,10 @@ def fragment_batches(info: SourceInfo, fragment: Fragment) -> Iterator[pd.DataFr
                     return
                 batch = batch.iloc[:left] if isinstance(batch, pd.DataFrame) else batch.slice(0, left)
                 left -= len(batch)
-            yield batch if isinstance(batch, pd.DataFrame) else batch.to_pandas()
+            if isinstance(batch, pd.DataFrame):
+                yield batch if frames else {c: batch[c].to_numpy() for c in columns}
+            else:
+                yield batch.to_pandas() if frames else _arrays(batch)
     except (pa.ArrowException, OSError, ValueError, EOFError) as e:
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         where = fragment.path or info.source
@@ -194,6 +200,10 @@ def _read(info: SourceInfo, fragment: Fragment, columns: list[str], rows: int) -
             yield frame.iloc[start : start + rows]
     else:
         raise DataError(f"data.format {info.format!r}: not a tabular format ({', '.join(FORMATS)})")
+
+
+def _arrays(batch) -> dict[str, np.ndarray]:
+    return {name: batch.column(name).to_numpy(zero_copy_only=False) for name in batch.schema.names}
 
 
 def _text_schema(fs, path: str, fmt: str):
@@ -302,9 +312,9 @@ def scan_fragment(
     info: SourceInfo, fragment: Fragment, split: SplitConfig, scaler: str, exact: bool
 ) -> dict[str, Any]:
     """Row counts per batch; and either each kept row's label and hash (``exact``), or
-    the train split's statistics with rows placed by their own hash."""
+    each kept row's split by its own hash and the train split's statistics."""
     features = info.feature_columns
-    stats, keys, labels, train = [], [], [], TrainStats()
+    stats, keys, labels, codes, train = [], [], [], [], TrainStats()
     for batch in fragment_batches(info, fragment):
         stats.append(
             batch_stats(batch, features=features, numeric=info.numeric_columns, label=info.label_column)
@@ -314,44 +324,46 @@ def scan_fragment(
             keys.append(row_keys(kept, split.seed))
             labels.append(kept[info.label_column].to_numpy())
         else:
-            codes = hash_split_codes(kept, val=split.val, test=split.test, seed=split.seed)
-            train.add(kept[codes == 0], info, scaler)
+            codes.append(hash_split_codes(kept, val=split.val, test=split.test, seed=split.seed))
+            train.add(kept[codes[-1] == 0], info, scaler)
     return {
         "stats": pd.concat(stats) if stats else pd.DataFrame(),
         "keys": np.concatenate(keys) if keys else None,
         "labels": np.concatenate(labels) if labels else None,
+        "codes": None if exact else np.concatenate(codes) if codes else np.zeros(0, dtype=np.int8),
         "train": train,
     }
 
 
-def _codes(kept: pd.DataFrame, codes: np.ndarray | None, offset: int, split: SplitConfig) -> np.ndarray:
-    if codes is None:
-        return hash_split_codes(kept, val=split.val, test=split.test, seed=split.seed)
-    return codes[offset : offset + len(kept)]
-
-
 def fit_fragment(
     info: SourceInfo, fragment: Fragment, split: SplitConfig, scaler: str, codes: np.ndarray | None
-) -> TrainStats:
-    train, offset = TrainStats(), 0
+) -> tuple[TrainStats, np.ndarray]:
+    """The train split's statistics, each kept row's split given by ``codes`` or, when
+    None, by its own hash; returns them with the codes."""
+    train, offset, placed = TrainStats(), 0, []
     for batch in fragment_batches(info, fragment):
         kept = kept_rows(batch, info)
-        train.add(kept[_codes(kept, codes, offset, split) == 0], info, scaler)
+        if codes is None:
+            placed.append(hash_split_codes(kept, val=split.val, test=split.test, seed=split.seed))
+        else:
+            placed.append(codes[offset : offset + len(kept)])
+        train.add(kept[placed[-1] == 0], info, scaler)
         offset += len(kept)
-    return train
+    return train, np.concatenate(placed) if placed else np.zeros(0, dtype=np.int8)
 
 
 def write_fragment(
     info: SourceInfo,
     fragment: Fragment,
     split: SplitConfig,
-    codes: np.ndarray | None,
+    codes: np.ndarray,
     state: dict[str, Any],
     folder: str,
     name: str,
 ) -> dict[str, int]:
-    """Transform the fragment's rows and write each split's to ``folder/<split>/<name>``;
-    the train rows of each batch in a seeded random order. Returns the rows per split."""
+    """Transform the fragment's kept rows and write each split's (``codes``: each kept
+    row's split) to ``folder/<split>/<name>``; the train rows of each batch in a seeded
+    random order. Returns the rows per split."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from ray.data.extensions import ArrowTensorArray
@@ -361,12 +373,15 @@ def write_fragment(
     writers: dict[str, pq.ParquetWriter] = {}
     counts = dict.fromkeys(SPLITS, 0)
     offset = 0
+    # Without rows to drop, the columns go to the transform as arrays, not a DataFrame.
+    frames = info.missing == "drop"
     try:
-        for batch in fragment_batches(info, fragment):
-            kept = kept_rows(batch, info)
-            where = _codes(kept, codes, offset, split)
-            offset += len(kept)
-            if kept.empty:
+        for batch in fragment_batches(info, fragment, frames=frames):
+            kept = kept_rows(batch, info) if frames else batch
+            n = len(kept[info.label_column])
+            where = codes[offset : offset + n]
+            offset += n
+            if not n:
                 continue
             x, y = pre.features(kept), pre.labels(kept[info.label_column])
             for i, split_name in enumerate(SPLITS):
@@ -462,16 +477,20 @@ def prepare_tabular(
     dropped = report.missing_rows  # row_report let them through only for data.missing=drop
     classes = info.classes if info.classes is not None else report.labels
     exact = split_is_exact(info, report.rows - dropped)
-    codes: list[np.ndarray | None] = [None] * len(fragments)
     train = TrainStats()
     if candidate:
+        # Exact: every row ranked within its class here; else (too many rows) by hash.
+        given = [None] * len(fragments)
         if exact:
-            codes = exact_split_codes([s["keys"] for s in scans], [s["labels"] for s in scans], split)
-        for stats in _run(
-            fit_fragment, [(info, f, split, cfg.scaler, c) for f, c in zip(fragments, codes, strict=True)]
-        ):
+            given = exact_split_codes([s["keys"] for s in scans], [s["labels"] for s in scans], split)
+        fits = _run(
+            fit_fragment, [(info, f, split, cfg.scaler, c) for f, c in zip(fragments, given, strict=True)]
+        )
+        codes = [placed for _, placed in fits]
+        for stats, _ in fits:
             train.merge(stats)
     else:
+        codes = [s["codes"] for s in scans]
         for s in scans:
             train.merge(s["train"])
     pre = train.preprocessor(info, classes, cfg)

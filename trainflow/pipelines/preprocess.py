@@ -312,7 +312,7 @@ def write_prepared(
             if name == "train":
                 ds = ds.random_shuffle(seed=seed) if shuffle else ds.randomize_block_order(seed=seed)
             ds.write_parquet(str(tmp / name))
-            counts[name] = sum(_parquet_rows(p) for p in (tmp / name).glob("*.parquet"))
+            counts[name] = split_rows(tmp / name)
         finish_entry(tmp, pre, counts)
     return counts
 
@@ -365,12 +365,25 @@ def _parquet_rows(path: Path) -> int:
 
 def read_split_batches(path: str | Path, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
     """A prepared split's Parquet read in this process, as the numpy batches that
-    ``map_batches`` and ``iter_batches`` give: ``{features, label}``."""
-    import pyarrow.parquet as pq
+    ``map_batches`` and ``iter_batches`` give: ``{features, label}``; streamed, its files
+    in name order, so that only a batch at a time is held."""
+    import pyarrow.dataset as pads
     import ray.data  # noqa: F401  registers Ray's tensor type, the features column's type
 
-    for batch in pq.read_table(path, columns=[FEATURES, LABEL]).to_batches(max_chunksize=batch_size):
-        yield {name: batch.column(name).to_numpy(zero_copy_only=False) for name in (FEATURES, LABEL)}
+    for path_ in split_files(path):
+        for batch in pads.dataset(str(path_)).to_batches(columns=[FEATURES, LABEL], batch_size=batch_size):
+            if batch.num_rows:
+                yield {name: batch.column(name).to_numpy(zero_copy_only=False) for name in (FEATURES, LABEL)}
+
+
+def split_files(path: str | Path) -> list[Path]:
+    """A prepared split's Parquet files, in name order."""
+    return sorted(Path(path).glob("*.parquet"))
+
+
+def split_rows(path: str | Path) -> int:
+    """A prepared split's rows, from its files' footers."""
+    return sum(_parquet_rows(p) for p in split_files(path))
 
 
 def read_prepared(out_dir: Path) -> tuple[Preprocessor, dict[str, int]]:

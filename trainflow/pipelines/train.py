@@ -24,7 +24,7 @@ from torch import nn
 
 from trainflow.pipelines.checkpoint import TRAIN_STATE, save_checkpoint
 from trainflow.pipelines.models import build_model
-from trainflow.pipelines.preprocess import FEATURES, LABEL, read_split_batches
+from trainflow.pipelines.preprocess import FEATURES, LABEL, read_split_batches, split_rows
 
 if TYPE_CHECKING:
     import ray.data
@@ -158,15 +158,19 @@ def read_shard(path: str, rank: int, world_size: int, *, equal: bool) -> tuple[t
     ``equal`` drops the last ``rows % world_size`` rows first, so that every worker gets
     as many rows and so as many batches: DDP's all-reduce needs every worker at every step.
     """
-    batches = list(read_split_batches(path, batch_size=1 << 16))
-    x = np.concatenate([b[FEATURES] for b in batches])
-    y = np.concatenate([b[LABEL] for b in batches])
-    if equal:
-        n = len(y) - len(y) % world_size
-        x, y = x[:n], y[:n]
-    return torch.from_numpy(np.ascontiguousarray(x[rank::world_size])), torch.from_numpy(
-        np.ascontiguousarray(y[rank::world_size])
-    )
+    total = split_rows(path)
+    n = total - total % world_size if equal else total
+    xs, ys, offset = [], [], 0
+    # Batch by batch, keeping this worker's rows only: a worker never holds the whole split.
+    for batch in read_split_batches(path, batch_size=1 << 16):
+        rows = np.arange(offset, offset + len(batch[LABEL]))
+        mine = (rows % world_size == rank) & (rows < n)
+        xs.append(batch[FEATURES][mine])
+        ys.append(batch[LABEL][mine])
+        offset = rows[-1] + 1
+    x = np.concatenate(xs) if xs else np.zeros((0, 0), dtype=np.float32)
+    y = np.concatenate(ys) if ys else np.zeros(0, dtype=np.int64)
+    return torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
 
 
 class StreamedEpochs:

@@ -8,7 +8,7 @@ clock. The floor is ``pyarrow.parquet.read_table`` plus NumPy standardization in
 process. Each measurement runs in a fresh process; sizes alternate floor, trainflow.
 
     python benchmarks/ingest.py                      # 1M and 8M rows x 64 features
-    python benchmarks/ingest.py --rows 1000000 16000000   # needs ~17 GB free for the floor
+    python benchmarks/ingest.py --rows 1000000 16000000   # the floor needs ~17 GB at 16M
     python benchmarks/ingest.py --rows 1000000 4000000
     python benchmarks/ingest.py --quick              # 20,000 rows, one round
     python benchmarks/ingest.py --phases --rows 1000000   # where the time goes, pass by pass
@@ -213,8 +213,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    # The floor holds its input about three times over (8.5 GB of RSS at 8M rows), so 16M
-    # rows would need about 17 GB of a machine that is shared: 8M is the default large size.
+    # The floor holds its input about four times over (16.9 GB of RSS at 16M rows), more
+    # than many machines can spare: 8M is the default large size; --rows 1000000 16000000
+    # measures the sizes the results give (on a machine with 24 GB and nothing else running).
     parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 8_000_000])
     parser.add_argument("--rounds", type=int, default=3, help="alternating runs per size; medians reported")
     parser.add_argument("--large-rounds", type=int, default=1, help="rounds for sizes above 4M rows")

@@ -5,8 +5,8 @@ Each size runs in a fresh process with a local Ray cluster of 2 CPUs: trainflow'
 ``inspect_source`` and ``prepare`` (as the flow's ingest and preprocess steps call
 them), then one epoch of ``build_trainer`` with the default scaling (two workers of half
 a CPU) on the prepared splits, reading each split into memory or streaming it by the
-train step's own rule (``train.in_memory: auto``: a split under 1 GB of prepared
-Parquet in memory). Peak memory is
+train step's own rule (``train.in_memory: auto``: a split whose prepared Parquet is
+under 1 GB per worker in memory). Peak memory is
 the largest summed PSS of the process and everything it started (Ray's GCS, raylet,
 workers and object store), sampled every 0.25 s.
 
@@ -75,7 +75,9 @@ def measure(source: str, work: str) -> dict:
             sizes = {
                 name: sum(p.stat().st_size for p in (entry.path / name).rglob("*.parquet")) for name in SPLITS
             }
-            in_memory = in_memory_splits(cfg.train.in_memory, sizes, augment=False)
+            in_memory = in_memory_splits(
+                cfg.train.in_memory, sizes, augment=False, workers=cfg.scaling.num_workers
+            )
             pre = entry.preprocessor
             memory_splits, datasets = split_inputs(entry.path, in_memory=in_memory)
             loop_config = cfg.to_train_loop_config(

@@ -5,7 +5,8 @@ The model is compute-bound: an MLP of 3 x 1024 on 64 features, 10 classes. train
 figure is ``trainflow.pipelines.train.build_trainer`` (a TorchTrainer running
 ``train_loop_per_worker``) on prepared splits in Parquet, as the train step runs it,
 with each worker streaming its train shard from Ray Data every epoch and its val shard
-read once into memory (what ``train.in_memory: auto`` picks for a train split over 1 GB);
+read once into memory (what ``train.in_memory: auto`` picks for a train split over 1 GB
+per worker);
 also with both read once into memory (``always``), with the default scaling of two
 workers of half a CPU, and with both streamed (``never``). Every worker logs when each
 epoch ends; the first epoch (start-up) is left out. Plain PyTorch runs in a fresh
@@ -34,9 +35,9 @@ from common import EPOCH_LOG, add_results_arg, median, ratio, start_ray, workers
 
 TARGET = 0.9  # trainflow's samples/s per worker at least 0.9x plain PyTorch's
 # (workers, CPU each, train.in_memory, the splits it keeps in memory). The first and third
-# are what auto picks for a train split over 1 GB: the train split fed by Ray Data, the
-# small val split in memory; the target is theirs. Then both splits in memory, and both
-# streamed every epoch (never), for reference.
+# are what auto picks for a train split over 1 GB per worker: the train split fed by Ray
+# Data, the small val split in memory; the target is the first's (see targeted). Then
+# both splits in memory, and both streamed every epoch (never), for reference.
 SETUPS = [
     (1, 1.0, "auto", ("val",)),
     (1, 1.0, "always", ("train", "val")),
@@ -190,7 +191,7 @@ def markdown(runs: list[dict], args, note: str) -> str:
             "`train_loop_per_worker` on prepared Parquet splits (validation on 1% of the rows, a "
             "checkpoint and a report per epoch, as every run does). Splits in memory: read once into "
             "tensors; the others stream from Ray Data every epoch. auto: what `train.in_memory: auto` "
-            "picks for a train split over 1 GB (train streamed, val in memory). Plain "
+            "picks for a train split over 1 GB per worker (train streamed, val in memory). Plain "
             "PyTorch: the same model, optimizer and batches over in-memory tensors in one process "
             "with the workers' thread count. Samples/s per worker: the rows each worker trains on "
             f"per epoch over its seconds per epoch; medians over {args.rounds} round(s), plain PyTorch run "

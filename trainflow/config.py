@@ -156,9 +156,9 @@ class TrainConfig(_Section):
     callbacks: list[str] = []
     # Read each worker's shards once, straight from the prepared Parquet, and keep them in
     # memory instead of streaming them from Ray Data every epoch. "auto" decides per
-    # split: the val split when its prepared Parquet is under 1 GB, the train split when
-    # it is under 1 GB and not augmented (so a large train split streams while a small
-    # val split stays in memory). "always" keeps both; "never" streams both, for workers
+    # split: the val split when its prepared Parquet is under 1 GB per worker, the train
+    # split when it is too and is not augmented (so a large train split streams while a
+    # small val split stays in memory). "always" keeps both; "never" streams both, for workers
     # whose memory cannot spare them.
     in_memory: Literal["auto", "always", "never"] = "auto"
 

@@ -132,6 +132,11 @@ def test_auto_keeps_each_split_in_memory_by_its_own_size():
     # Augmented crops are drawn anew each epoch, so that train split streams however small.
     assert tr.in_memory_splits("auto", {"train": small, "val": small}, augment=True) == ("val",)
     assert tr.in_memory_splits("auto", {"train": large, "val": large}, augment=False) == ()
+    # What counts is each worker's share: two workers hold half a large split each.
+    assert tr.in_memory_splits("auto", {"train": large, "val": small}, augment=False, workers=2) == (
+        "train",
+        "val",
+    )
     # The explicit settings hold whatever the sizes.
     assert tr.in_memory_splits("never", {"train": small, "val": small}, augment=False) == ()
     assert tr.in_memory_splits("always", {"train": large, "val": large}, augment=False) == ("train", "val")

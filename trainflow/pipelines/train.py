@@ -160,17 +160,23 @@ def read_shard(path: str, rank: int, world_size: int, *, equal: bool) -> tuple[t
     """
     total = split_rows(path)
     n = total - total % world_size if equal else total
-    xs, ys, offset = [], [], 0
-    # Batch by batch, keeping this worker's rows only: a worker never holds the whole split.
+    count = len(range(rank, n, world_size))
+    x = y = None
+    filled = offset = 0
+    # Batch by batch into arrays of this worker's size: a worker never holds the whole
+    # split, nor its own rows twice.
     for batch in read_split_batches(path, batch_size=1 << 16):
+        if x is None:
+            x = np.empty((count, *batch[FEATURES].shape[1:]), dtype=batch[FEATURES].dtype)
+            y = np.empty(count, dtype=batch[LABEL].dtype)
         rows = np.arange(offset, offset + len(batch[LABEL]))
-        mine = (rows % world_size == rank) & (rows < n)
-        xs.append(batch[FEATURES][mine])
-        ys.append(batch[LABEL][mine])
-        offset = rows[-1] + 1
-    x = np.concatenate(xs) if xs else np.zeros((0, 0), dtype=np.float32)
-    y = np.concatenate(ys) if ys else np.zeros(0, dtype=np.int64)
-    return torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
+        mine = np.flatnonzero((rows % world_size == rank) & (rows < n))
+        x[filled : filled + len(mine)] = batch[FEATURES][mine]
+        y[filled : filled + len(mine)] = batch[LABEL][mine]
+        filled, offset = filled + len(mine), offset + len(rows)
+    if x is None:  # an empty split
+        return torch.zeros((0, 0)), torch.zeros(0, dtype=torch.int64)
+    return torch.from_numpy(x), torch.from_numpy(y)
 
 
 class StreamedEpochs:
@@ -567,21 +573,29 @@ def follow_progress(
         ray.kill(actor)
 
 
-def in_memory_splits(setting: str, split_bytes: dict[str, int], *, augment: bool) -> tuple[str, ...]:
+def in_memory_splits(
+    setting: str, split_bytes: dict[str, int], *, augment: bool, workers: int = 1
+) -> tuple[str, ...]:
     """The splits each worker reads once into memory under ``train.in_memory``.
 
     ``always``: train and val; ``never``: neither, both stream from Ray Data every epoch;
-    ``auto``: each split whose prepared Parquet (``split_bytes``) is under
-    :data:`IN_MEMORY_BYTES`, decided per split, so a small val split stays in memory
-    while a large train split streams. An augmented train split always streams, so its
-    crops and flips are drawn anew each epoch.
+    ``auto``: each split whose share per worker (its prepared Parquet, ``split_bytes``,
+    over ``workers``) is under :data:`IN_MEMORY_BYTES`, decided per split, so a small
+    val split stays in memory while a large train split streams. An augmented train
+    split always streams, so its crops and flips are drawn anew each epoch.
+
+    Per worker, because that is what a worker holds: streaming costs processes of its
+    own (a split coordinator, Ray Data's readers), measured at more memory than a 1.4 GB
+    split held by two workers (benchmarks/scaling.py: 6.4-6.8 against 5.5 GB).
     """
     if setting == "always":
         return SPLITS
     if setting == "never":
         return ()
     return tuple(
-        name for name in SPLITS if split_bytes[name] < IN_MEMORY_BYTES and not (name == "train" and augment)
+        name
+        for name in SPLITS
+        if split_bytes[name] / max(workers, 1) < IN_MEMORY_BYTES and not (name == "train" and augment)
     )
 
 

@@ -118,7 +118,9 @@ def splits_in_memory(config: PipelineConfig, prepared: Prepared) -> tuple[str, .
     # Augmented images stream from Ray Data, so each epoch draws new crops and flips.
     augment = bool((prepared.preprocessor.get("image") or {}).get("augment"))
     sizes = {name: _split_bytes(prepared.split_path(name)) for name in tr.SPLITS}
-    return tr.in_memory_splits(config.train.in_memory, sizes, augment=augment)
+    return tr.in_memory_splits(
+        config.train.in_memory, sizes, augment=augment, workers=config.scaling.num_workers
+    )
 
 
 def describe_splits(in_memory: tuple[str, ...]) -> str:

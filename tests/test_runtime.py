@@ -146,3 +146,14 @@ def test_sweep_concurrency_fits_trials_beside_a_cpu_for_ray_data():
         PreflightError, match=r"one sweep trial does not fit: .*set sweep\.scaling\.resources_per_worker"
     ):
         sweep_concurrency(too_big, {"CPU": 2.0})
+
+
+def test_warm_workers_start_one_per_cpu_with_the_preprocessing_code_imported(ray_cluster):
+    import ray
+
+    from trainflow.runtime import warm_workers
+
+    refs = warm_workers(most=8)
+    assert len(refs) == min(int(ray.cluster_resources()["CPU"]), 8)
+    ray.get(refs, timeout=60)  # a worker that cannot import trainflow.pipelines.tabular fails here
+    assert len(warm_workers(most=1)) == 1

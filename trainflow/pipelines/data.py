@@ -1,7 +1,8 @@
 """Sources into ``ray.data.Dataset``: schema checks, a fingerprint, a seeded split.
 
 Tabular inputs are prepared by :mod:`trainflow.pipelines.tabular`, which reuses the row
-checks and split codes here; image folders go through the Datasets below.
+checks and split codes here; image folders are prepared through the Datasets below,
+which also read raw rows again (:func:`raw_split`, batch prediction).
 
 :func:`inspect_source` reads only metadata in the driver (file listings, Parquet
 footers, the first block of a CSV, NumPy headers), so a missing file, column or a

@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated
 
@@ -76,33 +77,12 @@ def validate(config: ConfigArg = None, set_: SetOpt = None) -> None:
 @app.command()
 def run(config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False) -> None:
     """Run the training pipeline flow and print a summary."""
+    from trainflow.runtime import timeline
+
+    timeline("command parsed")
     cfg = _config(config, set_, smoke)
-    _check_source(cfg)  # before Prefect and Ray start: a bad path costs no start-up
-
-    from trainflow.pipelines.data import DataError
-    from trainflow.runtime import PreflightError, apply_quiet_env, ray_session
-
-    apply_quiet_env()
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-    # Start-up, overlapped: Prefect's temporary server (when no PREFECT_API_URL names a
-    # server), the MLflow store and the flow's imports (torch among them) come up in
-    # threads while this one starts Ray, which waits on processes of its own. One after
-    # another, the server alone held the default job up ~8 s before Ray started.
-    server = _Background("prefect-server", _start_prefect_server)
-    store = _Background("mlflow-store", _open_registry)
-    flow = _Background("import-flow", lambda: importlib.import_module("trainflow.flows.training"))
-
-    try:
-        with ray_session(cfg, _cli_logger()):  # before the flow's logs start: Ray's address
-            for step in (flow, server, store):
-                step.wait()
-            from trainflow.flows.training import training_pipeline
-
-            result = training_pipeline(config=cfg)
-    except (ConfigError, DataError, PreflightError) as e:
-        raise _fail(str(e)) from None
-    except Exception as e:  # the flow's logs above hold the traceback
-        raise _fail(f"the training flow failed: {type(e).__name__}: {e}", code=1) from None
+    _check_before_start(cfg)
+    result = _run_flow(cfg, "trainflow.flows.training", "training_pipeline", "training")
 
     reg = result.registered
     lines = [
@@ -137,6 +117,84 @@ def _cli_logger() -> logging.Logger:
     return logger
 
 
+def _check_before_start(cfg: PipelineConfig, sweep: bool = False) -> None:
+    """What can fail before Prefect and Ray start, in one line: the data source, and what
+    the run asks of the local cluster it would start (GPUs, CPUs)."""
+    from trainflow.runtime import PreflightError, preflight_local, timeline
+
+    _check_source(cfg)
+    try:
+        preflight_local(cfg, sweep=sweep)
+    except PreflightError as e:
+        raise _fail(str(e)) from None
+    timeline("config, source and resources checked")
+
+
+def _run_flow(cfg: PipelineConfig, module: str, flow_name: str, what: str, sweep: bool = False):
+    """Start what the flow needs, overlapped, then call it: Prefect's temporary server
+    first (when no server is configured), so that its start-up does not wait behind Ray
+    and torch for the CPU; then the flow's imports (torch) and the MLflow store in
+    threads while this thread starts Ray. Expected errors end in one line."""
+    import warnings
+
+    from trainflow import prefect_server
+    from trainflow.runtime import apply_quiet_env, ray_session, timeline, workspace
+
+    apply_quiet_env()
+    # MLflow hides this pydantic warning in warnings.catch_warnings(), which is not
+    # thread-safe: imported beside other threads, it leaks through now and then.
+    warnings.filterwarnings("ignore", message=r'Field name "schema" in "JsonSchemaSpec" shadows')
+    with ExitStack() as stack:
+        server = None
+        if prefect_server.configured_api_url() is None:
+            log = workspace().home / "prefect-server.log"
+            server = stack.enter_context(prefect_server.TemporaryServer(log))
+            timeline("prefect server started")
+        store = _Background("mlflow-store", _open_registry)
+        flow = _Background("import-flow", lambda: importlib.import_module(module))
+        try:
+            # before the flow, so that its logs follow the line with Ray's address
+            with ray_session(cfg, _cli_logger(), "sweep" if sweep else "train"):
+                timeline("ray started")
+                flow.wait()
+                timeline("flow imported")
+                if server is not None:
+                    server.wait()
+                    timeline("prefect server answered")
+                store.wait()
+                timeline("mlflow store open")
+                _one_line_expected_errors()
+                result = getattr(sys.modules[module], flow_name)(config=cfg)
+                timeline("flow returned")
+            timeline("ray shut down")
+        except prefect_server.PrefectServerError as e:
+            raise _fail(str(e), code=1) from None
+        except Exception as e:
+            if _expected(e):
+                raise _fail(str(e)) from None
+            # the flow's logs above hold the traceback
+            raise _fail(f"the {what} flow failed: {type(e).__name__}: {e}", code=1) from None
+    timeline("prefect server stopped")
+    return result
+
+
+def _expected(error: BaseException) -> bool:
+    """A failure the user fixes from its message (bad config or data, a cluster too
+    small, no sweep trial that worked): one line, exit code 2."""
+    from trainflow.flows.logs import EXPECTED_ERRORS
+
+    return isinstance(error, EXPECTED_ERRORS)
+
+
+def _one_line_expected_errors() -> None:
+    """On the console, a flow's expected failure (bad data, a config or preflight error)
+    is this command's one ``error:`` line: Prefect's own records of it (the task's and the
+    flow's failure, with tracebacks) stay in the run's logs on the server, one line each."""
+    from trainflow.flows.logs import drop_expected_errors_on_console
+
+    drop_expected_errors_on_console()
+
+
 class _Background:
     """A start-up step in a thread of its own; ``wait()`` joins it and raises its error."""
 
@@ -157,18 +215,6 @@ class _Background:
         self.thread.join()
         if self.error is not None:
             raise self.error
-
-
-def _start_prefect_server() -> None:
-    """Prefect's temporary server, as the flow would start it on its first API call
-    (the same instance: the flow then finds it running). Nothing when a server is set."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
-
-    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
-        return
-    from prefect.server.api.server import SubprocessASGIServer
-
-    SubprocessASGIServer().start()
 
 
 def _open_registry() -> None:
@@ -193,22 +239,8 @@ def sweep(
             f"{config} has no sweep section; add one such as "
             "sweep: {space: {train.lr: {loguniform: [0.0001, 0.1]}}, trials: 8}"
         )
-    _check_source(cfg)  # before Prefect and Ray start
-
-    from trainflow.pipelines.data import DataError
-    from trainflow.pipelines.sweep import SweepFailed
-    from trainflow.runtime import PreflightError, apply_quiet_env
-
-    apply_quiet_env()
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-    from trainflow.flows.sweep import sweep_pipeline
-
-    try:
-        result = sweep_pipeline(config=cfg)
-    except (ConfigError, DataError, PreflightError, SweepFailed) as e:
-        raise _fail(str(e)) from None
-    except Exception as e:  # the flow's logs above hold the traceback
-        raise _fail(f"the sweep flow failed: {type(e).__name__}: {e}", code=1) from None
+    _check_before_start(cfg, sweep=True)
+    result = _run_flow(cfg, "trainflow.flows.sweep", "sweep_pipeline", "sweep", sweep=True)
     if best_config is not None:
         import os
         import shutil
@@ -503,6 +535,11 @@ def models_rollback(name: NameArg) -> None:
 
 
 def main() -> None:
+    import atexit
+
+    from trainflow.runtime import timeline
+
+    atexit.register(timeline, "exit")  # registered first, so it runs after every other exit hook
     app(prog_name="trainflow")
 
 

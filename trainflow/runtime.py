@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from trainflow.config import PipelineConfig, ScalingSection, SweepConfig
 
@@ -37,7 +38,56 @@ QUIET_ENV = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.05",
     # MLflow draws a progress bar per artifact copy; trainflow logs the step instead.
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    # MLflow sets its loggers to INFO when imported, and announces the embedded store's
+    # table creation and migrations there: nothing a user acts on.
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
 }
+
+
+def _process_start() -> float:
+    """When this process started, on the monotonic clock (Linux); else when this module loaded."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        booted = time.clock_gettime(time.CLOCK_BOOTTIME) - time.monotonic()
+        return ticks / os.sysconf("SC_CLK_TCK") - booted
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.monotonic()
+
+
+_STARTED = _process_start()
+TIMELINE = "TRAINFLOW_TIMELINE"
+
+
+def timeline(phase: str) -> None:
+    """With TRAINFLOW_TIMELINE=1, print ``timeline <s since the process started> <phase>`` on
+    stderr: where a run's time goes, for ``benchmarks/overhead.py --phases``."""
+    if os.environ.get(TIMELINE) == "1":
+        print(f"timeline {time.monotonic() - _STARTED:.3f} {phase}", file=sys.stderr, flush=True)
+
+
+# Set when trainflow starts a local cluster; a value already in the environment wins.
+LOCAL_CLUSTER_ENV = {
+    # Train V2's preemption watcher (an early warning that a node is being drained)
+    # starts an actor that Ray core reports as an ERROR line on every run (ray issue
+    # 53727); one local node is never drained.
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+}
+
+
+class _TokenAuthNotice(logging.Filter):
+    """Ray keeps token authentication on for a local cluster it starts, and says so on
+    every start unless RAY_AUTH_MODE was set before ray was imported. trainflow keeps it
+    on (the cluster's ports listen on every interface, and without a token anyone who
+    reaches them runs code) and drops the notice; Ray's warning that auth is off stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
+def _quiet_token_auth_notice() -> None:
+    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _TokenAuthNotice) for f in logger.filters):
+        logger.addFilter(_TokenAuthNotice())
 
 
 def quiet_worker() -> None:
@@ -71,6 +121,12 @@ def quiet_worker() -> None:
     # Each Dataset execution in a worker (the training splits) warns that progress
     # bars are off: trainflow turns them off on purpose away from a terminal.
     logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
+    # Train's controller registers the workers' resources with an autoscaling
+    # coordinator actor (a fixed local cluster has nothing to scale) and, when that call
+    # misses its 5 s timeout on a busy machine, logs a traceback it calls safe to ignore.
+    logging.getLogger(
+        "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client"
+    ).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.")
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
@@ -125,9 +181,13 @@ def ray_address(config: PipelineConfig) -> str | None:
 
 @contextmanager
 def ray_session(
-    config: PipelineConfig, logger: logging.Logger | logging.LoggerAdapter = log
+    config: PipelineConfig,
+    logger: logging.Logger | logging.LoggerAdapter = log,
+    workers: Literal["train", "sweep"] | None = "train",
 ) -> Iterator[None]:
     """Connect to Ray for the length of a run, and shut down only what this started.
+    ``workers``: what the run will ask of a local cluster it starts, checked before it
+    starts: training workers (``scaling``), sweep trials (``sweep.scaling``), or nothing.
 
     An already initialized Ray (a test's session cluster, a notebook) is used as is.
     A local cluster is started in the calling thread, which must outlive the run: Ray's
@@ -142,6 +202,12 @@ def ray_session(
     if address:
         check_reachable(address)
         logger.info("connecting to the Ray cluster at %s", address)
+    else:
+        if workers:  # before the cluster starts: its size is known
+            preflight_local(config, sweep=workers == "sweep")
+        for key, value in LOCAL_CLUSTER_ENV.items():
+            os.environ.setdefault(key, value)
+        _quiet_token_auth_notice()
     # "local" starts a cluster for this run. Ray's own default (None) would attach to
     # whichever cluster `ray start` last left on this machine: a cluster is only ever
     # shared when the config or RAY_ADDRESS says so.
@@ -168,6 +234,43 @@ def warm_workers(most: int = 8) -> list:
 
     task = ray.remote(num_cpus=1)(_import_prepare_code)
     return [task.remote() for _ in range(min(int(ray.cluster_resources().get("CPU", 0)), most))]
+
+
+def local_cluster_resources() -> dict[str, float] | None:
+    """What a local cluster that ``ray.init()`` starts on this machine would have (CPUs,
+    GPUs, memory), found the way Ray finds it (cgroup limits, CUDA_VISIBLE_DEVICES,
+    RAY_OVERRIDE_RESOURCES) without starting anything; None if Ray's detection moved."""
+    try:
+        from ray._private.resource_and_label_spec import ResourceAndLabelSpec
+
+        spec = ResourceAndLabelSpec().resolve(is_head=True, node_ip_address="127.0.0.1")
+        return {name: float(amount) for name, amount in spec.to_resource_dict().items()}
+    except (ImportError, AttributeError, TypeError, ValueError):
+        # A private API of Ray's: where it changed, the preflight after ray.init still checks.
+        return None
+
+
+def preflight_local(config: PipelineConfig, sweep: bool = False) -> None:
+    """PreflightError now, before Prefect or Ray start, when the run will start a local
+    Ray cluster that cannot hold its training workers (or one sweep trial): a GPU on a
+    machine without one, more CPUs than it has. A run on a cluster elsewhere is checked
+    by :func:`preflight` once connected."""
+    import ray
+
+    if ray.is_initialized() or ray_address(config):
+        return
+    total = local_cluster_resources()
+    if total is None:
+        return
+    try:
+        if sweep and config.sweep is not None:
+            sweep_concurrency(config.sweep, total)
+        else:
+            fit_scaling(config.scaling, total)
+    except PreflightError as e:
+        raise PreflightError(
+            str(e).replace("the Ray cluster has", "the local Ray cluster on this machine would have")
+        ) from None
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:

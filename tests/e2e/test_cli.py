@@ -12,10 +12,13 @@ REPO = Path(__file__).resolve().parents[2]
 TRAINFLOW = [sys.executable, "-m", "trainflow.cli"]
 
 
-def trainflow(*args, home: Path, timeout=600) -> subprocess.CompletedProcess:
+def trainflow(
+    *args, home: Path, timeout=600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """`trainflow ARGS` as a subprocess, as a user types it: its own imports, Prefect's
-    temporary server and Ray cluster, each a few seconds of start-up."""
-    env = {**os.environ, "TRAINFLOW_HOME": str(home)}
+    temporary server and Ray cluster, each a few seconds of start-up. ``env``: more
+    environment variables."""
+    env = {**os.environ, **(env or {}), "TRAINFLOW_HOME": str(home)}
     for key in ("RAY_ADDRESS", "PREFECT_API_URL", "MLFLOW_TRACKING_URI"):
         env.pop(key, None)
     return subprocess.run(

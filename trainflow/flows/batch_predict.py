@@ -9,6 +9,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from trainflow.config import PipelineConfig
+from trainflow.flows.logs import one_line_expected_errors
 from trainflow.runtime import ray_session
 from trainflow.tasks.predict import Predicted, check_input, predict, resolve_model
 from trainflow.tasks.steps import artifact_key
@@ -35,12 +36,13 @@ def batch_predict(
         use_gpu: one GPU per actor.
         ray_address: a running Ray cluster; None: RAY_ADDRESS, else a local one.
     """
+    one_line_expected_errors()
     start = time.perf_counter()
     # resolve the model and check the input, before Ray starts
     ref = resolve_model(model)
     info = check_input(input, output, ref)
     # predict
-    with ray_session(PipelineConfig(ray={"address": ray_address})):
+    with ray_session(PipelineConfig(ray={"address": ray_address}), workers=None):
         rows = predict(info, output, ref, batch_size, concurrency, use_gpu)
     result = Predicted(
         model=ref.uri,

@@ -8,6 +8,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from trainflow.config import ConfigError, PipelineConfig
+from trainflow.flows.logs import one_line_expected_errors
 from trainflow.flows.training import one_run_per_model, resolve_config, timed
 from trainflow.runtime import preflight_sweep, ray_session
 from trainflow.tasks import evaluate, ingest, preprocess, register
@@ -33,6 +34,7 @@ def sweep_pipeline(config: PipelineConfig | str, overrides: list[str] | None = N
         config: a config with a ``sweep`` section, or the path of a YAML/JSON one.
         overrides: dotted overrides applied on top, such as ``["sweep.trials=16"]``.
     """
+    one_line_expected_errors()
     logger = get_run_logger()
     config = resolve_config(config, overrides)
     if config.sweep is None:
@@ -44,7 +46,7 @@ def sweep_pipeline(config: PipelineConfig | str, overrides: list[str] | None = N
 
     # ingest: in the driver, before any Ray worker starts (cached across runs)
     source, timings["ingest"] = timed(ingest, config)
-    with ray_session(config, logger):
+    with ray_session(config, logger, workers="sweep"):
         # how many trials fit side by side, each with sweep.scaling's workers
         max_concurrent = preflight_sweep(config, logger)
         # preprocess once for every trial (cached across runs)

@@ -14,7 +14,8 @@ from prefect.concurrency.sync import concurrency
 from prefect.runtime import flow_run
 
 from trainflow.config import ConfigError, PipelineConfig, load_config, smoke_config
-from trainflow.runtime import preflight, ray_session
+from trainflow.flows.logs import one_line_expected_errors
+from trainflow.runtime import preflight, ray_session, timeline
 from trainflow.tasks import evaluate, ingest, preprocess, register, train
 from trainflow.tasks.results import PipelineResult
 from trainflow.tasks.steps import artifact_key
@@ -71,6 +72,7 @@ def timed(step, *args, cached: list[str] | None = None) -> tuple[Any, float]:
     """Call a task and measure its wall time, retries included, for the run's summary.
     A task that Prefect answered from its cache is added to ``cached``."""
     start = time.perf_counter()
+    timeline(f"{step.name} start")
     state = step(*args, return_state=True)
     out = state.result()
     if cached is not None and state.name == "Cached":
@@ -94,6 +96,7 @@ def training_pipeline(
         smoke: a quick end-to-end check: a sample of the data, one epoch, one worker,
             registered as ``<name>-smoke``.
     """
+    one_line_expected_errors()
     logger = get_run_logger()
     config = resolve_config(config, overrides, smoke)
     timings: dict[str, float] = {}

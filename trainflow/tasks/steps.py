@@ -22,7 +22,7 @@ from trainflow.pipelines import data, models, registry, reports
 from trainflow.pipelines import evaluate as ev
 from trainflow.pipelines import preprocess as prep
 from trainflow.pipelines import train as tr
-from trainflow.runtime import workspace
+from trainflow.runtime import timeline, workspace
 from trainflow.tasks.results import Evaluated, Prepared, Registered, Trained
 
 # Ingest and preprocess cache across flow runs. Each record is a file at an absolute
@@ -177,6 +177,7 @@ def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
     meter = _ProgressMeter(config.name, epochs, logger)
 
     def on_row(row: dict[str, Any]) -> None:
+        timeline(f"train worker row {row['kind']} epoch {row.get('epoch', row.get('start_epoch'))}")
         if row["kind"] == "start":
             if row["start_epoch"]:
                 logger.info("resuming from the checkpoint of epoch %d", row["start_epoch"])
@@ -194,8 +195,10 @@ def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
             )
             meter.update(row["epoch"])
 
+    timeline("train fit start")
     with tr.follow_progress(progress, on_row) as seen:
         result = trainer.fit()
+    timeline("train fit returned")
     outcome = result.return_value or {"status": "completed", "epoch": epochs, "message": ""}
     if outcome["status"] == "diverged":
         raise tr.TrainingDiverged(outcome["message"])

@@ -1,0 +1,128 @@
+"""The front door as a new user meets it: the first `trainflow run` on a machine with an
+empty PREFECT_HOME, a quiet console, and expected failures in one line, fast.
+
+The run and the resource failures run the command as a subprocess, as a user types it;
+the data failure runs it in this process (tests/e2e/test_cli.py says why)."""
+
+import re
+
+import pytest
+
+from tests.e2e.test_cli import REPO, trainflow, trainflow_in_process
+from trainflow.prefect_server import PrefectServerError, TemporaryServer
+from trainflow.runtime import local_cluster_resources
+
+# A Prefect log line, as its console handler writes one: "04:22:49.465 | INFO    | ...".
+PREFECT_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d{3} \| (\w+) +\| ")
+
+
+@pytest.mark.slow
+def test_first_run_on_a_new_machine_succeeds_quietly(tmp_path):
+    """An empty PREFECT_HOME: Prefect's server creates its database while Ray and torch
+    start beside it, the moment the first `make run` used to fail."""
+    home, prefect_home = tmp_path / "home", tmp_path / "prefect-home"
+    out = trainflow(
+        "run", "configs/digits.yaml", "--smoke", home=home, env={"PREFECT_HOME": str(prefect_home)}
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (prefect_home / "prefect.db").is_file()  # the run's own, new Prefect database
+
+    # The summary; a smoke run registers under its own name.
+    summary = out.stdout[out.stdout.index("model       digits-smoke") :]
+    assert "digits-smoke version 1 -> champion" in summary
+    assert re.search(r"test        accuracy 0\.\d+, macro_f1 0\.\d+", summary)
+    assert "steps       ingest" in summary
+
+    # Nothing on the console a user cannot act on: Prefect's INFO lines of the flow and
+    # its tasks, and nothing else (no traceback, no native log line, no warning).
+    others = [
+        line
+        for line in out.stderr.splitlines()
+        if line.strip() and not (PREFECT_LINE.match(line) and PREFECT_LINE.match(line).group(1) == "INFO")
+    ]
+    assert others == [], out.stderr[-3000:]
+    assert "Starting temporary server" not in out.stderr
+
+    show = trainflow("models", "show", "digits-smoke@champion", home=home)
+    assert show.returncode == 0, show.stderr
+    assert '"gate.passed": "True"' in show.stdout
+
+
+def more_than_this_machine_has() -> list[tuple[list[str], str]]:
+    """Scalings a local cluster on this machine cannot hold, whatever the machine."""
+    total = local_cluster_resources()
+    gpus, cpus = int(total.get("GPU", 0)), int(total["CPU"])
+    return [
+        (
+            ["--set", "scaling.use_gpu=true", "--set", f"scaling.num_workers={gpus + 1}"],
+            rf"{gpus + 1} workers x 1 GPU = {gpus + 1} GPUs, the local Ray cluster on this machine "
+            rf"would have {gpus}: set scaling.use_gpu=false",
+        ),
+        (
+            ["--set", f"scaling.num_workers={4 * cpus + 64}"],
+            rf"the local Ray cluster on this machine would have {cpus}: set "
+            r"scaling.resources_per_worker.CPU to at most",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("args, message", more_than_this_machine_has())
+def test_a_run_the_machine_cannot_hold_fails_in_one_line_before_anything_starts(tmp_path, args, message):
+    home = tmp_path / "home"
+    out = trainflow("run", *args, home=home)
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.search(message, lines[0]), out.stderr
+    # Neither Prefect's server, Ray nor the registry started.
+    assert not (home / "prefect-server.log").exists() and not (home / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_bad_data_inside_the_flow_is_one_line_on_the_console_and_in_the_run_logs(
+    ray_cluster, prefect_harness, trainflow_home, tmp_path, monkeypatch, capfd
+):
+    import pandas as pd
+
+    from tests.flows.test_training_pipeline import flow_logs
+
+    bad = pd.read_csv(REPO / "configs" / "data" / "churn.csv")
+    bad.loc[[3, 7], "monthly_fee"] = float("inf")
+    bad.to_csv(tmp_path / "bad.csv", index=False)
+    monkeypatch.chdir(REPO)
+    capfd.readouterr()
+    out = trainflow_in_process("run", "configs/churn.yaml", "--set", f"data.source={tmp_path / 'bad.csv'}")
+    assert out.returncode == 2
+    console = capfd.readouterr().err + out.stdout + out.stderr
+    errors = [line for line in console.splitlines() if "monthly_fee" in line]
+    assert len(errors) == 1 and errors[0].startswith("error: data.source "), console[-3000:]
+    assert "Traceback" not in console
+
+    # What a deployment run shows in its logs: the failure, one line each, no traceback.
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_runs(limit=1, sort=FlowRunSort.START_TIME_DESC)[0]
+    assert run.state.is_failed() and "column 'monthly_fee' holds inf" in run.state.message
+    logs = flow_logs(run.id)
+    assert any("monthly_fee" in line for line in logs)
+    assert not [line for line in logs if "Traceback" in line], logs
+
+
+def test_the_temporary_server_that_exits_says_so_in_one_line(tmp_path, monkeypatch):
+    # A database the server cannot open: its start-up fails, and the wait says so at once.
+    monkeypatch.setenv(
+        "PREFECT_API_DATABASE_CONNECTION_URL", f"sqlite+aiosqlite:///{tmp_path}/no/such/dir/x.db"
+    )
+    with pytest.raises(PrefectServerError, match=r"^Prefect's temporary server exited with code \d+ .*log: "):
+        with TemporaryServer(tmp_path / "server.log", timeout_s=120) as server:
+            server.wait()
+
+
+def test_the_temporary_server_that_does_not_answer_in_time_says_what_to_do(tmp_path):
+    with pytest.raises(
+        PrefectServerError, match=r"did not answer within 0\.01 s .*PREFECT_SERVER_EPHEMERAL_STARTUP"
+    ):
+        with TemporaryServer(tmp_path / "server.log", timeout_s=0.01) as server:
+            server.wait()

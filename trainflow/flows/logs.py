@@ -1,0 +1,71 @@
+"""Expected failures read as one line in Prefect's logs.
+
+A bad config, bad data, a cluster too small for the run or a sweep with no working
+trial is the user's to fix from the message: Prefect's engine logs each failed task
+and flow run with a full traceback, which users read as a crash of trainflow. The
+flows keep those records but drop the traceback; the ``trainflow`` command, which
+prints the error itself, also keeps them off its console.
+"""
+
+import logging
+
+from trainflow.config import ConfigError
+from trainflow.pipelines.data import DataError
+from trainflow.pipelines.sweep import SweepFailed
+from trainflow.runtime import PreflightError
+
+EXPECTED_ERRORS = (ConfigError, DataError, PreflightError, SweepFailed)
+# The loggers of Prefect's flow and task run records (console and API handlers).
+RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+_NAMES = tuple(cls.__name__ for cls in EXPECTED_ERRORS)
+
+
+def is_expected(record: logging.LogRecord) -> bool:
+    """A record of an expected failure: it carries one, or names one (Prefect's
+    ``Finished in state Failed('... DataError: ...')`` line carries only the text)."""
+    if getattr(record, "trainflow_expected", False):
+        return True
+    if record.levelno < logging.ERROR:
+        return False
+    message = record.getMessage()
+    return any(f"{name}:" in message or f"{name}(" in message for name in _NAMES)
+
+
+class OneLineExpectedErrors(logging.Filter):
+    """Keeps a record of an expected failure, without its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], EXPECTED_ERRORS):
+            record.exc_info = None
+            record.exc_text = None
+            record.trainflow_expected = True
+        return True
+
+
+class DropExpectedErrors(logging.Filter):
+    """Drops records of expected failures (for a console where the error is said once)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not is_expected(record)
+
+
+def one_line_expected_errors() -> None:
+    """Install :class:`OneLineExpectedErrors` on Prefect's run loggers (once)."""
+    for name in RUN_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, OneLineExpectedErrors) for f in logger.filters):
+            logger.addFilter(OneLineExpectedErrors())
+
+
+def drop_expected_errors_on_console() -> None:
+    """Keep expected failures off Prefect's console handlers in this process; the API
+    handler still sends their one-line records to the server."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    one_line_expected_errors()
+    for name in RUN_LOGGERS:
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, PrefectConsoleHandler) and not any(
+                isinstance(f, DropExpectedErrors) for f in handler.filters
+            ):
+                handler.addFilter(DropExpectedErrors())

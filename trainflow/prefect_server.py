@@ -1,0 +1,204 @@
+"""Prefect's temporary API server for one command, started first and waited on with a
+deadline that fits a busy machine.
+
+With no ``PREFECT_API_URL``, a flow run starts Prefect's temporary server itself on its
+first API call and gives it ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` (20)
+to answer. Its first start on a machine runs every database migration, and on two busy
+cores, beside a Ray cluster and torch imports starting at the same time, it can miss
+that deadline: the run then fails before it begins. ``trainflow run`` and ``trainflow
+sweep`` start the same server (``uvicorn prefect.server.api.server:create_app``, as
+Prefect does) before Ray and torch start, point ``PREFECT_API_URL`` at it, and wait for
+its health check right before the flow needs it, for up to :data:`START_TIMEOUT_S`
+seconds; if it exits or misses that, the command fails in one line saying what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+# Seconds to wait for the server's health check. An empty PREFECT_HOME on two idle cores
+# answers in about 12 s (migrations); with both cores busy, a minute or more. A value of
+# PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS in the environment wins.
+START_TIMEOUT_S = 180.0
+TIMEOUT_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+# uvicorn's exit code when the app's start-up failed, or its port was taken in between.
+_STARTUP_FAILED = 3
+
+
+class PrefectServerError(RuntimeError):
+    """The temporary server did not come up; the message says what to do."""
+
+
+def configured_api_url() -> str | None:
+    """The Prefect API a flow run would use (environment or profile), or None when it
+    would start a temporary server of its own."""
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    if settings.api.url:
+        return str(settings.api.url)
+    if not settings.server.ephemeral.enabled:
+        return "(PREFECT_SERVER_EPHEMERAL_ENABLED=false)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TemporaryServer:
+    """Prefect's temporary server in a subprocess on loopback, for this process's flows."""
+
+    def __init__(self, log_path: Path, timeout_s: float | None = None) -> None:
+        self.log_path = log_path
+        env_timeout = os.environ.get(TIMEOUT_ENV)
+        self.timeout_s = timeout_s or (float(env_timeout) if env_timeout else START_TIMEOUT_S)
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+        self._settings = None
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def __enter__(self) -> TemporaryServer:
+        """Start the server and point this process's Prefect client at it until exit."""
+        self._start()
+        self._point_at_server()
+        return self
+
+    def _point_at_server(self) -> None:
+        """PREFECT_API_URL for this process: in the environment, for Prefect's
+        process-wide settings (what threads without a settings context of their own
+        read, such as the one that follows training progress) and for this thread's."""
+        from prefect.context import refresh_global_settings_context
+        from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
+
+        if self._settings is not None:
+            self._settings.__exit__(None, None, None)
+        # No UI here: without an empty UI URL, Prefect logs a "View at" link to nothing.
+        urls = {"PREFECT_API_URL": self.api_url, "PREFECT_UI_URL": ""}
+        os.environ.update(urls)
+        refresh_global_settings_context()
+        self._settings = temporary_settings(updates={PREFECT_API_URL: self.api_url, PREFECT_UI_URL: ""})
+        self._settings.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _start(self) -> None:
+        import prefect
+        from prefect.settings import get_current_settings
+
+        self.port = _free_port()
+        env = {
+            **{k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_URL")},
+            # What Prefect's own temporary server runs with: no UI, no background services.
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+        }
+        settings = get_current_settings().to_environment_variables(exclude_unset=True)
+        env.update({k: v for k, v in settings.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_URL")})
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "--app-dir",
+                    str(Path(prefect.__file__).parent.parent),
+                    "--factory",
+                    "prefect.server.api.server:create_app",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--log-level",
+                    "error",
+                    "--lifespan",
+                    "on",
+                ],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.started = time.monotonic()
+
+    def wait(self) -> None:
+        """Return once the server answers its health check; PrefectServerError if it exits
+        or has not answered within the deadline (counted from its start)."""
+        deadline = self.started + self.timeout_s
+        retries = 3
+        while True:
+            code = self.process.poll()
+            if code == _STARTUP_FAILED and "address already in use" in self._log() and retries:
+                retries -= 1  # another process took the port in between: again on another
+                self._start()
+                self._point_at_server()
+                continue
+            if code is not None:
+                raise PrefectServerError(
+                    f"Prefect's temporary server exited with code {code} before it answered: "
+                    f"{self._last_log_line()} (whole log: {self.log_path}); start a server with "
+                    "`prefect server start` and set PREFECT_API_URL=http://127.0.0.1:4200/api"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise PrefectServerError(
+                    f"Prefect's temporary server did not answer within {self.timeout_s:g} s "
+                    f"(log: {self.log_path}); the machine may be too busy: run again, set "
+                    f"{TIMEOUT_ENV} higher, or start a server with `prefect server start` and set "
+                    "PREFECT_API_URL=http://127.0.0.1:4200/api"
+                )
+            time.sleep(0.1)
+
+    def _log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def _last_log_line(self) -> str:
+        """The server log's last error line (an exception's), else its last line."""
+        lines = [line.strip() for line in self._log().splitlines() if line.strip()]
+        errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception)\b", line)]
+        return (errors or lines or ["no output"])[-1]
+
+    def stop(self) -> None:
+        if self._settings is not None:
+            self._settings.__exit__(None, None, None)
+            self._settings = None
+        if os.environ.get("PREFECT_API_URL") == self.api_url:
+            from prefect.context import refresh_global_settings_context
+
+            del os.environ["PREFECT_API_URL"]
+            os.environ.pop("PREFECT_UI_URL", None)
+            refresh_global_settings_context()
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None

@@ -12,7 +12,8 @@ The four rows, each a whole command in a fresh TRAINFLOW_HOME:
 - bare_ray_default: benchmarks/bare_ray.py as Ray's getting-started guide writes it
   (Ray Data streams both splits every epoch, Ray's default controller poll of 2 s);
 - bare_ray_tuned: the same script with trainflow's tunings, `--in-memory` (both splits
-  read into the workers once) and RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=0.05;
+  read into the workers once) and the Ray settings trainflow sets for itself
+  (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=0.05, see tuned_env);
 - plain_torch: benchmarks/plain_torch.py, one process, no Ray.
 
 Each run's wall time is the command's; its CPU seconds (user + system) are those of its
@@ -48,10 +49,22 @@ TARGETS = {
     "trainflow_vs_bare_ray_tuned_wall": 1.2,
     "trainflow_vs_bare_ray_tuned_cpu": 1.2,
 }
+
+
+def tuned_env() -> dict[str, str]:
+    """The Ray settings trainflow gives its own runs (trainflow/runtime.py), for the tuned
+    bare script: RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=0.05, and whatever else trainflow sets
+    for Ray (a local cluster's settings included) when it sets more."""
+    from trainflow import runtime
+
+    env = {k: v for k, v in runtime.QUIET_ENV.items() if k.startswith("RAY_")}
+    env.update(getattr(runtime, "LOCAL_CLUSTER_ENV", {}))
+    return env
+
+
 # The environment a run must not inherit: another cluster or server, or a tuning that
 # belongs to only one of the rows.
-SCRUB = ("RAY_ADDRESS", "PREFECT_API_URL", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "TRAINFLOW_TIMELINE")
-TUNED_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.05"}  # trainflow's own, trainflow/runtime.py
+SCRUB = {"RAY_ADDRESS", "PREFECT_API_URL", "TRAINFLOW_TIMELINE", *tuned_env()}
 
 
 def commands(epochs: int) -> dict[str, tuple[list[str], dict[str, str]]]:
@@ -60,7 +73,7 @@ def commands(epochs: int) -> dict[str, tuple[list[str], dict[str, str]]]:
     return {
         "trainflow": ([py, "-m", "trainflow.cli", "run", "--set", f"train.epochs={epochs}"], {}),
         "bare_ray_default": (bare, {}),
-        "bare_ray_tuned": ([*bare, "--in-memory"], TUNED_ENV),
+        "bare_ray_tuned": ([*bare, "--in-memory"], tuned_env()),
         "plain_torch": ([py, str(HERE / "plain_torch.py"), "--epochs", str(epochs)], {}),
     }
 
@@ -203,7 +216,9 @@ def markdown(figures: dict) -> str:
         "`bare_ray_default` is `benchmarks/bare_ray.py` as Ray's guide writes it (Ray Data "
         "streams both splits every epoch; Ray's 2 s controller poll); `bare_ray_tuned` is the "
         "same script with `--in-memory` (both splits passed to the workers once, kept as "
-        "tensors) and `RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=0.05`, trainflow's own tunings. "
+        "tensors) and the Ray settings trainflow gives itself ("
+        + ", ".join(f"`{k}={v}`" for k, v in figures["commands"]["bare_ray_tuned"]["env"].items())
+        + "). "
         f"CPU seconds are user + system of each command's whole process tree ({figures['cpu_method']}), "
         "Ray's and Prefect's processes included, until the last of them exited. Peak RSS is the "
         "driver process's alone. Load average (1 min) around the runs: "

@@ -24,6 +24,7 @@ RESULTS = HERE / "results"
 # The load on the machine when this benchmark started and when it wrote its results: the
 # machines are shared, and other work moves wall times.
 LOAD_AT_START = os.getloadavg()
+STARTED = time.monotonic()  # how long a section took to measure, recorded with its results
 PACKAGES = ("trainflow", "torch", "ray", "prefect", "mlflow-skinny", "pyarrow", "numpy")
 
 
@@ -94,6 +95,7 @@ def write_section(section: str, figures: dict[str, Any], markdown: str, results:
         "section": section,
         "date": now(),
         "command": command_line(),
+        "took_s": round(time.monotonic() - STARTED, 1),
         "machine": machine(),
         "versions": versions(),
         **figures,

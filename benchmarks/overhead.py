@@ -110,14 +110,18 @@ def parse_timeline(text: str) -> list[tuple[float, str]]:
 
 
 def phase_durations(marks: list[tuple[float, str]], end_s: float) -> list[dict]:
-    """Each phase from its mark to the next mark; the last one to ``end_s`` (the
-    command's exit, measured from its start)."""
+    """Each phase from its mark to the next mark (``until``); the last one to ``end_s``
+    (the command's exit, measured from its start). Naming both ends makes the table
+    read right whether a mark names what starts there or what has just finished."""
     if marks and marks[0][0] > 0:
-        marks = [(0.0, "(process start to the first mark)"), *marks]
+        marks = [(0.0, "(process start)"), *marks]
     out = []
     for i, (at, name) in enumerate(marks):
-        until = marks[i + 1][0] if i + 1 < len(marks) else max(end_s, at)
-        out.append({"phase": name, "start_s": round(at, 2), "duration_s": round(until - at, 2)})
+        last = i + 1 == len(marks)
+        until, next_name = (max(end_s, at), "(command exits)") if last else marks[i + 1]
+        out.append(
+            {"phase": name, "until": next_name, "start_s": round(at, 2), "duration_s": round(until - at, 2)}
+        )
     return out
 
 
@@ -133,8 +137,8 @@ def phases(epochs: int, quick: bool, results: Path | None) -> Path:
         "",
         "One `trainflow run` of the digits job "
         f"(`--set train.epochs={epochs}`) and one `trainflow run --smoke`, each in a fresh "
-        "TRAINFLOW_HOME with `TRAINFLOW_TIMELINE=1`: a phase lasts from its mark to the next "
-        "(the last, to the command's exit). Marks count from the process's start; wall and CPU "
+        "TRAINFLOW_HOME with `TRAINFLOW_TIMELINE=1`: each row is the time from one timeline mark "
+        "to the next (the last, to the command's exit). Marks count from the process's start; wall and CPU "
         "are the whole command's, measured as in the overhead section.",
     ]
     for name, cmd in runs.items():
@@ -157,8 +161,10 @@ def phases(epochs: int, quick: bool, results: Path | None) -> Path:
             "",
         ]
         if table:
-            md += ["| phase | starts at s | lasts s |", "|---|---|---|"]
-            md += [f"| {p['phase']} | {p['start_s']:.2f} | {p['duration_s']:.2f} |" for p in table]
+            md += ["| from mark | to the next mark | at s | lasts s |", "|---|---|---|---|"]
+            md += [
+                f"| {p['phase']} | {p['until']} | {p['start_s']:.2f} | {p['duration_s']:.2f} |" for p in table
+            ]
         else:
             md.append(
                 "No `timeline` lines on stderr: this trainflow does not print them under "

@@ -107,10 +107,10 @@ def test_overhead_phases_read_only_timeline_lines(bench_modules):
     marks = overhead.parse_timeline(stderr)
     assert marks == [(0.5, "imports"), (2.25, "ray start"), (7.0, "train")]
     assert overhead.phase_durations(marks, 10.0) == [
-        {"phase": "(process start to the first mark)", "start_s": 0.0, "duration_s": 0.5},
-        {"phase": "imports", "start_s": 0.5, "duration_s": 1.75},
-        {"phase": "ray start", "start_s": 2.25, "duration_s": 4.75},
-        {"phase": "train", "start_s": 7.0, "duration_s": 3.0},
+        {"phase": "(process start)", "until": "imports", "start_s": 0.0, "duration_s": 0.5},
+        {"phase": "imports", "until": "ray start", "start_s": 0.5, "duration_s": 1.75},
+        {"phase": "ray start", "until": "train", "start_s": 2.25, "duration_s": 4.75},
+        {"phase": "train", "until": "(command exits)", "start_s": 7.0, "duration_s": 3.0},
     ]
     assert overhead.phase_durations([], 10.0) == []
 

@@ -23,14 +23,16 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Every benchmark section, then benchmarks/results.md; a subset: make bench SECTIONS="ingest training".
-# ROUNDS: the overhead section's alternating rounds.
-SECTIONS ?= overhead ingest training scaling gpu $(if $(wildcard benchmarks/sweep.py),sweep)
+# ROUNDS: the overhead section's alternating rounds; overhead also runs its --phases section.
+SECTIONS ?= overhead ingest training scaling large_prepare batch_predict gpu sweep
 
 bench: $(STAMP)
 	@for s in $(SECTIONS); do \
 		test -f benchmarks/$$s.py || { echo "no benchmark section $$s (benchmarks/$$s.py)"; exit 1; }; \
 		echo "== $$s"; \
-		if [ $$s = overhead ]; then $(BIN)/python benchmarks/overhead.py --rounds $(or $(ROUNDS),3) || exit 1; \
+		if [ $$s = overhead ]; then \
+			$(BIN)/python benchmarks/overhead.py --rounds $(or $(ROUNDS),3) || exit 1; \
+			$(BIN)/python benchmarks/overhead.py --phases || exit 1; \
 		else $(BIN)/python benchmarks/$$s.py || exit 1; fi; \
 	done
 	$(BIN)/python benchmarks/report.py

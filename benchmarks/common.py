@@ -8,6 +8,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
+import signal
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -20,6 +24,7 @@ RESULTS = HERE / "results"
 # The load on the machine when this benchmark started and when it wrote its results: the
 # machines are shared, and other work moves wall times.
 LOAD_AT_START = os.getloadavg()
+STARTED = time.monotonic()  # how long a section took to measure, recorded with its results
 PACKAGES = ("trainflow", "torch", "ray", "prefect", "mlflow-skinny", "pyarrow", "numpy")
 
 
@@ -65,8 +70,19 @@ def add_results_arg(parser) -> None:
     )
 
 
+def command_line() -> str:
+    """The command this benchmark was started with, as a shell would take it."""
+    script = Path(sys.argv[0])
+    try:
+        script = script.resolve().relative_to(HERE.parent)
+    except ValueError:
+        pass
+    return shlex.join(["python", str(script), *sys.argv[1:]])
+
+
 def write_section(section: str, figures: dict[str, Any], markdown: str, results: Path | None = None) -> Path:
-    """Write ``<section>.json`` (the figures plus date, machine, versions) and
+    """Write ``<section>.json`` (the figures plus date, machine, versions and the command
+    line that produced them) and
     ``<section>.md`` (the report's section, starting with ``## ``) into ``results``:
     by default benchmarks/results, or benchmarks/results/quick for a quick run, so a
     quick check never replaces measured figures."""
@@ -75,7 +91,15 @@ def write_section(section: str, figures: dict[str, Any], markdown: str, results:
     if results is None:
         results = RESULTS / "quick" if figures.get("quick") else RESULTS
     results.mkdir(parents=True, exist_ok=True)
-    doc = {"section": section, "date": now(), "machine": machine(), "versions": versions(), **figures}
+    doc = {
+        "section": section,
+        "date": now(),
+        "command": command_line(),
+        "took_s": round(time.monotonic() - STARTED, 1),
+        "machine": machine(),
+        "versions": versions(),
+        **figures,
+    }
     _write_atomic(results / f"{section}.json", json.dumps(doc, indent=2) + "\n")
     _write_atomic(results / f"{section}.md", markdown.rstrip() + "\n")
     return results / f"{section}.md"
@@ -265,3 +289,197 @@ def workers_import_here() -> None:
     """Let Ray workers started from now on import the modules of benchmarks/."""
     path = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = f"{HERE}{os.pathsep}{path}" if path else str(HERE)
+
+
+# CPU seconds of a whole command: the command's process and everything it starts (Ray's
+# GCS, raylet and workers, Prefect's server), including processes that re-parent or exit
+# before the command does. Best: a cgroup of its own (the kernel counts every process in
+# it, exact, exited ones included); else sampling /proc for the command's session.
+
+CGROUP_ROOTS = (
+    ("cgroup2", Path("/sys/fs/cgroup")),  # a pure cgroup v2 host
+    ("cgroup2", Path("/sys/fs/cgroup/unified")),  # hybrid: v2 beside the v1 controllers
+    ("cgroup1-cpuacct", Path("/sys/fs/cgroup/cpuacct")),
+)
+
+
+def _cgroup_for_run() -> tuple[str, Path] | None:
+    """A new, empty cgroup this process may move a child into, or None."""
+    for kind, root in CGROUP_ROOTS:
+        stat = root / ("cpu.stat" if kind == "cgroup2" else "cpuacct.usage")
+        if kind == "cgroup2" and not (root / "cgroup.controllers").is_file():
+            continue  # not a v2 hierarchy (on a hybrid host /sys/fs/cgroup is a tmpfs)
+        path = root / f"trainflow-bench-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            path.mkdir()
+        except OSError:
+            continue
+        if (path / stat.name).is_file():
+            return kind, path
+        path.rmdir()
+    return None
+
+
+def _cgroup_cpu(kind: str, path: Path) -> tuple[float, float]:
+    """(user, system) CPU seconds of every process that has been in the cgroup."""
+    if kind == "cgroup2":
+        stat = dict(line.split() for line in (path / "cpu.stat").read_text().splitlines())
+        return int(stat["user_usec"]) / 1e6, int(stat["system_usec"]) / 1e6
+    total = int((path / "cpuacct.usage").read_text()) / 1e9
+    user = int((path / "cpuacct.usage_user").read_text()) / 1e9
+    return user, total - user
+
+
+def _cgroup_pids(path: Path) -> list[int]:
+    try:
+        return [int(p) for p in (path / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+class _SessionSampler:
+    """The fallback: every ``every_s``, each process whose session is the command's or
+    whose parent is one already seen; keeps each one's last-seen utime + stime. A process
+    that lives less than one interval between samples is missed (an undercount)."""
+
+    def __init__(self, root: int, every_s: float = 0.2):
+        self.root, self.every_s = root, every_s
+        self.seen: dict[tuple[int, str], tuple[float, float]] = {}  # (pid, start time) -> (user, sys)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._thread.start()
+
+    def live(self) -> list[int]:
+        stats = {}
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit() and (f := _proc_stat(int(entry.name))) is not None:
+                stats[int(entry.name)] = f
+        known = {pid for pid, _ in self.seen} | {self.root}
+        members: set[int] = set()
+        changed = True
+        while changed:  # a parent's membership makes its children members
+            changed = False
+            for pid, f in stats.items():
+                if pid in members:
+                    continue
+                if int(f[3]) == self.root or pid in known or int(f[1]) in members:
+                    members.add(pid)
+                    changed = True
+        for pid in members:
+            f = stats[pid]
+            self.seen[(pid, f[19])] = (int(f[11]) / CLOCK_TICKS, int(f[12]) / CLOCK_TICKS)
+        return sorted(members)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.live()
+            self._stop.wait(self.every_s)
+
+    def stop(self) -> tuple[float, float]:
+        self._stop.set()
+        self._thread.join()
+        return sum(u for u, _ in self.seen.values()), sum(s for _, s in self.seen.values())
+
+
+def run_measured(
+    cmd: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    linger_s: float = 60.0,
+    stderr_to_stdout: bool = True,
+) -> dict[str, Any]:
+    """Run ``cmd`` to its end in a session (and, where possible, a cgroup) of its own.
+
+    Returns the wall seconds until the command exits; user, system and total CPU seconds
+    of its whole process tree, counted until every process it started has exited too
+    (``linger_s`` at most, then they are killed and counted as stragglers); the driver's
+    peak RSS; the command's output (``stdout``, and ``stderr`` unless merged); how CPU was
+    measured.
+    """
+    cgroup = _cgroup_for_run()
+
+    def enter_cgroup() -> None:  # in the child, before exec: everything it starts inherits it
+        if cgroup is not None:
+            (cgroup[1] / "cgroup.procs").write_text(str(os.getpid()))
+
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if stderr_to_stdout else subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=enter_cgroup if cgroup is not None else None,
+    )
+    sampler = None if cgroup is not None else _SessionSampler(proc.pid)
+    # Read both pipes in threads: a full pipe would stall the command.
+    out: dict[str, bytes] = {}
+    readers = [
+        threading.Thread(target=lambda name=name, f=f: out.__setitem__(name, f.read()), daemon=True)
+        for name, f in (("stdout", proc.stdout), ("stderr", proc.stderr))
+        if f is not None
+    ]
+    for r in readers:
+        r.start()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+
+    # Ray's GCS and raylet, Prefect's server: wait until the whole tree has gone.
+    deadline = time.monotonic() + linger_s
+    stragglers: list[int] = []
+    while True:
+        pids = _cgroup_pids(cgroup[1]) if cgroup is not None else sampler.live()
+        if not pids:
+            break
+        if time.monotonic() > deadline:
+            stragglers = pids
+            for pid in pids:  # processes this run started and left behind
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.5)
+            break
+        time.sleep(0.1)
+    tree_exit = time.perf_counter() - start
+    for r in readers:
+        r.join(timeout=10)
+
+    if cgroup is not None:
+        user, system = _cgroup_cpu(*cgroup)
+        for _ in range(50):  # the kernel frees the cgroup once its last process is reaped
+            try:
+                cgroup[1].rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+        method = f"{cgroup[0]} cgroup of the command"
+    else:
+        user, system = sampler.stop()
+        method = "/proc sampled every 0.2 s (the command's session and descendants)"
+    return {
+        "returncode": proc.returncode,
+        "wall_s": round(wall, 2),
+        "cpu_s": round(user + system, 2),
+        "cpu_user_s": round(user, 2),
+        "cpu_system_s": round(system, 2),
+        "tree_exit_s": round(tree_exit, 2),
+        "stragglers_killed": len(stragglers),
+        "driver_peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+        "cpu_method": method,
+        "stdout": out.get("stdout", b"").decode(errors="replace"),
+        "stderr": out.get("stderr", b"").decode(errors="replace"),
+    }
+
+
+def load1() -> float:
+    return round(os.getloadavg()[0], 2)

@@ -1,9 +1,12 @@
-"""GPU throughput: resnet18 (torchvision, 10 classes) on 32x32 images in bf16, images/s.
+"""GPU throughput: trainflow's own cnn (``model.kind: cnn``, ``image_shape: [3, 32, 32]``,
+10 classes, the default channels and head) on 32x32 images in bf16, images/s.
 
+Only a model trainflow builds is measured (``trainflow.pipelines.models``: mlp and cnn).
 Runs when ``torch.cuda.is_available()``; otherwise records that the section was skipped
-and why. Two loops over the same synthetic batches held on the GPU: trainflow's
-``train_epoch`` with ``Precision("bf16-mixed")`` (what ``train.precision: bf16-mixed``
-runs on each worker) and a plain PyTorch loop under ``torch.autocast(bfloat16)``.
+and why. Two loops over the same synthetic batches held on the GPU, on the same model:
+trainflow's ``train_epoch`` with ``Precision("bf16-mixed")`` (what
+``train.precision: bf16-mixed`` runs on each worker) and a plain PyTorch loop under
+``torch.autocast(bfloat16)``.
 
     python benchmarks/gpu.py                 # 50 timed steps of batch 256 after 10 warm-up steps
     python benchmarks/gpu.py --quick         # 10 timed steps
@@ -30,21 +33,29 @@ def skipped_reason() -> str | None:
     return None
 
 
+def spec() -> dict:
+    from trainflow.config import ModelConfig
+    from trainflow.pipelines.models import model_spec
+
+    return model_spec(ModelConfig(kind="cnn", image_shape=[3, 32, 32]), 3 * 32 * 32, 10)
+
+
 def measure(steps: int, warmup: int, batch_size: int) -> dict:
     import torch
-    import torchvision
 
+    from trainflow.pipelines.models import build_model
     from trainflow.pipelines.preprocess import FEATURES, LABEL
     from trainflow.pipelines.train import Precision, train_epoch
 
+    model_spec = spec()
     device = torch.device("cuda")
     torch.manual_seed(0)
-    x = torch.randn(batch_size, 3, 32, 32, device=device)
+    x = torch.randn(batch_size, 3 * 32 * 32, device=device)  # flat features, as trainflow feeds them
     y = torch.randint(0, 10, (batch_size,), device=device)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def fresh():
-        model = torchvision.models.resnet18(num_classes=10).to(device)
+        model = build_model(model_spec).to(device)
         return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def plain(n: int) -> None:
@@ -59,7 +70,12 @@ def measure(steps: int, warmup: int, batch_size: int) -> dict:
     def trainflow(n: int) -> None:
         train_epoch(model, ({FEATURES: x, LABEL: y} for _ in range(n)), optimizer, loss_fn, precision)
 
-    out = {"device": torch.cuda.get_device_name(0), "batch_size": batch_size, "steps": steps}
+    out = {
+        "device": torch.cuda.get_device_name(0),
+        "model": model_spec,
+        "batch_size": batch_size,
+        "steps": steps,
+    }
     precision = Precision("bf16-mixed", device)
     for name, loop in (("plain", plain), ("trainflow", trainflow)):
         model, optimizer = fresh()
@@ -88,15 +104,17 @@ def main() -> None:
     reason = skipped_reason()
     if reason:
         figures = {"quick": args.quick, "skipped": True, "reason": reason}
-        md = f"## GPU: resnet18 at 32x32 in bf16\n\nSkipped: {reason}.\n"
+        md = f"## GPU: trainflow's cnn at 3x32x32 in bf16\n\nSkipped: {reason}.\n"
     else:
         m = measure(args.steps, args.warmup, args.batch_size)
         figures = {"quick": args.quick, "skipped": False, **m}
         md = "\n".join(
             [
-                f"## GPU: resnet18 at 32x32 in bf16{' (quick run)' if args.quick else ''}",
+                f"## GPU: trainflow's cnn at 3x32x32 in bf16{' (quick run)' if args.quick else ''}",
                 "",
-                f"{m['device']}; torchvision's resnet18 (10 classes), batch {m['batch_size']} of synthetic "
+                f"{m['device']}; trainflow's cnn (`model.kind: cnn`, image_shape [3, 32, 32], channels "
+                f"{m['model']['channels']}, hidden {m['model']['hidden_sizes']}, 10 classes), "
+                f"batch {m['batch_size']} of synthetic "
                 f"3x32x32 images held on the GPU, SGD, {m['steps']} timed steps after {args.warmup} warm-up "
                 "steps. trainflow: `train_epoch` with `Precision('bf16-mixed')`; plain: the same step "
                 "under `torch.autocast(dtype=torch.bfloat16)`.",

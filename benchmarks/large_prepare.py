@@ -8,8 +8,11 @@ The driver's peak should stay flat as the input grows: every pass streams.
 
     .venv/bin/python benchmarks/large_prepare.py                       # 300, 600, 1200 MB
     .venv/bin/python benchmarks/large_prepare.py --sizes-mb 100 200 --object-store-mb 80
+    .venv/bin/python benchmarks/large_prepare.py --quick               # 50 and 100 MB
 
-Needs about three times the largest size in free disk (input, Ray's spill, output).
+Writes benchmarks/results/large_prepare.json and large_prepare.md (quick runs: under
+results/quick). Needs about three times the largest size in free disk (input, Ray's
+spill, output).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from common import add_results_arg, load1, write_section
 
 COLUMNS = 32
 ROWS_PER_FILE = 200_000
@@ -77,13 +82,19 @@ def main() -> None:
     )
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[300, 600, 1200])
     parser.add_argument("--object-store-mb", type=int, default=100)
+    parser.add_argument("--quick", action="store_true", help="50 and 100 MB; writes under results/quick")
+    parser.add_argument("--note", default="", help="conditions worth recording, such as other load")
+    add_results_arg(parser)
     parser.add_argument("--measure", nargs=3, metavar=("SOURCE", "CACHE", "STORE_MB"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         source, cache, store = args.measure
         print(json.dumps(measure(source, cache, int(store))))
         return
+    if args.quick:
+        args.sizes_mb = [50, 100]
     print(f"object store {args.object_store_mb} MB, {COLUMNS} float32 features + label")
+    sizes = []
     print(f"{'input MB':>9} {'rows':>10} {'x store':>8} {'seconds':>8} {'driver peak RSS MB':>19}")
     for mb in args.sizes_mb:
         work = Path(tempfile.mkdtemp(prefix="trainflow-bench-"))
@@ -97,6 +108,8 @@ def main() -> None:
             if out.returncode:
                 sys.exit(f"{mb} MB failed:\n{out.stderr[-3000:]}")
             r = json.loads(out.stdout.strip().splitlines()[-1])
+            sizes.append({"input_mb": mb, "x_object_store": round(mb / args.object_store_mb, 1), **r,
+                          "load_1min_after": load1()})  # fmt: skip
             print(
                 f"{mb:>9} {r['rows']:>10} {mb / args.object_store_mb:>8.1f} {r['seconds']:>8} "
                 f"{r['driver_peak_rss_mb']:>19}",
@@ -104,6 +117,39 @@ def main() -> None:
             )
         finally:
             shutil.rmtree(work, ignore_errors=True)
+    figures = {
+        "benchmark": "large_prepare: trainflow's prepare on Parquet inputs larger than Ray's object store",
+        "quick": args.quick,
+        "note": args.note,
+        "object_store_mb": args.object_store_mb,
+        "features": COLUMNS,
+        "sizes": sizes,
+    }
+    print(write_section("large_prepare", figures, markdown(figures), args.results).read_text())
+
+
+def markdown(figures: dict) -> str:
+    rows = [
+        f"| {s['input_mb']} MB | {s['rows'] / 1e6:.1f} M | {s['x_object_store']:g} | {s['seconds']:.1f} s | "
+        f"{s['driver_peak_rss_mb']} MB |"
+        for s in figures["sizes"]
+    ]
+    note = f" Note: {figures['note']}." if figures["note"] else ""
+    return "\n".join(
+        [
+            f"## Large inputs: preparing Parquet larger than Ray's object store"
+            f"{' (quick run)' if figures['quick'] else ''}",
+            "",
+            f"trainflow's `prepare` (row checks, split, fit, transform, write) on uncompressed Parquet of "
+            f"{figures['features']} float32 features and a label, each size in a fresh process whose local "
+            f"Ray cluster (2 CPUs) has a {figures['object_store_mb']} MB object store; the time excludes "
+            f"Ray's start-up.{note}",
+            "",
+            "| Parquet input | rows | x object store | prepare | driver peak RSS |",
+            "|---|---|---|---|---|",
+            *rows,
+        ]
+    )
 
 
 if __name__ == "__main__":

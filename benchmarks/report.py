@@ -16,15 +16,19 @@ from pathlib import Path
 
 from common import HERE, RESULTS, _write_atomic, machine, now, versions
 
-SECTIONS = ("overhead", "ingest", "training", "scaling", "gpu", "sweep")
-TITLES = {
-    "overhead": "python benchmarks/overhead.py",
-    "ingest": "python benchmarks/ingest.py",
-    "training": "python benchmarks/training.py",
-    "scaling": "python benchmarks/scaling.py",
-    "gpu": "python benchmarks/gpu.py",
-    "sweep": "python benchmarks/sweep.py",
-}
+SECTIONS = (
+    "overhead",
+    "overhead_phases",
+    "ingest",
+    "training",
+    "scaling",
+    "large_prepare",
+    "batch_predict",
+    "gpu",
+    "sweep",
+)
+# The script of each section, for results written before each JSON recorded its command.
+SCRIPTS = {s: f"benchmarks/{s}.py" for s in SECTIONS} | {"overhead_phases": "benchmarks/overhead.py --phases"}
 
 
 ANALYSIS = HERE / "analysis"
@@ -32,7 +36,18 @@ ANALYSIS = HERE / "analysis"
 
 def _load(section: dict) -> str:
     load = section["machine"].get("load_average_1_5_15min")
-    return f"load {load['at_start'][0]:g} to {load['at_end'][0]:g}, " if load else ""
+    return f"load {load['at_start'][0]:g} to {load['at_end'][0]:g}, " if load else "load not recorded, "
+
+
+def _measured(name: str, section: dict) -> str:
+    """When, on what machine, under what load and by what command a section was measured."""
+    m = section["machine"]
+    command = (
+        f"`{section['command']}`"
+        if section.get("command")
+        else f"`python {SCRIPTS[name]}` (its arguments not recorded)"
+    )
+    return f"- {name}: {section['date']}, {m['cpus']} CPUs, {m['memory_gb']} GB, {_load(section)}{command}"
 
 
 def assemble(results: Path = RESULTS, out: Path = HERE, analysis: Path = ANALYSIS) -> tuple[Path, Path]:
@@ -49,10 +64,11 @@ def assemble(results: Path = RESULTS, out: Path = HERE, analysis: Path = ANALYSI
         "",
         'Re-run everything with `make bench` (a subset: `make bench SECTIONS="ingest training"`); '
         "each section's figures, machine and versions are in `results.json`. When and how each "
-        "section below was measured (the load average over the first minute, at its start and end: "
-        "other work on the machine moves wall times):",
+        "section below was measured, on what machine, under what load (the load average over the "
+        "first minute, at its start and end: other work on the machine moves wall times) and by "
+        "what command:",
         "",
-        *[f"- {s}: {sections[s]['date']}, {_load(sections[s])}`{TITLES[s]}`" for s in present],
+        *[_measured(s, sections[s]) for s in present],
         *(["", f"Not measured yet: {', '.join(missing)}."] if missing else []),
     ]
     body = []

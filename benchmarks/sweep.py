@@ -1,26 +1,44 @@
 """Sweep: `trainflow sweep configs/digits-sweep.yaml` (8 trials, ASHA, as many at once as
 the cluster fits) against the same 8 trials run one after another to their last epoch
-(the same seed draws the same trials; `sweep.max_concurrent=1`, `scheduler.kind=fifo`).
+(the same seed draws the same trials; `sweep.max_concurrent=1`, `scheduler.kind=fifo`),
+alternating (sweep, sequential, sweep, sequential, ...) so that both halves run under
+the same load.
 
-    .venv/bin/python benchmarks/sweep.py
+    python benchmarks/sweep.py                # 2 rounds
+    python benchmarks/sweep.py --rounds 3
+    python benchmarks/sweep.py --quick        # 2 trials of 2 epochs, 1 round, into results/quick
 
-Writes benchmarks/results/sweep.json (every run's wall time and trial table, the
-machine, the versions) and benchmarks/results/sweep.md (its section of the report).
-Each figure is the whole command: a temporary Prefect server, a Ray cluster, ingest,
-preprocess, the trials, evaluation and registration of the best.
+Writes benchmarks/results/sweep.json (every run's wall and CPU seconds, the load average
+at its start and end, its trial table; the machine, the versions, the command) and
+sweep.md (its section of the report). Each figure is the whole command in a fresh
+TRAINFLOW_HOME: a temporary Prefect server, a Ray cluster, ingest, preprocess, the
+trials, evaluation and registration of the best. CPU seconds are those of the command's
+whole process tree, measured as in overhead.py (a cgroup of its own where possible).
 """
+
+from __future__ import annotations
 
 import argparse
 import json
 import os
-import platform
 import re
-import subprocess
+import statistics
 import sys
 import tempfile
-import time
-from importlib.metadata import version
 from pathlib import Path
+
+from common import (
+    RESULTS,
+    add_results_arg,
+    command_line,
+    load1,
+    machine,
+    now,
+    ratio,
+    run_measured,
+    versions,
+    write_section,
+)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -31,19 +49,35 @@ RUNS = {
     "sweep": [],
     "sequential": ["--set", "sweep.max_concurrent=1", "--set", "sweep.scheduler.kind=fifo"],
 }
+QUICK = ["--set", "sweep.trials=2", "--set", "train.epochs=2", "--set", "sweep.scheduler.grace_period=1"]
 
 
-def run(extra: list[str], home: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PREFECT_API_URL")}
-    env["TRAINFLOW_HOME"] = home
-    cmd = [sys.executable, "-m", "trainflow.cli", "sweep", str(CONFIG), *extra]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+def run(extra: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "trainflow.cli", "sweep", str(CONFIG.relative_to(REPO)), *extra]
+    with tempfile.TemporaryDirectory(prefix="trainflow-bench-sweep-") as home:
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PREFECT_API_URL")}
+        env["TRAINFLOW_HOME"] = home
+        load_start = load1()
+        r = run_measured(cmd, env, REPO, stderr_to_stdout=False)
+        load_end = load1()
+    if r["returncode"] != 0:
+        sys.stderr.write(r["stdout"][-3000:] + r["stderr"][-3000:])
         raise SystemExit(f"benchmark command failed: {' '.join(cmd)}")
-    return {"command": " ".join(cmd[1:]), "wall_s": round(wall, 1), **parse(proc.stdout)}
+    keep = (
+        "wall_s",
+        "cpu_s",
+        "cpu_user_s",
+        "cpu_system_s",
+        "tree_exit_s",
+        "driver_peak_rss_mb",
+        "cpu_method",
+    )
+    return {
+        "command": " ".join(cmd[2:]),
+        **{k: r[k] for k in keep},
+        "load_1min": {"at_start": load_start, "at_end": load_end},
+        **parse(r["stdout"]),
+    }
 
 
 def parse(out: str) -> dict:
@@ -68,87 +102,122 @@ def parse(out: str) -> dict:
     return {"trials": trials, "summary": summary}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--note", default="", help="conditions worth recording, such as other load")
-    parser.add_argument("--render", action="store_true", help="only rewrite sweep.md from sweep.json")
-    args = parser.parse_args()
-    if args.render:
-        report = json.loads((HERE / "results" / "sweep.json").read_text())
-        (HERE / "results" / "sweep.md").write_text(markdown(report))
-        return
-
-    results = {}
-    for name, extra in RUNS.items():
-        with tempfile.TemporaryDirectory(prefix="trainflow-bench-sweep-") as home:
-            load = os.getloadavg()[0]
-            results[name] = {**run(extra, home), "load_average_before": round(load, 1)}
-        print(f"{name}: {results[name]['wall_s']} s", flush=True)
-
-    sweep, sequential = results["sweep"], results["sequential"]
-    epochs = {name: sum(t["epochs"] for t in r["trials"]) for name, r in results.items()}
-    report = {
-        "benchmark": "sweep: configs/digits-sweep.yaml, 8 trials, ASHA in parallel vs one after another",
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "note": args.note,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
-        "versions": {p: version(p) for p in ("ray", "torch", "prefect", "mlflow-skinny")},
-        "runs": results,
-        "epochs_trained": epochs,
-        "stopped_early": sum(t["status"] == "stopped early" for t in sweep["trials"]),
-        "ratio_sweep_to_sequential": round(sweep["wall_s"] / sequential["wall_s"], 2),
-        "target_s": TARGET_S,
-        "meets_target": sweep["wall_s"] < TARGET_S,
+def summarize(runs: dict[str, list[dict]], quick: bool, note: str, rounds: int) -> dict:
+    med = {
+        name: {k: round(statistics.median(r[k] for r in rs), 2) for k in ("wall_s", "cpu_s")}
+        for name, rs in runs.items()
     }
-    out = HERE / "results"
-    out.mkdir(exist_ok=True)
-    (out / "sweep.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "sweep.md").write_text(markdown(report))
-    print(markdown(report))
+    sweep_wall = med["sweep"]["wall_s"]
+    return {
+        "benchmark": "sweep: configs/digits-sweep.yaml, ASHA in parallel vs the same trials in turn",
+        "quick": quick,
+        "note": note,
+        "rounds": rounds,
+        "runs": runs,
+        "medians": med,
+        "epochs_trained": {
+            name: [sum(t["epochs"] for t in r["trials"]) for r in rs] for name, rs in runs.items()
+        },
+        "stopped_early": [sum(t["status"] == "stopped early" for t in r["trials"]) for r in runs["sweep"]],
+        "ratio_sweep_to_sequential_wall": ratio(sweep_wall, med["sequential"]["wall_s"]),
+        "ratio_sweep_to_sequential_cpu": ratio(med["sweep"]["cpu_s"], med["sequential"]["cpu_s"]),
+        "target_s": TARGET_S,
+        "meets_target": sweep_wall < TARGET_S,
+    }
+
+
+def _step(r: dict, name: str) -> str:
+    """The sweep step's seconds from the `steps` summary line, or '?'."""
+    m = re.search(rf"\b{name} ([0-9.]+s)", r["summary"].get("steps", ""))
+    return m[1] if m else "?"
 
 
 def markdown(report: dict) -> str:
     runs = report["runs"]
-    sweep = runs["sweep"]
     note = report.get("note")
+    quick = report.get("quick")
     md = [
-        "## Sweep: 8 trials with ASHA, in parallel, against the same trials one after another",
+        "## Sweep: trials with ASHA, in parallel, against the same trials one after another"
+        + (" (quick run)" if quick else ""),
         "",
-        f"{report['date']}, {report['machine']['cpus']} CPUs, Ray {report['versions']['ray']}. "
-        "`.venv/bin/python benchmarks/sweep.py` runs `trainflow sweep configs/digits-sweep.yaml` "
-        "(an MLP, 12 epochs, 8 trials, ASHA with grace period 2) and the same 8 trials one after "
-        "another to their last epoch (`--set sweep.max_concurrent=1 --set sweep.scheduler.kind=fifo`). "
-        "Each figure is the whole command: Prefect's temporary server, a Ray cluster, preparing the "
-        "data, the trials, evaluating and registering the best." + (f" Note: {note}." if note else ""),
+        f"{report['date']}, {report['machine']['cpus']} CPUs, Ray {report['versions']['ray']}; "
+        f"`{report['command']}`. It runs `trainflow sweep configs/digits-sweep.yaml` (an MLP, "
+        "12 epochs, 8 trials, ASHA with grace period 2) and the same trials one after another to "
+        "their last epoch (`--set sweep.max_concurrent=1 --set sweep.scheduler.kind=fifo`), "
+        f"alternating, {report['rounds']} round(s)"
+        + (f" with `{' '.join(QUICK)}`" if quick else "")
+        + ". Each figure is the whole command: Prefect's temporary server, a Ray cluster, preparing "
+        "the data, the trials, evaluating and registering the best; CPU seconds are its whole "
+        "process tree's." + (f" Note: {note}." if note else ""),
         "",
-        "| run | wall time | sweep step | trials at once | epochs trained | stopped early | best: test | "
-        "load average before |",
-        "|---|---|---|---|---|---|---|---|",
+        "| round | run | wall s | CPU s | sweep step | trials at once | epochs trained | stopped early | "
+        "best: test | load at start, end |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, r in runs.items():
-        stopped = sum(t["status"] == "stopped early" for t in r["trials"])
-        steps = dict(part.split() for part in r["summary"]["steps"].split(" (")[0].split(", "))
-        md.append(
-            f"| {name} | {r['wall_s']:.0f} s | {steps['sweep']} | "
-            f"{r['summary']['concurrency'].split()[0]} | {report['epochs_trained'][name]} | {stopped} | "
-            f"{r['summary']['test'].split(',')[0]} | {r['load_average_before']} |"
-        )
+    for i in range(report["rounds"]):
+        for name, rs in runs.items():
+            r = rs[i]
+            stopped = sum(t["status"] == "stopped early" for t in r["trials"])
+            md.append(
+                f"| {i + 1} | {name} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} | {_step(r, 'sweep')} | "
+                f"{r['summary'].get('concurrency', '?').split()[0]} | "
+                f"{sum(t['epochs'] for t in r['trials'])} | {stopped} | "
+                f"{r['summary'].get('test', '?').split(',')[0]} | "
+                f"{r['load_1min']['at_start']:g}, {r['load_1min']['at_end']:g} |"
+            )
+    med = report["medians"]
     md += [
         "",
-        f"Sweep / sequential: **{report['ratio_sweep_to_sequential']}x** the wall time. "
+        f"Medians: the sweep {med['sweep']['wall_s']:.0f} s wall and {med['sweep']['cpu_s']:.0f} s CPU, "
+        f"one after another {med['sequential']['wall_s']:.0f} s and {med['sequential']['cpu_s']:.0f} s. "
+        f"Sweep / sequential: **{report['ratio_sweep_to_sequential_wall']:.2f}x** the wall time, "
+        f"{report['ratio_sweep_to_sequential_cpu']:.2f}x the CPU time. "
         f"Target, the sweep under {report['target_s'] // 60} minutes on 2 cores: "
-        f"{'met' if report['meets_target'] else 'missed'} ({sweep['wall_s']:.0f} s). "
-        "Stopping trials early saved epochs more than time: an epoch of this MLP on digits is short "
-        "next to each trial's fixed start-up (its worker group, reading the prepared splits), and the "
-        "two trials at once share two cores.",
+        f"{'met' if report['meets_target'] else 'missed'} ({med['sweep']['wall_s']:.0f} s).",
         "",
     ]
     return "\n".join(md)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--quick", action="store_true", help="2 trials of 2 epochs, 1 round; into results/quick"
+    )
+    parser.add_argument("--note", default="", help="conditions worth recording, such as other load")
+    parser.add_argument("--render", action="store_true", help="only rewrite sweep.md from sweep.json")
+    add_results_arg(parser)
+    args = parser.parse_args()
+    if args.render:
+        folder = args.results or RESULTS
+        report = json.loads((folder / "sweep.json").read_text())
+        (folder / "sweep.md").write_text(markdown(report))
+        return
+    if args.quick:
+        args.rounds = 1
+
+    runs: dict[str, list[dict]] = {name: [] for name in RUNS}
+    for i in range(args.rounds):
+        for name, extra in RUNS.items():
+            runs[name].append(run([*extra, *(QUICK if args.quick else [])]))
+            r = runs[name][-1]
+            print(f"round {i + 1}/{args.rounds} {name}: {r['wall_s']} s wall, {r['cpu_s']} s CPU", flush=True)
+
+    figures = summarize(runs, args.quick, args.note, args.rounds)
+    # What write_section records beside the figures, quoted in the section's first lines.
+    report = {
+        "date": now(),
+        "command": command_line(),
+        "machine": machine(),
+        "versions": versions(),
+        **figures,
+    }
+    print(write_section("sweep", figures, markdown(report), args.results).read_text())
 
 
 if __name__ == "__main__":

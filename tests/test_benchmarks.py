@@ -49,9 +49,14 @@ def test_report_assembles_present_sections_in_order(bench_modules, tmp_path: Pat
     text = md.read_text()
     assert text.startswith("# Benchmarks")
     assert text.index("## Overhead") < text.index("### Where the time goes") < text.index("## Scaling")
-    assert "Not measured yet: ingest, training, gpu, sweep." in text
+    assert (
+        "Not measured yet: overhead_phases, ingest, training, large_prepare, batch_predict, gpu, sweep."
+        in text
+    )
+    assert "- overhead: " in text and "CPUs" in text  # when, where, under what load, by what command
     doc = json.loads(js.read_text())
     assert list(doc["sections"]) == ["overhead", "scaling"]
+    assert doc["sections"]["overhead"]["command"]  # every section records the command that wrote it
     assert doc["sections"]["scaling"]["growth"] == {"time": 15.0}
     assert doc["versions"]["ray"] and doc["machine"]["cpus"] >= 1
 
@@ -86,3 +91,47 @@ def test_ingest_quick_measures_trainflow_and_the_floor_on_the_same_rows(tmp_path
         (run,) = size["runs"][kind]
         assert run["rows"] == size["rows"] == sum(run["counts"].values())
         assert set(run["counts"]) == {"train", "val", "test"}
+
+
+def test_overhead_phases_read_only_timeline_lines(bench_modules):
+    import overhead
+
+    stderr = (
+        "Starting Prefect server\n"
+        "timeline 0.50 imports\n"
+        "(RayTrainWorker pid=7) timeline 3.0 worker imports\n"  # another process's clock: ignored
+        "  timeline 2.25 ray start\r\n"
+        "timeline soon broken line\n"
+        "timeline 7 train\n"
+    )
+    marks = overhead.parse_timeline(stderr)
+    assert marks == [(0.5, "imports"), (2.25, "ray start"), (7.0, "train")]
+    assert overhead.phase_durations(marks, 10.0) == [
+        {"phase": "(process start)", "until": "imports", "start_s": 0.0, "duration_s": 0.5},
+        {"phase": "imports", "until": "ray start", "start_s": 0.5, "duration_s": 1.75},
+        {"phase": "ray start", "until": "train", "start_s": 2.25, "duration_s": 4.75},
+        {"phase": "train", "until": "(command exits)", "start_s": 7.0, "duration_s": 3.0},
+    ]
+    assert overhead.phase_durations([], 10.0) == []
+
+
+def test_run_measured_counts_the_cpu_of_processes_that_outlive_the_command(bench_modules, tmp_path: Path):
+    common, _ = bench_modules
+    script = tmp_path / "daemon.py"
+    script.write_text(
+        "import os, time\n"
+        "def busy(s):\n"
+        "    t = time.process_time()\n"
+        "    while time.process_time() - t < s: pass\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"  # leaves the session, as a daemon does
+        "    busy(0.6)\n"
+        "    os._exit(0)\n"
+        "print('started')\n"
+    )
+    r = common.run_measured([sys.executable, str(script)], {}, tmp_path)
+
+    assert r["returncode"] == 0 and r["stdout"] == "started\n"
+    if r["cpu_method"].startswith("cgroup"):  # sampling /proc may miss a process that left
+        assert r["cpu_s"] >= 0.6
+    assert r["tree_exit_s"] >= r["wall_s"] and r["stragglers_killed"] == 0

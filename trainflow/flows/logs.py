@@ -25,8 +25,6 @@ def is_expected(record: logging.LogRecord) -> bool:
     ``Finished in state Failed('... DataError: ...')`` line carries only the text)."""
     if getattr(record, "trainflow_expected", False):
         return True
-    if record.levelno < logging.ERROR:
-        return False
     message = record.getMessage()
     return any(f"{name}:" in message or f"{name}(" in message for name in _NAMES)
 
@@ -63,7 +61,9 @@ def drop_expected_errors_on_console() -> None:
     from prefect.logging.handlers import PrefectConsoleHandler
 
     one_line_expected_errors()
-    for name in RUN_LOGGERS:
+    # Prefect's logging config puts its console handler on the root logger; run records
+    # reach it by propagation.
+    for name in (None, *RUN_LOGGERS):
         for handler in logging.getLogger(name).handlers:
             if isinstance(handler, PrefectConsoleHandler) and not any(
                 isinstance(f, DropExpectedErrors) for f in handler.filters

@@ -57,11 +57,12 @@ def _config(config: Path | None, overrides: list[str] | None, smoke: bool = Fals
         raise _fail(str(e)) from None
 
 
-def _check_source(cfg: PipelineConfig) -> None:
+def _check_source(cfg: PipelineConfig):
+    """The source's SourceInfo, or the command fails in one line naming what is wrong."""
     from trainflow.pipelines.data import DataError, inspect_source
 
     try:
-        inspect_source(cfg.data)
+        return inspect_source(cfg.data)
     except (DataError, ConfigError) as e:
         raise _fail(str(e)) from None
 
@@ -81,8 +82,8 @@ def run(config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False) 
 
     timeline("command parsed")
     cfg = _config(config, set_, smoke)
-    _check_before_start(cfg)
-    result = _run_flow(cfg, "trainflow.flows.training", "training_pipeline", "training")
+    on_ray = _check_before_start(cfg)
+    result = _run_flow(cfg, "trainflow.flows.training", "training_pipeline", "training", warm=on_ray)
 
     reg = result.registered
     lines = [
@@ -117,20 +118,25 @@ def _cli_logger() -> logging.Logger:
     return logger
 
 
-def _check_before_start(cfg: PipelineConfig, sweep: bool = False) -> None:
+def _check_before_start(cfg: PipelineConfig, sweep: bool = False) -> bool:
     """What can fail before Prefect and Ray start, in one line: the data source, and what
-    the run asks of the local cluster it would start (GPUs, CPUs)."""
+    the run asks of the local cluster it would start (GPUs, CPUs). Returns whether the
+    run prepares its data on Ray workers (else in this process)."""
+    from trainflow.pipelines.tabular import prepares_in_driver
     from trainflow.runtime import PreflightError, preflight_local, timeline
 
-    _check_source(cfg)
+    source = _check_source(cfg)
     try:
         preflight_local(cfg, sweep=sweep)
     except PreflightError as e:
         raise _fail(str(e)) from None
     timeline("config, source and resources checked")
+    return not prepares_in_driver(source)
 
 
-def _run_flow(cfg: PipelineConfig, module: str, flow_name: str, what: str, sweep: bool = False):
+def _run_flow(
+    cfg: PipelineConfig, module: str, flow_name: str, what: str, sweep: bool = False, warm: bool = True
+):
     """Start what the flow needs, overlapped, then call it: Prefect's temporary server
     first (when no server is configured), so that its start-up does not wait behind Ray
     and torch for the CPU; then the flow's imports (torch) and the MLflow store in
@@ -154,7 +160,7 @@ def _run_flow(cfg: PipelineConfig, module: str, flow_name: str, what: str, sweep
         flow = _Background("import-flow", lambda: importlib.import_module(module))
         try:
             # before the flow, so that its logs follow the line with Ray's address
-            with ray_session(cfg, _cli_logger(), "sweep" if sweep else "train"):
+            with ray_session(cfg, _cli_logger(), "sweep" if sweep else "train", warm=warm):
                 timeline("ray started")
                 flow.wait()
                 timeline("flow imported")
@@ -239,8 +245,8 @@ def sweep(
             f"{config} has no sweep section; add one such as "
             "sweep: {space: {train.lr: {loguniform: [0.0001, 0.1]}}, trials: 8}"
         )
-    _check_before_start(cfg, sweep=True)
-    result = _run_flow(cfg, "trainflow.flows.sweep", "sweep_pipeline", "sweep", sweep=True)
+    on_ray = _check_before_start(cfg, sweep=True)
+    result = _run_flow(cfg, "trainflow.flows.sweep", "sweep_pipeline", "sweep", sweep=True, warm=on_ray)
     if best_config is not None:
         import os
         import shutil

@@ -184,6 +184,14 @@ class TemporaryServer:
         return (errors or lines or ["no output"])[-1]
 
     def stop(self) -> None:
+        """Send what Prefect's background workers still hold (logs, events), then stop
+        the server: sent after it, they would be retried against nothing for a minute."""
+        if self.process is not None and self.process.poll() is None:
+            from prefect.events.worker import EventsWorker
+            from prefect.logging.handlers import APILogWorker
+
+            for worker in (APILogWorker, EventsWorker):
+                worker.drain_all(timeout=10, at_exit=False)
         if self._settings is not None:
             self._settings.__exit__(None, None, None)
             self._settings = None

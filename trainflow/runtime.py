@@ -184,10 +184,12 @@ def ray_session(
     config: PipelineConfig,
     logger: logging.Logger | logging.LoggerAdapter = log,
     workers: Literal["train", "sweep"] | None = "train",
+    warm: bool = True,
 ) -> Iterator[None]:
     """Connect to Ray for the length of a run, and shut down only what this started.
     ``workers``: what the run will ask of a local cluster it starts, checked before it
     starts: training workers (``scaling``), sweep trials (``sweep.scaling``), or nothing.
+    ``warm``: start worker processes for the preprocessing tasks at once (:func:`warm_workers`).
 
     An already initialized Ray (a test's session cluster, a notebook) is used as is.
     A local cluster is started in the calling thread, which must outlive the run: Ray's
@@ -213,7 +215,8 @@ def ray_session(
     # shared when the config or RAY_ADDRESS says so.
     ray.init(address=address or "local", **ray_init_kwargs())
     configure_ray_data()
-    warm_workers()
+    if warm:
+        warm_workers()
     try:
         yield
     finally:

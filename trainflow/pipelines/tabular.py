@@ -1,4 +1,5 @@
-"""Tabular inputs prepared by Ray tasks, one per fragment of the input.
+"""Tabular inputs prepared by Ray tasks, one per fragment of the input (in the driver
+when the input is one small file: :func:`prepares_in_driver`).
 
 A fragment is a slice of the input that one task reads with pyarrow, batch by batch in
 bounded memory: a run of a Parquet file's row groups (about FRAGMENT_BYTES of rows), a
@@ -411,9 +412,26 @@ def count_rows(info: SourceInfo, fragment: Fragment) -> int:
     return sum(len(b) for b in fragment_batches(info, fragment))
 
 
-def _run(fn, calls: list[tuple]) -> list[Any]:
-    """``fn`` as a Ray task per argument tuple; a DataError raised in a task is raised
-    here as itself, without Ray's traceback around it."""
+# A tabular input of one file up to this size is prepared in the driver: its one
+# fragment gains nothing from a Ray task, which costs a worker process of its own
+# (Python, pandas and pyarrow imports) and the round trips to it.
+IN_DRIVER_BYTES = 16 << 20
+
+
+def prepares_in_driver(info: SourceInfo) -> bool:
+    """Whether :func:`prepare_tabular` prepares this input in this process rather than in
+    Ray tasks: the bundled digits, or one Parquet, CSV, JSON lines or NumPy file of at
+    most :data:`IN_DRIVER_BYTES`."""
+    if info.format == "digits":
+        return True
+    return info.format != "images" and len(info.files) == 1 and info.bytes <= IN_DRIVER_BYTES
+
+
+def _run(fn, calls: list[tuple], in_driver: bool = False) -> list[Any]:
+    """``fn`` as a Ray task per argument tuple (or called here, ``in_driver``); a
+    DataError raised in a task is raised here as itself, without Ray's traceback."""
+    if in_driver:
+        return [fn(*args) for args in calls]
     import ray
 
     remote = ray.remote(fn).options(num_cpus=1)
@@ -425,9 +443,9 @@ def _run(fn, calls: list[tuple]) -> list[Any]:
         raise
 
 
-def _limit_by_counts(info: SourceInfo, fragments: list[Fragment]) -> list[Fragment]:
+def _limit_by_counts(info: SourceInfo, fragments: list[Fragment], in_driver: bool) -> list[Fragment]:
     """data.limit over files whose row counts only reading tells: the first N rows."""
-    counts = _run(count_rows, [(info, f) for f in fragments])
+    counts = _run(count_rows, [(info, f) for f in fragments], in_driver)
     out, left = [], info.limit
     for f, n in zip(fragments, counts, strict=True):
         if left <= 0:
@@ -463,14 +481,15 @@ def prepare_tabular(
     """Check, split, fit and write a tabular input into the cache entry ``out``, all or
     nothing; returns the preprocessor, the rows per split and the rows dropped."""
     clock = time.perf_counter()
+    in_driver = prepares_in_driver(info)
     fragments = plan_fragments(info)
     if info.limit is not None and info.format in ("csv", "json", "numpy"):
-        fragments = _limit_by_counts(info, fragments)
+        fragments = _limit_by_counts(info, fragments, in_driver)
     if not fragments:
         raise DataError(f"data.source {info.source}: no rows")
     # Small inputs may be split exactly per class: their rows' hashes fit in the driver.
     candidate = small_input(info)
-    scans = _run(scan_fragment, [(info, f, split, cfg.scaler, candidate) for f in fragments])
+    scans = _run(scan_fragment, [(info, f, split, cfg.scaler, candidate) for f in fragments], in_driver)
     report = row_report(
         pd.concat([s["stats"] for s in scans if not s["stats"].empty] or [pd.DataFrame()]), info
     )
@@ -484,7 +503,9 @@ def prepare_tabular(
         if exact:
             given = exact_split_codes([s["keys"] for s in scans], [s["labels"] for s in scans], split)
         fits = _run(
-            fit_fragment, [(info, f, split, cfg.scaler, c) for f, c in zip(fragments, given, strict=True)]
+            fit_fragment,
+            [(info, f, split, cfg.scaler, c) for f, c in zip(fragments, given, strict=True)],
+            in_driver,
         )
         codes = [placed for _, placed in fits]
         for stats, _ in fits:
@@ -504,15 +525,17 @@ def prepare_tabular(
             (info, f, split, c, pre.to_dict(), str(tmp), f"part-{names[f.index]:05d}.parquet")
             for f, c in zip(fragments, codes, strict=True)
         ]
-        for written in _run(write_fragment, calls):
+        for written in _run(write_fragment, calls, in_driver):
             for name, n in written.items():
                 counts[name] += n
         finish_entry(tmp, pre, counts)
     log.info(
-        "prepared %s rows of %s in %d fragments (%s split): checked and fitted in %.1f s, written in %.1f s",
+        "prepared %s rows of %s in %d fragments%s (%s split): checked and fitted in %.1f s, "
+        "written in %.1f s",
         f"{report.rows - dropped:,}",
         info.source,
         len(fragments),
+        " in the driver" if in_driver else "",
         "exact" if exact else "hashed",
         scanned,
         time.perf_counter() - clock - scanned,

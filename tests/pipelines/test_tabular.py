@@ -180,3 +180,22 @@ def test_a_bad_value_past_the_first_block_of_a_csv_names_the_file(tmp_path, ray_
     with pytest.raises(DataError, match=r"^data\.source .*big\.csv: cannot read .*big\.csv as csv: .*oops"):
         prepare(info, SplitConfig(), PreprocessConfig(), tmp_path / "cache")
     assert not list((tmp_path / "cache").glob("*/counts.json"))
+
+
+def test_one_small_file_is_prepared_in_the_driver_as_ray_tasks_prepare_it(tmp_path, ray_cluster, monkeypatch):
+    frame = _frame(500)
+    source = tmp_path / "one.csv"
+    frame.to_csv(source, index=False)
+    info = inspect_source(DataConfig(source=str(source), label_column="label", categorical_columns=["c"]))
+    split, cfg = SplitConfig(seed=1), PreprocessConfig()
+    assert tabular.prepares_in_driver(info)
+    in_driver = prepare(info, split, cfg, tmp_path / "driver")
+
+    monkeypatch.setattr(tabular, "IN_DRIVER_BYTES", -1)  # the same input through Ray tasks
+    assert not tabular.prepares_in_driver(info)
+    on_ray = prepare(info, split, cfg, tmp_path / "ray")
+
+    assert in_driver.counts == on_ray.counts and sum(in_driver.counts.values()) == 500
+    assert in_driver.preprocessor.to_dict() == on_ray.preprocessor.to_dict()
+    for name in ("train", "val", "test"):
+        np.testing.assert_array_equal(_prepared(in_driver, name), _prepared(on_ray, name), err_msg=name)

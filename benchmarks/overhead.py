@@ -126,23 +126,37 @@ def phase_durations(marks: list[tuple[float, str]], end_s: float) -> list[dict]:
 
 
 def phases(epochs: int, quick: bool, results: Path | None) -> Path:
+    import os
+
     py = sys.executable
+    run = [py, "-m", "trainflow.cli", "run", "--set", f"train.epochs={epochs}"]
+    # name: (command, a fresh PREFECT_HOME?): the first run on a machine creates Prefect's
+    # database (every migration) while Ray and torch start beside it.
     runs = {
-        "run": [py, "-m", "trainflow.cli", "run", "--set", f"train.epochs={epochs}"],
-        "smoke": [py, "-m", "trainflow.cli", "run", "--smoke"],
+        "first run": (run, True),
+        "run": (run, False),
+        "smoke": ([py, "-m", "trainflow.cli", "run", "--smoke"], False),
     }
     figures: dict = {"quick": quick, "epochs": epochs, "runs": {}}
     md = [
         f"## Overhead, phase by phase{' (quick run)' if quick else ''}",
         "",
         "One `trainflow run` of the digits job "
-        f"(`--set train.epochs={epochs}`) and one `trainflow run --smoke`, each in a fresh "
-        "TRAINFLOW_HOME with `TRAINFLOW_TIMELINE=1`: each row is the time from one timeline mark "
-        "to the next (the last, to the command's exit). Marks count from the process's start; wall and CPU "
-        "are the whole command's, measured as in the overhead section.",
+        f"(`--set train.epochs={epochs}`) with an empty PREFECT_HOME (a machine's first run), "
+        "the same again, and one `trainflow run --smoke`, each in a fresh "
+        "TRAINFLOW_HOME with `TRAINFLOW_TIMELINE=1`, one after another: each row is the time "
+        "from one timeline mark to the next (the last, to the command's exit). Marks count from "
+        "the process's start; wall and CPU are the whole command's, measured as in the overhead section.",
     ]
-    for name, cmd in runs.items():
-        r = run_once(cmd, {"TRAINFLOW_TIMELINE": "1"}, stderr_to_stdout=False)
+    for name, (cmd, fresh_prefect_home) in runs.items():
+        with tempfile.TemporaryDirectory(prefix="trainflow-bench-prefect-") as prefect_home:
+            env = {"TRAINFLOW_TIMELINE": "1"}
+            if fresh_prefect_home:
+                env["PREFECT_HOME"] = prefect_home
+            elif "PREFECT_HOME" in os.environ:
+                env["PREFECT_HOME"] = os.environ["PREFECT_HOME"]
+            r = run_once(cmd, env, stderr_to_stdout=False)
+        summary = r["stdout"][r["stdout"].find("model       ") :].rstrip()
         marks = parse_timeline(r["stderr"])
         table = phase_durations(marks, r["wall_s"])
         keep = ("wall_s", "cpu_s", "cpu_user_s", "cpu_system_s", "tree_exit_s", "driver_peak_rss_mb")
@@ -151,13 +165,21 @@ def phases(epochs: int, quick: bool, results: Path | None) -> Path:
             **{k: r[k] for k in keep},
             "cpu_method": r["cpu_method"],
             "load_1min": r["load_1min"],
+            "fresh_prefect_home": fresh_prefect_home,
             "phases": table,
+            "summary": summary,
         }
         print(f"{name}: {r['wall_s']} s wall, {r['cpu_s']} s CPU, {len(marks)} timeline marks", flush=True)
         md += [
             "",
-            f"### `{' '.join(cmd[2:])}`: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU "
+            f"### {name}, `{' '.join(cmd[2:])}`"
+            + (" with an empty PREFECT_HOME" if fresh_prefect_home else "")
+            + f": {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU "
             f"(load {r['load_1min']['at_start']:g} to {r['load_1min']['at_end']:g})",
+            "",
+            "```",
+            summary,
+            "```",
             "",
         ]
         if table:

@@ -240,6 +240,7 @@ def _register_in_a_process(args):
     return reg.version, reg.run_id
 
 
+@pytest.mark.slow  # four processes, each importing torch and MLflow
 def test_parallel_registrations_get_distinct_versions_and_none_is_lost(trainflow_home, tmp_path):
     # Four processes at once, each importing torch and MLflow first (seconds of CPU each):
     # enough to make registrations overlap on any machine; more only add start-up time.

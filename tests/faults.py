@@ -6,6 +6,7 @@ checkpoint trains on. They run inside Ray Train workers, which import this modul
 from the driver's working directory (the repository root under pytest).
 """
 
+import json
 import os
 import signal
 import tempfile
@@ -31,16 +32,41 @@ def _first_time() -> bool:
     return True
 
 
-# How long a drill waits after its epoch's report before it kills: Ray Train's controller
-# collects a report at its next poll of the worker, and a worker killed before that poll
-# takes the report with it (the group then resumes from the checkpoint before). A real
-# preemption lands at any moment of an epoch; epochs of these tests take milliseconds.
-SETTLE_S = 2.0
+# A drill strikes once Ray Train's controller has collected its epoch's report: the
+# controller polls each worker for reports, and a worker killed before that poll takes
+# its report with it (the group then resumes from the checkpoint before). The event that
+# says "collected" is the controller's snapshot of its checkpoints in the run's folder
+# naming the epoch's checkpoint (the checkpoint folder itself is written earlier, by the
+# worker). A real preemption lands at any moment of an epoch; epochs here take
+# milliseconds, so without this wait a drill would race the controller.
+COLLECTED_TIMEOUT_S = 120.0
+
+
+def _collected(epoch: int) -> bool:
+    """Wait until the controller's checkpoint snapshot holds a checkpoint of ``epoch``
+    (or later); False if it has not after COLLECTED_TIMEOUT_S."""
+    import ray.train
+
+    storage = ray.train.get_context().get_storage()
+    fs, path = storage.storage_filesystem, storage.checkpoint_manager_snapshot_path
+    deadline = time.monotonic() + COLLECTED_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            with fs.open_input_stream(path) as f:
+                latest = json.loads(f.read()).get("latest_checkpoint_result") or {}
+        except (FileNotFoundError, json.JSONDecodeError):  # not written yet, or mid-write
+            latest = {}
+        if latest.get("metrics", {}).get("epoch", 0) >= epoch:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def _kill_at(epoch: int, rank: int, at_epoch: int, at_rank: int) -> None:
     if epoch == at_epoch and rank == at_rank and _first_time():
-        time.sleep(SETTLE_S)
+        # Struck anyway on a timeout: the run then resumes from an earlier checkpoint,
+        # which the tests' assertions on the resumed epoch report.
+        _collected(epoch)
         # What a preempted VM or an OOM kill does: no exception, no cleanup.
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -53,13 +79,9 @@ def kill_rank1_at_epoch2(epoch, metrics, rank):
     _kill_at(epoch, rank, 2, 1)
 
 
-def kill_rank1_at_epoch3(epoch, metrics, rank):
-    _kill_at(epoch, rank, 3, 1)
-
-
 def fail_at_epoch2(epoch, metrics, rank):
     """An ordinary exception on rank 0 after epoch 2's checkpoint was reported (and
-    collected: see SETTLE_S)."""
+    collected: see _collected)."""
     if epoch == 2 and rank == 0 and _first_time():
-        time.sleep(SETTLE_S)
+        _collected(epoch)
         raise RuntimeError("fault drill: the train task fails once after epoch 2")

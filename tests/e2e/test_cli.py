@@ -92,6 +92,10 @@ def test_smoke_run_trains_and_prints_a_summary(tmp_path):
 def test_serve_and_deploy_refuse_to_start_without_a_server(tmp_path):
     served = trainflow("serve", "--interval", "60", home=tmp_path)
     assert served.returncode == 2 and "serve needs a Prefect server" in served.stderr
-    assert trainflow("serve", "configs/nope.yaml", "--interval", "60", home=tmp_path).returncode == 2
+    # A missing config is refused before the server is looked for, naming the file (exit
+    # code 2 alone is also what a Click usage error gives).
+    missing = trainflow("serve", "configs/nope.yaml", "--interval", "60", home=tmp_path)
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == "error: config file configs/nope.yaml: no such file"
     deployed = trainflow("deploy", home=tmp_path)
     assert deployed.returncode == 2 and "deploy needs a Prefect server" in deployed.stderr

@@ -1,6 +1,7 @@
-"""The batch prediction flow: a registered digits model over 100,000 rows, on real Ray."""
+"""The batch prediction flow: a registered digits model over 10,000 rows, on real Ray.
 
-import time
+How fast it goes on 100,000 rows and more is the benchmarks' question; here 10,000 rows
+in batches of 2,048 are enough to compare every way of running the model."""
 
 import numpy as np
 import pandas as pd
@@ -14,6 +15,8 @@ from trainflow.pipelines.data import DataError, _digits_frame
 from trainflow.pipelines.models import build_model, model_spec
 from trainflow.pipelines.preprocess import Preprocessor
 from trainflow.runtime import workspace
+
+from .test_training_pipeline import task_runs
 
 pytestmark = pytest.mark.slow
 PIXELS = [f"pixel_{i}" for i in range(64)]
@@ -71,28 +74,28 @@ def digits_rows(n: int, seed: int = 0) -> pd.DataFrame:
     return out
 
 
-def test_batch_prediction_of_100k_rows_equals_load_model(
+ROWS = 10_000
+
+
+def test_batch_prediction_of_10k_rows_equals_load_model(
     ray_cluster, prefect_harness, trainflow_home, tmp_path
 ):
     register_digits_model(tmp_path)
-    rows = digits_rows(100_000)
+    rows = digits_rows(ROWS)
     rows.to_parquet(tmp_path / "input.parquet", index=False)
 
-    start = time.perf_counter()
     result = batch_predict(
         model="digits-batch@champion",
         input=str(tmp_path / "input.parquet"),
         output=str(tmp_path / "predictions"),
-        batch_size=4096,
+        batch_size=2048,
     )
-    seconds = time.perf_counter() - start
-    print(f"batch_predict over 100,000 rows: {seconds:.1f}s")
-    assert result.rows == 100_000 and result.version == "1"
+    assert result.rows == ROWS and result.version == "1"
 
     out = pd.read_parquet(tmp_path / "predictions").sort_values("id").reset_index(drop=True)
     proba = [f"proba_{c}" for c in range(10)]
     assert list(out.columns) == ["id", "prediction", *proba, "model_version"]
-    assert (out["id"].to_numpy() == np.arange(100_000)).all()
+    assert (out["id"].to_numpy() == np.arange(ROWS)).all()
     assert set(out["model_version"]) == {"1"}
     np.testing.assert_allclose(out[proba].sum(axis=1), 1.0, rtol=1e-5)
     assert not list(tmp_path.glob(".tmp-*"))  # the temporary folder was renamed into place
@@ -144,6 +147,9 @@ def test_an_existing_output_and_an_unknown_model_are_refused(
     )
     with pytest.raises(registry.RegistryError, match="digits-batch has no alias 'staging'"):
         state.result()
+    # An unknown alias stays unknown: the resolve step's retries are not spent on it.
+    resolved = [t for t in task_runs(state.state_details.flow_run_id) if t.name.startswith("resolve-model")]
+    assert [t.run_count for t in resolved] == [1]
 
 
 def test_asking_for_a_gpu_the_cluster_lacks_fails_instead_of_waiting(

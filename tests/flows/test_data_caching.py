@@ -6,7 +6,6 @@ and whether the gate, comparing both on the same test rows, moved the champion.
 """
 
 import asyncio
-import re
 import shutil
 from pathlib import Path
 
@@ -75,11 +74,6 @@ def test_churn_runs_twice_and_the_second_run_skips_ingest_and_preprocess_but_a_c
     assert ("churn version 2 -> champion" in summary) == improved
     assert str(c.get_model_version_by_alias("churn", "champion").version) == ("2" if improved else "1")
     assert v2.aliases == (["champion"] if improved else ["challenger"])
-    # From the flow's own step timings: at most a tenth of the first run's.
-    steps = dict(re.findall(r"(\w+) (\d+\.\d)s", summary.split("steps       ")[1].splitlines()[0]))
-    before = first.timings["ingest"] + first.timings["preprocess"]
-    after = float(steps["ingest"]) + float(steps["preprocess"])
-    assert after <= 0.1 * before, (before, after)
     second_id = other_flow_run_id(f"churn-{config.config_hash()[:8]}", state.state_details.flow_run_id)
     logs = flow_logs(second_id)
     assert "ingest and preprocess: cached from an earlier run with the same data and config" in logs

@@ -12,30 +12,20 @@ from trainflow.testing import small_config
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def drills_home(tmp_path_factory):
-    """One TRAINFLOW_HOME for the module's runs: the first prepares the digits splits and
-    the others find them in the cache; each run registers a model of its own name."""
-    home = tmp_path_factory.mktemp("faults") / "trainflow-home"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRAINFLOW_HOME", str(home))
-        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        yield home
-
-
 def epochs_logged(logs: list[str], epochs: int) -> list[int]:
     return [e for line in logs for e in range(1, epochs + 1) if line.startswith(f"epoch {e}/{epochs} ")]
 
 
-# Three runs, three drills: each must end in a model that resumed and registered.
-@pytest.mark.parametrize("drill", ["kill_rank0_at_epoch2", "kill_rank1_at_epoch2", "kill_rank1_at_epoch3"])
+# Rank 0, the worker that writes the checkpoints, killed after epoch 2 was collected. The
+# same kill of another rank, and what the resumed epochs give, are checked at the Ray level
+# in tests/pipelines/test_train.py; here the point is the flow: it still ends registered.
 def test_a_worker_killed_mid_run_resumes_and_the_model_registers(
-    ray_cluster, prefect_harness, drills_home, drill
+    ray_cluster, prefect_harness, module_trainflow_home
 ):
     config = load_config(
         small_config(
-            name=f"drill-{drill.replace('_', '-')}",
-            train={"epochs": 3, "callbacks": [f"tests.faults:{drill}"]},
+            name="drill-kill-rank0-at-epoch2",
+            train={"epochs": 3, "callbacks": ["tests.faults:kill_rank0_at_epoch2"]},
             failure={"max_failures": 1},
         )
     )
@@ -47,11 +37,11 @@ def test_a_worker_killed_mid_run_resumes_and_the_model_registers(
     logs = flow_logs(state.state_details.flow_run_id)
     assert any(line.startswith("the worker group started 2 times") for line in logs), logs
     resumed = [line for line in logs if line.startswith("resuming from the checkpoint of epoch ")]
-    assert len(resumed) == 1, logs
+    assert resumed == ["resuming from the checkpoint of epoch 2"], logs
 
 
 def test_a_retried_train_task_resumes_its_ray_run_instead_of_starting_over(
-    ray_cluster, prefect_harness, drills_home
+    ray_cluster, prefect_harness, module_trainflow_home
 ):
     # No Ray-level retries: the failure after epoch 2 fails the train task, and Prefect's
     # retry of it fits the same Ray run again, for the one epoch left.

@@ -1,7 +1,6 @@
 """Flow-level policy: trainings of one model take turns; run names say what ran."""
 
 import threading
-import time
 from pathlib import Path
 
 from trainflow.config import load_config
@@ -10,25 +9,48 @@ from trainflow.flows.training import DEFAULT_CONFIG, one_run_per_model, resolve_
 REPO = Path(__file__).resolve().parents[2]
 
 
+def in_thread(target) -> threading.Thread:
+    # A daemon: a broken lock fails the test below instead of hanging the suite at exit.
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_two_trainings_of_one_model_take_turns(prefect_harness):
-    entered = {}
+    asking, entered, released = threading.Event(), threading.Event(), threading.Event()
+    entered_after_release = []
 
     def second():
+        asking.set()
         with one_run_per_model("turns"):
-            entered["second"] = time.monotonic()
+            entered_after_release.append(released.is_set())
+            entered.set()
 
     with one_run_per_model("turns"):
-        other = threading.Thread(target=second)
-        other.start()
-        time.sleep(3)
-        assert "second" not in entered  # waiting for the slot
-        released = time.monotonic()
-    other.join(60)
-    assert entered["second"] >= released
+        waiter = in_thread(second)
+        assert asking.wait(60)
+        # A negative takes some waiting to show: the second training has asked for the
+        # slot for a second (several of Prefect's acquisition attempts) and not got it.
+        assert not entered.wait(1.0), "a second training of the model entered while the first ran"
 
-    # Another model's training does not wait.
-    with one_run_per_model("turns"), one_run_per_model("another-model"):
-        pass
+        # Another model's training does not wait for this model's slot.
+        other_entered = threading.Event()
+
+        def another_model():
+            with one_run_per_model("another-model"):
+                other_entered.set()
+
+        other = in_thread(another_model)
+        assert other_entered.wait(60), "another model's training waited for this model's slot"
+        other.join(60)
+        assert not other.is_alive()
+        released.set()
+
+    # The waiting training enters once the slot is released, not before.
+    assert entered.wait(60), "the second training never got the released slot"
+    waiter.join(60)
+    assert not waiter.is_alive()
+    assert entered_after_release == [True]
 
 
 def test_flow_parameters_resolve_paths_overrides_and_smoke():

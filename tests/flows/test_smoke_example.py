@@ -9,15 +9,21 @@ touches the real model's champion.
 
 from pathlib import Path
 
+import pytest
+
 from trainflow.flows.training import training_pipeline
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "digits.yaml"  # your config here
 
 
+@pytest.mark.slow  # a flow run with a Ray Train run: `pytest -m "not slow"` leaves it out
 def test_my_config_runs_end_to_end(ray_cluster, prefect_harness, trainflow_home):
     result = training_pipeline(config=str(CONFIG), smoke=True)
 
     assert result.registered.name == "digits-smoke"
     assert result.registered.version == "1"
-    assert 0.0 < result.test_metrics["accuracy"] <= 1.0
+    # Your floor here: what the model must reach even in a smoke run. Digits has ten
+    # classes (chance is 0.1); this smoke run measured 0.65 (2026-11-23), so 0.3 catches a
+    # model that did not learn without failing on an unlucky small test split.
+    assert result.test_metrics["accuracy"] > 0.3
     assert (trainflow_home / "mlflow.db").is_file()

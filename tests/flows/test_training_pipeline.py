@@ -9,6 +9,7 @@ from trainflow.config import load_config
 from trainflow.flows.training import training_pipeline
 from trainflow.pipelines import registry
 from trainflow.pipelines.data import inspect_source, load_dataset, split_dataset
+from trainflow.pipelines.train import TrainingDiverged
 from trainflow.runtime import workspace
 from trainflow.testing import small_config
 
@@ -43,8 +44,10 @@ def artifact_keys() -> set[str]:
     return {a.key for a in read_artifacts() if a.key}
 
 
+# Both tests train on digits in one TRAINFLOW_HOME (its splits prepared once), each
+# registering under a model name of its own.
 def test_flow_trains_registers_and_the_champion_predicts_as_reported(
-    ray_cluster, prefect_harness, trainflow_home
+    ray_cluster, prefect_harness, module_trainflow_home
 ):
     config = load_config(small_config(train={"epochs": 3}))
     state = training_pipeline(config=config, return_state=True)
@@ -127,13 +130,15 @@ def task_runs(flow_run_id) -> list:
 
 
 def test_a_diverging_loss_stops_the_run_with_a_clear_error_and_no_retry(
-    ray_cluster, prefect_harness, trainflow_home
+    ray_cluster, prefect_harness, module_trainflow_home
 ):
-    config = load_config(small_config(train={"epochs": 3, "lr": 1e6, "optimizer": "sgd"}))
+    config = load_config(
+        small_config(name="digits-diverges", train={"epochs": 3, "lr": 1e6, "optimizer": "sgd"})
+    )
     state = training_pipeline(config=config, return_state=True)
     assert state.is_failed()
     with pytest.raises(
-        Exception, match=r"train loss became nan in epoch 1; lower train.lr \(now 1000000.0\)"
+        TrainingDiverged, match=r"train loss became nan in epoch 1; lower train.lr \(now 1000000.0\)"
     ):
         state.result()
     train_runs = [t for t in task_runs(state.state_details.flow_run_id) if t.name.startswith("train")]

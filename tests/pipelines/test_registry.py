@@ -1,5 +1,6 @@
 import json
 import multiprocessing
+import pickle
 import shutil
 from pathlib import Path
 from urllib.parse import urlparse
@@ -225,7 +226,7 @@ def test_weights_load_with_weights_only(tmp_path):
     folder = make_checkpoint(tmp_path / "c")
     # A model.pt that pickles an arbitrary object (here a pandas frame) is refused.
     torch.save({"weights": FRAME}, tmp_path / "c" / "model.pt")
-    with pytest.raises(Exception, match="[Ww]eights only load failed"):
+    with pytest.raises(pickle.UnpicklingError, match="[Ww]eights only load failed"):
         load_checkpoint(folder)
 
 
@@ -239,25 +240,29 @@ def _register_in_a_process(args):
     return reg.version, reg.run_id
 
 
+@pytest.mark.slow  # four processes, each importing torch and MLflow
 def test_parallel_registrations_get_distinct_versions_and_none_is_lost(trainflow_home, tmp_path):
-    folders = [make_checkpoint(tmp_path / "runs" / f"c{i}", seed=i) for i in range(8)]
-    accuracies = [0.6 + 0.04 * i for i in range(8)]
+    # Four processes at once, each importing torch and MLflow first (seconds of CPU each):
+    # enough to make registrations overlap on any machine; more only add start-up time.
+    n = 4
+    folders = [make_checkpoint(tmp_path / "runs" / f"c{i}", seed=i) for i in range(n)]
+    accuracies = [0.6 + 0.04 * i for i in range(n)]
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(8) as pool:
+    with ctx.Pool(n) as pool:
         jobs = [(str(trainflow_home), f, a) for f, a in zip(folders, accuracies, strict=True)]
         got = pool.map(_register_in_a_process, jobs)
     versions = sorted(int(v) for v, _ in got)
-    assert versions == list(range(1, 9)) and len({r for _, r in got}) == 8
+    assert versions == list(range(1, n + 1)) and len({r for _, r in got}) == n
 
     ws = workspace()
     c = registry.client(ws)
     assert all(mv.status == "READY" for mv in c.search_model_versions("name='par'"))
-    assert len(registry.moves(c, "par")) == 8
+    assert len(registry.moves(c, "par")) == n
     # Every version loads from the registry's own copy after the run folders are gone.
     shutil.rmtree(tmp_path / "runs")
     for v in versions:
         assert registry.load_model(f"par/{v}", ws).predict_proba(FRAME).shape == (3, 2)
-    # The gate ran one registration at a time: the champion is the best of the eight
+    # The gate ran one registration at a time: the champion is the best of them all
     # whichever order they finished in (each later one compared against the best so far).
     best = max(zip(accuracies, got, strict=True))[1][0]
     assert alias_version(c, "champion", "par") == best

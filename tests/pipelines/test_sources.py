@@ -164,8 +164,18 @@ def test_torchvision_mnist_is_read_by_torchvision_and_converted_once(tmp_path, r
     assert (converted / "part-0.parquet").stat().st_mtime_ns == mtime  # not converted again
 
 
-def test_torchvision_without_files_or_network_says_where_to_put_them(tmp_path):
-    with pytest.raises(DataError, match=r"torchvision:FashionMNIST: not in .* and the download failed"):
+def test_torchvision_without_files_or_network_says_where_to_put_them(tmp_path, monkeypatch):
+    import torchvision.datasets
+
+    # No network, on any machine: torchvision's own download code runs, against a
+    # loopback port where nothing listens (9, discard), and no proxy is asked.
+    monkeypatch.setattr(torchvision.datasets.FashionMNIST, "mirrors", ["http://127.0.0.1:9/"])
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    with pytest.raises(
+        DataError,
+        match=r"(?s)FashionMNIST: not in .* and the download failed \(Error downloading .*Tried http://127\.0\.0\.1:9/",
+    ):
         inspect_source(DataConfig(source="torchvision:FashionMNIST"), cache_root=tmp_path)
     with pytest.raises(DataError, match=r"torchvision:SVHN: use one of MNIST, FashionMNIST, CIFAR10"):
         inspect_source(DataConfig(source="torchvision:SVHN"), cache_root=tmp_path)

@@ -168,6 +168,7 @@ def test_streamed_epochs_give_every_row_once_each_epoch_with_the_next_started_ea
     assert [len(b[LABEL]) for b in batches[:3]] == [50, 50, 28]  # a chunk of 128, cut
 
 
+@pytest.mark.slow
 def test_a_streamed_train_split_validates_on_the_whole_val_split_held_in_memory(prepared, tmp_path):
     # What auto picks for a large train split: train streams from Ray Data, val is read
     # once into each worker's memory. TorchTrainer gets no val Dataset, so a loop that
@@ -188,6 +189,7 @@ def test_a_streamed_train_split_validates_on_the_whole_val_split_held_in_memory(
     assert history[-1]["val_accuracy"] == pytest.approx((logits.argmax(dim=1) == y).float().mean().item())
 
 
+@pytest.mark.slow
 def test_early_stopping_stops_every_worker_together(prepared, tmp_path):
     # No epoch can beat the first by 10: the run stops after 1 + patience epochs.
     outcome, history, _, _ = fit(
@@ -200,9 +202,11 @@ def test_early_stopping_stops_every_worker_together(prepared, tmp_path):
     assert [m["epoch"] for m in history] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_run_that_lost_a_worker_resumes_exactly_where_it_stopped(prepared, tmp_path):
     # Dropout, SGD momentum, a cosine schedule with warm-up: all of it must resume.
-    # Killed after epoch 2 of 3: at least the last epoch is trained after the restart.
+    # Killed after epoch 2 of 3 was collected (tests/faults.py waits for it): the restart
+    # resumes from epoch 2's checkpoint and trains the last epoch again.
     settings = dict(
         epochs=3, optimizer="sgd", lr=0.05, scheduler="cosine", warmup_epochs=1, deterministic=True
     )
@@ -212,10 +216,9 @@ def test_a_run_that_lost_a_worker_resumes_exactly_where_it_stopped(prepared, tmp
         prepared, tmp_path / "killed", callbacks=["tests.faults:kill_rank1_at_epoch2"], **settings
     )
     assert outcome["status"] == "completed"
-    assert progress.starts[0] == 0 and len(progress.starts) == 2 and 1 <= progress.starts[1] <= 2
-    start = progress.starts[1]
-    # Epochs after the checkpoint are trained again; what they give equals the straight run.
-    assert [m["epoch"] for m in resumed] == [1, 2, *range(start + 1, 4)]
+    assert progress.starts == [0, 2]
+    # The epoch after the checkpoint is trained again; what it gives equals the straight run.
+    assert [m["epoch"] for m in resumed] == [1, 2, 3]
     by_epoch = {m["epoch"]: m for m in resumed}  # the last report of each epoch
     for m in straight:
         for key in ("train_loss", "val_loss", "val_accuracy", "lr"):

@@ -1,6 +1,5 @@
 """`trainflow` as a user runs it: a subprocess, its exit code and what it prints."""
 
-import json
 import os
 import subprocess
 import sys
@@ -68,25 +67,6 @@ def test_validate_checks_config_and_source(tmp_path):
     out = trainflow("validate", "configs/digits.yaml", "--set", "train.epochs=2", home=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("ok: digits (config hash ")
-
-
-@pytest.mark.slow
-def test_smoke_run_trains_and_prints_a_summary(tmp_path):
-    home = tmp_path / "home"
-    out = trainflow("run", "configs/digits.yaml", "--smoke", home=home)
-    assert out.returncode == 0, out.stderr[-3000:]
-    # A smoke run registers under its own name: the real model's champion is untouched.
-    summary = out.stdout[out.stdout.index("model       digits-smoke") :]
-    assert "digits-smoke version 1 -> champion" in summary
-    assert "test        accuracy 0." in summary and "macro_f1" in summary
-    assert "steps       ingest" in summary
-    assert (home / "mlflow.db").is_file()
-
-    show = trainflow("models", "show", "digits-smoke@champion", home=home)
-    assert show.returncode == 0, show.stderr
-    shown = json.loads(show.stdout)
-    assert shown["version"] == "1" and shown["aliases"] == ["champion"]
-    assert shown["tags"]["gate.passed"] == "True"
 
 
 def test_serve_and_deploy_refuse_to_start_without_a_server(tmp_path):

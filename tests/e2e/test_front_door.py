@@ -1,14 +1,14 @@
 """The front door as a new user meets it: the first `trainflow run` on a machine with an
 empty PREFECT_HOME, a quiet console, and expected failures in one line, fast.
 
-The run and the resource failures run the command as a subprocess, as a user types it;
-the data failure runs it in this process (tests/e2e/test_cli.py says why)."""
+The command runs as a subprocess, as a user types it; a data failure inside the flow, one
+line on the console and in the run's logs, is tests/e2e/test_data_configs.py's."""
 
 import re
 
 import pytest
 
-from tests.e2e.test_cli import REPO, trainflow, trainflow_in_process
+from tests.e2e.test_cli import trainflow
 from trainflow.prefect_server import PrefectServerError, TemporaryServer
 from trainflow.runtime import local_cluster_resources
 
@@ -76,38 +76,6 @@ def test_a_run_the_machine_cannot_hold_fails_in_one_line_before_anything_starts(
     assert len(lines) == 1 and re.search(message, lines[0]), out.stderr
     # Neither Prefect's server, Ray nor the registry started.
     assert not (home / "prefect-server.log").exists() and not (home / "mlflow.db").exists()
-
-
-@pytest.mark.slow
-def test_bad_data_inside_the_flow_is_one_line_on_the_console_and_in_the_run_logs(
-    ray_cluster, prefect_harness, trainflow_home, tmp_path, monkeypatch, capfd
-):
-    import pandas as pd
-
-    from tests.flows.test_training_pipeline import flow_logs
-
-    bad = pd.read_csv(REPO / "configs" / "data" / "churn.csv")
-    bad.loc[[3, 7], "monthly_fee"] = float("inf")
-    bad.to_csv(tmp_path / "bad.csv", index=False)
-    monkeypatch.chdir(REPO)
-    capfd.readouterr()
-    out = trainflow_in_process("run", "configs/churn.yaml", "--set", f"data.source={tmp_path / 'bad.csv'}")
-    assert out.returncode == 2
-    console = capfd.readouterr().err + out.stdout + out.stderr
-    errors = [line for line in console.splitlines() if "monthly_fee" in line]
-    assert len(errors) == 1 and errors[0].startswith("error: data.source "), console[-3000:]
-    assert "Traceback" not in console
-
-    # What a deployment run shows in its logs: the failure, one line each, no traceback.
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.sorting import FlowRunSort
-
-    with get_client(sync_client=True) as client:
-        run = client.read_flow_runs(limit=1, sort=FlowRunSort.START_TIME_DESC)[0]
-    assert run.state.is_failed() and "column 'monthly_fee' holds inf" in run.state.message
-    logs = flow_logs(run.id)
-    assert any("monthly_fee" in line for line in logs)
-    assert not [line for line in logs if "Traceback" in line], logs
 
 
 def test_the_temporary_server_that_exits_says_so_in_one_line(tmp_path, monkeypatch):

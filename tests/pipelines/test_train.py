@@ -91,12 +91,12 @@ def fit(prepared, storage, run_name=None, in_memory=("train", "val"), **train):
 
     config = load_config(small_config(train=train))
     spec = models.model_spec(config.model, len(prepared.preprocessor.feature_columns), 10)
-    actor = f"test-progress-{uuid.uuid4().hex[:8]}"
+    progress_log = f"test-progress-{uuid.uuid4().hex[:8]}"
     memory_splits, datasets = tr.split_inputs(prepared.path, in_memory=in_memory)
     loop_config = config.to_train_loop_config(
         model_spec=spec,
         preprocessor=prepared.preprocessor.to_dict(),
-        progress_actor=actor,
+        progress_actor=progress_log,
         memory_splits=memory_splits,
     )
     trainer = tr.build_trainer(
@@ -107,10 +107,66 @@ def fit(prepared, storage, run_name=None, in_memory=("train", "val"), **train):
         storage_path=str(storage),
     )
     rows = []
-    with tr.follow_progress(actor, rows.append) as progress:
+    with tr.follow_progress(progress_log, rows.append) as progress:
         result = trainer.fit()
     history = [r for r in rows if r["kind"] == "epoch"]
     return result.return_value, history, progress, result
+
+
+def test_progress_rows_arrive_in_order_once_each_and_are_deleted_after(ray_cluster):
+    from ray.experimental.internal_kv import _internal_kv_list
+
+    name = f"test-progress-{uuid.uuid4().hex[:8]}"
+    rank0, rank1 = tr.ProgressLog(name, 0), tr.ProgressLog(name, 1)
+    rows = []
+    with tr.follow_progress(name, rows.append, every_s=0.05) as progress:
+        rank0.started("node-a", 0, "pg", "run")
+        rank1.started("node-b", 0, "pg", "run")
+        rank0.add({"epoch": 1, "train_loss": 0.5})
+        # Two writers in the same nanosecond: the second takes the next free key.
+        same_ns = [tr.ProgressLog(name, 0), tr.ProgressLog(name, 0)]
+        for writer in same_ns:
+            writer._last_ns = 1 << 62
+        same_ns[0].step({"epoch": 2, "step": 1, "loss": float("nan")})
+        same_ns[1].step({"epoch": 2, "step": 2, "loss": 0.25})
+    assert [(r["kind"], r.get("epoch")) for r in rows] == [
+        ("start", None),
+        ("epoch", 1),
+        ("step", 2),
+        ("step", 2),
+    ]
+    assert rows[0] == {
+        "kind": "start",
+        "rank": 0,
+        "node_id": "node-a",
+        "start_epoch": 0,
+        "placement_group": "pg",
+        "run": "run",
+    }  # a worker group's start is its rank 0's; every rank's is in the workers
+    assert math.isnan(rows[2]["loss"]) and rows[3]["step"] == 2
+    assert [w["rank"] for w in progress.workers] == [0, 1] and progress.nodes == ["node-a", "node-b"]
+    assert progress.starts == [0]
+    assert _internal_kv_list(f"trainflow/progress/{name}/", namespace=tr.PROGRESS_NAMESPACE) == []
+
+
+def test_a_progress_row_outlives_the_worker_killed_right_after_writing_it(ray_cluster):
+    import ray
+
+    name = f"test-progress-{uuid.uuid4().hex[:8]}"
+
+    @ray.remote(max_retries=0)
+    def write_then_die():
+        import os
+        import signal
+
+        tr.ProgressLog(name, 0).add({"epoch": 1})
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    rows = []
+    with tr.follow_progress(name, rows.append):
+        with pytest.raises(ray.exceptions.WorkerCrashedError):
+            ray.get(write_then_die.remote())
+    assert rows == [{"kind": "epoch", "epoch": 1}]
 
 
 def test_a_shard_read_from_parquet_is_every_world_size_th_row(prepared):

@@ -19,7 +19,7 @@ from typing import Any
 from trainflow.config import FailureSection, PipelineConfig, SweepConfig, trial_config
 from trainflow.pipelines.checkpoint import METRICS, read_json
 from trainflow.pipelines.models import model_spec
-from trainflow.pipelines.train import TrainingDiverged, build_trainer, split_inputs
+from trainflow.pipelines.train import ProgressLog, TrainingDiverged, build_trainer, split_inputs
 from trainflow.runtime import configure_ray_data
 
 # What a trial's report row holds besides the metrics (set by TuneReportCallback).
@@ -143,7 +143,8 @@ def trial_events(on_event: Callable[[dict[str, Any]], None], release: Callable[[
 
 
 class _Placements:
-    """The placement groups of every trial's worker group, as its workers report them.
+    """The placement groups of every trial's worker group, as its workers report them to
+    the :class:`ProgressLog` ``name`` (read here for its worker starts only).
 
     A trial that ASHA stops is killed with its TorchTrainer's controller, which then cannot
     remove its workers' placement group; Ray Train's own cleaner needs the dashboard's
@@ -151,27 +152,23 @@ class _Placements:
     """
 
     def __init__(self, name: str):
-        import ray
-
-        from trainflow.pipelines.train import ProgressLog
-
         self.name = name
-        self.actor = ray.remote(num_cpus=0)(ProgressLog).options(name=name).remote()
+        self.log = ProgressLog(name)
 
     def release(self, trial_id: str) -> None:
         self._remove(lambda w: w["run"] == f"trial-{trial_id}")
 
     def close(self) -> None:
-        import ray
-
-        self._remove(lambda w: True)
-        ray.kill(self.actor)
+        try:
+            self._remove(lambda w: True)
+        finally:
+            self.log.clear()
 
     def _remove(self, which) -> None:
         import ray
         from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
 
-        groups = {w["placement_group"] for w in ray.get(self.actor.started_workers.remote()) if which(w)}
+        groups = {w["placement_group"] for w in self.log.workers() if which(w)}
         for hex_id in groups - {None}:
             group = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(hex_id)))
             if placement_group_table(group).get("state") not in ("REMOVED", None):
@@ -233,7 +230,8 @@ def build_tuner(
     callbacks: list[Any],
     progress: str,
 ):
-    """The Tuner for ``config.sweep``; ``progress`` names the actor the trials' workers report to."""
+    """The Tuner for ``config.sweep``; ``progress`` names the ProgressLog the trials' workers
+    report to."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search.basic_variant import BasicVariantGenerator

@@ -7,10 +7,12 @@ splits, trains, and reports per-epoch metrics with a checkpoint from rank 0.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,6 +41,9 @@ SPLITS = ("train", "val")
 STREAM_CHUNK_BATCHES = 32
 # A prepared split under this size is read once into each worker's memory (train.in_memory: auto).
 IN_MEMORY_BYTES = 1 << 30
+# Where ProgressLog keeps its rows in Ray's GCS key-value store.
+PROGRESS_NAMESPACE = "trainflow"
+PROGRESS_PREFIX = "trainflow/progress/"
 
 
 class TrainingDiverged(RuntimeError):
@@ -364,7 +369,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     scheduler = make_scheduler(optimizer, config)
     precision = Precision(config["precision"], device)
     loss_fn = nn.CrossEntropyLoss()
-    progress = ray.get_actor(progress_actor) if progress_actor else None
+    # The name of the ProgressLog the driver follows (None: nobody follows this run).
+    progress = ProgressLog(progress_actor, rank) if progress_actor else None
 
     # Resume: Ray hands back the latest checkpoint after a worker failure or when the
     # same run name is fitted again (a Prefect retry of the train task).
@@ -384,8 +390,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         history = json.loads(state["history"])
     if progress is not None:
         group = ray.util.get_current_placement_group()
-        progress.started.remote(
-            rank,
+        progress.started(
             ray.get_runtime_context().get_node_id(),
             start_epoch,
             group.id.hex() if group else None,
@@ -423,7 +428,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
 
             def on_step(step: int, loss: float, epoch: int = epoch) -> None:
                 if step % log_every == 0:
-                    progress.step.remote({"epoch": epoch + 1, "step": step, "loss": loss})
+                    progress.step({"epoch": epoch + 1, "step": step, "loss": loss})
 
         lr = optimizer.param_groups[0]["lr"]
         train_loss = train_epoch(model, train_batches, optimizer, loss_fn, precision, grad_clip_norm, on_step)
@@ -469,7 +474,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                 )
                 report_checkpoint = ray.train.Checkpoint.from_directory(tmp)
                 if progress is not None:
-                    progress.add.remote(metrics)
+                    progress.add(metrics)
             ray.train.report(metrics, checkpoint=report_checkpoint)
         for callback in callbacks:
             callback(epoch + 1, metrics, rank)
@@ -484,42 +489,101 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
 
 
 class ProgressLog:
-    """A Ray actor that rank 0 tells each epoch's metrics, so the driver can log them live.
+    """The rows that Ray Train workers write for the driver: each worker (re)start, each
+    epoch's metrics and, with ``log_every_n_steps``, step losses.
 
-    An actor rather than a file: it works when rank 0 runs on another node.
+    Held in Ray's GCS key-value store, which every driver and worker already talks to, so
+    a run costs no process of its own; and a row is stored once its write returns, so a
+    worker killed right after loses nothing. Each row is one key,
+    ``trainflow/progress/<name>/<kind>/<time_ns>-<rank>-<counter>``, with the row as JSON:
+    unique without coordination between workers, and ordered as written by its time.
+    A writer holds ``name`` and its rank; a reader (the driver) holds the rows it has
+    read, so each poll reads only the new keys.
     """
 
-    def __init__(self):
-        self.rows: list[dict[str, Any]] = []
-        self.workers: list[dict[str, Any]] = []
+    def __init__(self, name: str, rank: int = 0):
+        self.name = name
+        self.rank = rank
+        self.prefix = f"{PROGRESS_PREFIX}{name}/"
+        self._last_ns = 0
+        self._read: dict[bytes, dict[str, Any]] = {}  # every row read, by key
+        self._unseen: list[bytes] = []  # the keys read since rows() last returned them
+
+    # Written by the workers.
 
     def add(self, row: dict[str, Any]) -> None:
-        self.rows.append({"kind": "epoch", **row})
+        self._put({"kind": "epoch", **row})
 
     def step(self, row: dict[str, Any]) -> None:
-        self.rows.append({"kind": "step", **row})
+        self._put({"kind": "step", **row})
 
     def started(
-        self, rank: int, node_id: str, start_epoch: int, placement_group: str | None = None, run: str = ""
+        self, node_id: str, start_epoch: int, placement_group: str | None = None, run: str = ""
     ) -> None:
-        """A worker (re)started: its node, the epoch it resumes after (0: from scratch), its
-        worker group's placement group and its Ray Train run."""
-        worker = {
-            "rank": rank,
-            "node_id": node_id,
-            "start_epoch": start_epoch,
-            "placement_group": placement_group,
-            "run": run,
-        }
-        self.workers.append(worker)
-        if rank == 0:
-            self.rows.append({"kind": "start", **worker})
+        """This worker (re)started: its node, the epoch it resumes after (0: from scratch),
+        its worker group's placement group and its Ray Train run."""
+        self._put(
+            {
+                "kind": "start",
+                "rank": self.rank,
+                "node_id": node_id,
+                "start_epoch": start_epoch,
+                "placement_group": placement_group,
+                "run": run,
+            }
+        )
 
-    def since(self, start: int) -> list[dict[str, Any]]:
-        return self.rows[start:]
+    def _put(self, row: dict[str, Any]) -> None:
+        from ray.experimental.internal_kv import _internal_kv_put
 
-    def started_workers(self) -> list[dict[str, Any]]:
-        return self.workers
+        value = json.dumps(row)
+        for counter in itertools.count():
+            # Never behind this writer's last key, even if the wall clock steps back.
+            self._last_ns = max(time.time_ns(), self._last_ns + 1)
+            key = f"{self.prefix}{row['kind']}/{self._last_ns:020d}-{self.rank}-{counter}"
+            # True when the key was taken (by another writer in the same nanosecond).
+            if not _internal_kv_put(key, value, overwrite=False, namespace=PROGRESS_NAMESPACE):
+                return
+
+    # Read by the driver.
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The rows written since the last call, in order: every epoch and step row, and
+        the start of each worker group (its rank 0)."""
+        self._read_new(self.prefix)
+        keys, self._unseen = sorted(self._unseen, key=_written), []
+        rows = [self._read[key] for key in keys]
+        return [row for row in rows if row["kind"] != "start" or row["rank"] == 0]
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Every worker start written so far, in order, without its ``kind``."""
+        self._read_new(f"{self.prefix}start/")
+        return [
+            {k: v for k, v in row.items() if k != "kind"}
+            for key, row in sorted(self._read.items(), key=lambda item: _written(item[0]))
+            if row["kind"] == "start"
+        ]
+
+    def clear(self) -> None:
+        """Delete every row of ``name`` from the store."""
+        from ray.experimental.internal_kv import _internal_kv_del
+
+        _internal_kv_del(self.prefix, del_by_prefix=True, namespace=PROGRESS_NAMESPACE)
+
+    def _read_new(self, prefix: str) -> None:
+        from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
+
+        for key in _internal_kv_list(prefix, namespace=PROGRESS_NAMESPACE):
+            if key not in self._read:
+                value = _internal_kv_get(key, namespace=PROGRESS_NAMESPACE)
+                if value is not None:
+                    self._read[key] = json.loads(value)
+                    self._unseen.append(key)
+
+
+def _written(key: bytes) -> tuple[int, ...]:
+    """A progress row's key, as what orders it: its time, then its writer's rank and counter."""
+    return tuple(int(part) for part in key.rsplit(b"/", 1)[1].split(b"-"))
 
 
 @dataclass
@@ -542,19 +606,15 @@ class Progress:
 def follow_progress(
     name: str, on_row: Callable[[dict[str, Any]], None], every_s: float = 0.5
 ) -> Iterator[Progress]:
-    """Start the ProgressLog actor ``name`` and call ``on_row`` for each row as it arrives:
-    ``{"kind": "start" | "epoch" | "step", ...}``."""
-    import ray
-
-    actor = ray.remote(num_cpus=0)(ProgressLog).options(name=name).remote()
+    """Call ``on_row`` for each row the workers write to the :class:`ProgressLog` ``name``
+    as it arrives, ``{"kind": "start" | "epoch" | "step", ...}``, and delete the rows
+    after the block."""
+    log = ProgressLog(name)
     stop = threading.Event()
-    seen = 0
     progress = Progress()
 
     def drain() -> None:
-        nonlocal seen
-        for row in ray.get(actor.since.remote(seen)):
-            seen += 1
+        for row in log.rows():
             on_row(row)
 
     def poll() -> None:
@@ -568,9 +628,11 @@ def follow_progress(
     finally:
         stop.set()
         thread.join()
-        drain()
-        progress.workers = ray.get(actor.started_workers.remote())
-        ray.kill(actor)
+        try:
+            drain()
+            progress.workers = log.workers()
+        finally:
+            log.clear()
 
 
 def in_memory_splits(

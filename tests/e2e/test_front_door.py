@@ -78,14 +78,18 @@ def test_a_run_the_machine_cannot_hold_fails_in_one_line_before_anything_starts(
     assert not (home / "prefect-server.log").exists() and not (home / "mlflow.db").exists()
 
 
-def test_the_temporary_server_that_exits_says_so_in_one_line(tmp_path, monkeypatch):
+def test_the_temporary_server_that_exits_says_so_in_one_line(tmp_path):
+    from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL, temporary_settings
+
     # A database the server cannot open: its start-up fails, and the wait says so at once.
-    monkeypatch.setenv(
-        "PREFECT_API_DATABASE_CONNECTION_URL", f"sqlite+aiosqlite:///{tmp_path}/no/such/dir/x.db"
-    )
-    with pytest.raises(PrefectServerError, match=r"^Prefect's temporary server exited with code \d+ .*log: "):
-        with TemporaryServer(tmp_path / "server.log", timeout_s=120) as server:
-            server.wait()
+    bad = f"sqlite+aiosqlite:///{tmp_path}/no/such/dir/x.db"
+    with temporary_settings(updates={PREFECT_API_DATABASE_CONNECTION_URL: bad}):
+        with pytest.raises(
+            PrefectServerError,
+            match=r"^Prefect's temporary server exited with code \d+ before it answered: .*unable to open",
+        ):
+            with TemporaryServer(tmp_path / "server.log", timeout_s=120) as server:
+                server.wait()
 
 
 def test_the_temporary_server_that_does_not_answer_in_time_says_what_to_do(tmp_path):

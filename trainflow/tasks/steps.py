@@ -149,7 +149,7 @@ def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
     logger = get_run_logger()
     in_memory = splits_in_memory(config, prepared)
     spec = models.model_spec(config.model, prepared.num_features, prepared.num_classes)
-    # Unique per attempt: a retry must not race the last attempt's actor for the name.
+    # Unique per attempt: a retry must not read (or clear) the last attempt's progress rows.
     progress = f"trainflow-progress-{run_name}-{uuid.uuid4().hex[:8]}"
     memory_splits, datasets = tr.split_inputs(
         prepared.path, in_memory=in_memory, preprocessor=prepared.preprocessor

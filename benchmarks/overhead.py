@@ -83,7 +83,7 @@ def run_once(cmd: list[str], extra_env: dict[str, str], stderr_to_stdout: bool =
 
     with tempfile.TemporaryDirectory(prefix="trainflow-bench-") as home:
         env = {k: v for k, v in os.environ.items() if k not in SCRUB}
-        env.update(TRAINFLOW_HOME=home, RAY_USAGE_STATS_ENABLED="0", **extra_env)
+        env.update({"TRAINFLOW_HOME": home, "RAY_USAGE_STATS_ENABLED": "0", **extra_env})
         load_start = load1()
         result = run_measured(cmd, env, REPO, stderr_to_stdout=stderr_to_stdout)
         result["load_1min"] = {"at_start": load_start, "at_end": load1()}

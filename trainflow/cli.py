@@ -7,7 +7,8 @@ import json
 import logging
 import sys
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -144,18 +145,14 @@ def _run_flow(
     import warnings
 
     from trainflow import prefect_server
-    from trainflow.runtime import apply_quiet_env, ray_session, timeline, workspace
+    from trainflow.runtime import apply_quiet_env, ray_session, timeline
 
     apply_quiet_env()
     # MLflow hides this pydantic warning in warnings.catch_warnings(), which is not
     # thread-safe: imported beside other threads, it leaks through now and then.
     warnings.filterwarnings("ignore", message=r'Field name "schema" in "JsonSchemaSpec" shadows')
-    with ExitStack() as stack:
-        server = None
-        if prefect_server.configured_api_url() is None:
-            log = workspace().home / "prefect-server.log"
-            server = stack.enter_context(prefect_server.TemporaryServer(log))
-            timeline("prefect server started")
+    with _prefect_api() as server:
+        timeline("prefect server started" if server else "prefect server configured")
         store = _Background("mlflow-store", _open_registry)
         flow = _Background("import-flow", lambda: importlib.import_module(module))
         try:
@@ -182,6 +179,20 @@ def _run_flow(
             raise _fail(f"the {what} flow failed: {type(e).__name__}: {e}", code=1) from None
     timeline("prefect server stopped")
     return result
+
+
+@contextmanager
+def _prefect_api() -> Iterator:
+    """Prefect's temporary server for this command, started now, when no server is
+    configured (PREFECT_API_URL or a profile); yields it (None: a configured server)."""
+    from trainflow import prefect_server
+    from trainflow.runtime import workspace
+
+    if prefect_server.configured_api_url() is not None:
+        yield None
+        return
+    with prefect_server.TemporaryServer(workspace().home / "prefect-server.log") as server:
+        yield server
 
 
 def _expected(error: BaseException) -> bool:
@@ -329,17 +340,25 @@ def predict(
         raise _fail(str(e)) from None
 
     apply_quiet_env()
-    from trainflow.flows.batch_predict import batch_predict
+    from trainflow import prefect_server
 
     try:
-        result = batch_predict(
-            model=f"{mv.name}/{mv.version}",
-            input=str(input),
-            output=str(output),
-            batch_size=batch_size,
-            concurrency=concurrency,
-            use_gpu=gpu,
-        )
+        with _prefect_api() as server:
+            from trainflow.flows.batch_predict import batch_predict
+
+            if server is not None:
+                server.wait()
+            _one_line_expected_errors()
+            result = batch_predict(
+                model=f"{mv.name}/{mv.version}",
+                input=str(input),
+                output=str(output),
+                batch_size=batch_size,
+                concurrency=concurrency,
+                use_gpu=gpu,
+            )
+    except prefect_server.PrefectServerError as e:
+        raise _fail(str(e), code=1) from None
     except (DataError, PreflightError, MlflowException) as e:
         raise _fail(str(e)) from None
     except Exception as e:  # the flow's logs above hold the traceback

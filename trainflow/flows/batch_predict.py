@@ -42,7 +42,8 @@ def batch_predict(
     ref = resolve_model(model)
     info = check_input(input, output, ref)
     # predict
-    with ray_session(PipelineConfig(ray={"address": ray_address}), workers=None):
+    # no warm-up workers: the prediction's actor pool starts processes of its own
+    with ray_session(PipelineConfig(ray={"address": ray_address}), workers=None, warm=False):
         rows = predict(info, output, ref, batch_size, concurrency, use_gpu)
     result = Predicted(
         model=ref.uri,

@@ -120,15 +120,19 @@ def _cli_logger() -> logging.Logger:
 
 
 def _check_before_start(cfg: PipelineConfig, sweep: bool = False) -> bool:
-    """What can fail before Prefect and Ray start, in one line: the data source, and what
-    the run asks of the local cluster it would start (GPUs, CPUs). Returns whether the
-    run prepares its data on Ray workers (else in this process)."""
+    """What can fail before Prefect and Ray start, in one line: the data source, what the
+    run asks of the local cluster it would start (GPUs, CPUs), or a cluster address where
+    nothing answers. Returns whether the run prepares its data on Ray workers (else in
+    this process)."""
     from trainflow.pipelines.tabular import prepares_in_driver
-    from trainflow.runtime import PreflightError, preflight_local, timeline
+    from trainflow.runtime import PreflightError, check_reachable, preflight_local, ray_address, timeline
 
     source = _check_source(cfg)
     try:
-        preflight_local(cfg, sweep=sweep)
+        if ray_address(cfg):
+            check_reachable(ray_address(cfg))  # a cluster elsewhere: is anything there?
+        else:
+            preflight_local(cfg, sweep=sweep)
     except PreflightError as e:
         raise _fail(str(e)) from None
     timeline("config, source and resources checked")

@@ -98,3 +98,17 @@ def test_the_temporary_server_that_does_not_answer_in_time_says_what_to_do(tmp_p
     ):
         with TemporaryServer(tmp_path / "server.log", timeout_s=0.01) as server:
             server.wait()
+
+
+def test_a_cluster_address_where_nothing_answers_fails_before_anything_starts(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    home = tmp_path / "home"
+    out = trainflow("run", "--set", f"ray.address=127.0.0.1:{port}", home=home)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: no Ray cluster answers at 127.0.0.1:{port}")
+    assert not (home / "prefect-server.log").exists()

@@ -4,7 +4,7 @@ PyTorch loop, run side by side, alternating (A B C D A B C D ...).
 
     make bench SECTIONS=overhead      # or: python benchmarks/overhead.py --rounds 3
     python benchmarks/overhead.py --quick     # 2 epochs, 1 round, into results/quick
-    python benchmarks/overhead.py --phases    # one `trainflow run` and one `--smoke`, phase by phase
+    python benchmarks/overhead.py --phases    # first, warm and smoke runs, phase by phase
 
 The four rows, each a whole command in a fresh TRAINFLOW_HOME:
 - trainflow: `trainflow run --set train.epochs=N` (a temporary Prefect server, a Ray
@@ -266,7 +266,7 @@ def main() -> None:
     parser.add_argument(
         "--phases",
         action="store_true",
-        help="instead: one `trainflow run` and one `--smoke` with TRAINFLOW_TIMELINE=1, phase by phase",
+        help="instead: a first run (empty PREFECT_HOME), a warm one and a smoke run, phase by phase",
     )
     parser.add_argument("--note", default="", help="conditions worth recording, such as other load")
     add_results_arg(parser)

@@ -5,8 +5,8 @@ With no ``PREFECT_API_URL``, a flow run starts Prefect's temporary server itself
 first API call and gives it ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` (20)
 to answer. Its first start on a machine runs every database migration, and on two busy
 cores, beside a Ray cluster and torch imports starting at the same time, it can miss
-that deadline: the run then fails before it begins. ``trainflow run`` and ``trainflow
-sweep`` start the same server (``uvicorn prefect.server.api.server:create_app``, as
+that deadline: the run then fails before it begins. ``trainflow run``, ``sweep`` and
+``predict`` start the same server (``uvicorn prefect.server.api.server:create_app``, as
 Prefect does) before Ray and torch start, point ``PREFECT_API_URL`` at it, and wait for
 its health check right before the flow needs it, for up to :data:`START_TIMEOUT_S`
 seconds; if it exits or misses that, the command fails in one line saying what to do.
@@ -24,9 +24,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-# Seconds to wait for the server's health check. An empty PREFECT_HOME on two idle cores
-# answers in about 12 s (migrations); with both cores busy, a minute or more. A value of
-# PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS in the environment wins.
+# Seconds to wait for the server's health check, counted from its start: an empty
+# PREFECT_HOME runs every migration first (benchmarks/results.md, overhead phase by
+# phase, times a first run), and two busy cores stretch that several times over. A
+# value of PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS in the environment wins.
 START_TIMEOUT_S = 180.0
 TIMEOUT_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 # uvicorn's exit code when the app's start-up failed, or its port was taken in between.

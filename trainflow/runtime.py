@@ -84,7 +84,8 @@ class _TokenAuthNotice(logging.Filter):
         return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
 
 
-def _quiet_token_auth_notice() -> None:
+def quiet_token_auth_notice() -> None:
+    """Drop Ray's notice that a local cluster keeps token auth on (it stays on)."""
     logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
     if not any(isinstance(f, _TokenAuthNotice) for f in logger.filters):
         logger.addFilter(_TokenAuthNotice())
@@ -209,7 +210,7 @@ def ray_session(
             preflight_local(config, sweep=workers == "sweep")
         for key, value in LOCAL_CLUSTER_ENV.items():
             os.environ.setdefault(key, value)
-        _quiet_token_auth_notice()
+        quiet_token_auth_notice()
     # "local" starts a cluster for this run. Ray's own default (None) would attach to
     # whichever cluster `ray start` last left on this machine: a cluster is only ever
     # shared when the config or RAY_ADDRESS says so.

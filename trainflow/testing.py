@@ -41,11 +41,21 @@ def ray_cluster() -> Iterator[None]:
     """One local Ray cluster for the session, with at least 2 CPUs (the default scaling's need)."""
     import ray
 
-    from trainflow.runtime import configure_ray_data, ray_init_kwargs
+    from trainflow.runtime import (
+        LOCAL_CLUSTER_ENV,
+        configure_ray_data,
+        quiet_token_auth_notice,
+        ray_init_kwargs,
+    )
 
     if ray.is_initialized():
         yield
         return
+    # What trainflow gives the local clusters it starts (no preemption watcher, Ray's
+    # token-auth notice dropped), for the session's.
+    for key, value in LOCAL_CLUSTER_ENV.items():
+        os.environ.setdefault(key, value)
+    quiet_token_auth_notice()
     # Always a cluster of the session's own, never one that `ray start` left running.
     ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), **ray_init_kwargs())
     configure_ray_data()

@@ -75,7 +75,7 @@ def trainflow_prepare(source: str, cache: str, warm: bool) -> dict:
 
     start_ray(num_cpus=2)
     if warm:
-        ray.get(warm_workers())
+        ray.get(warm_workers(["trainflow.pipelines.tabular"]))
     with MemorySampler() as memory:
         start = time.perf_counter()
         with memory.phase("ingest"):

@@ -83,8 +83,8 @@ def run(config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False) 
 
     timeline("command parsed")
     cfg = _config(config, set_, smoke)
-    on_ray = _check_before_start(cfg)
-    result = _run_flow(cfg, "trainflow.flows.training", "training_pipeline", "training", warm=on_ray)
+    warm = _check_before_start(cfg)
+    result = _run_flow(cfg, "trainflow.flows.training", "training_pipeline", "training", warm)
 
     reg = result.registered
     lines = [
@@ -119,12 +119,12 @@ def _cli_logger() -> logging.Logger:
     return logger
 
 
-def _check_before_start(cfg: PipelineConfig, sweep: bool = False) -> bool:
+def _check_before_start(cfg: PipelineConfig, sweep: bool = False) -> tuple[str, ...]:
     """What can fail before Prefect and Ray start, in one line: the data source, what the
     run asks of the local cluster it would start (GPUs, CPUs), or a cluster address where
-    nothing answers. Returns whether the run prepares its data on Ray workers (else in
-    this process)."""
-    from trainflow.pipelines.tabular import prepares_in_driver
+    nothing answers. Returns the modules the Ray workers that prepare its data import
+    (none when it is prepared in this process)."""
+    from trainflow.pipelines.tabular import worker_modules
     from trainflow.runtime import PreflightError, check_reachable, preflight_local, ray_address, timeline
 
     source = _check_source(cfg)
@@ -136,12 +136,10 @@ def _check_before_start(cfg: PipelineConfig, sweep: bool = False) -> bool:
     except PreflightError as e:
         raise _fail(str(e)) from None
     timeline("config, source and resources checked")
-    return not prepares_in_driver(source)
+    return worker_modules(source)
 
 
-def _run_flow(
-    cfg: PipelineConfig, module: str, flow_name: str, what: str, sweep: bool = False, warm: bool = True
-):
+def _run_flow(cfg: PipelineConfig, module: str, flow_name: str, what: str, warm: tuple[str, ...]):
     """Start what the flow needs, overlapped, then call it: Prefect's temporary server
     first (when no server is configured), so that its start-up does not wait behind Ray
     and torch for the CPU; then the flow's imports (torch) and the MLflow store in
@@ -160,8 +158,9 @@ def _run_flow(
         store = _Background("mlflow-store", _open_registry)
         flow = _Background("import-flow", lambda: importlib.import_module(module))
         try:
-            # before the flow, so that its logs follow the line with Ray's address
-            with ray_session(cfg, _cli_logger(), "sweep" if sweep else "train", warm=warm):
+            # before the flow, so that its logs follow the line with Ray's address; what
+            # the run asks of a local cluster was checked before anything started
+            with ray_session(cfg, _cli_logger(), workers=None, warm=warm):
                 timeline("ray started")
                 flow.wait()
                 timeline("flow imported")
@@ -260,8 +259,8 @@ def sweep(
             f"{config} has no sweep section; add one such as "
             "sweep: {space: {train.lr: {loguniform: [0.0001, 0.1]}}, trials: 8}"
         )
-    on_ray = _check_before_start(cfg, sweep=True)
-    result = _run_flow(cfg, "trainflow.flows.sweep", "sweep_pipeline", "sweep", sweep=True, warm=on_ray)
+    warm = _check_before_start(cfg, sweep=True)
+    result = _run_flow(cfg, "trainflow.flows.sweep", "sweep_pipeline", "sweep", warm)
     if best_config is not None:
         import os
         import shutil

@@ -26,7 +26,7 @@ from pathlib import Path
 
 # Seconds to wait for the server's health check, counted from its start: an empty
 # PREFECT_HOME runs every migration first (benchmarks/results.md, overhead phase by
-# phase, times a first run), and two busy cores stretch that several times over. A
+# phase, times a first run), and two busy cores stretch it. A
 # value of PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS in the environment wins.
 START_TIMEOUT_S = 180.0
 TIMEOUT_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"

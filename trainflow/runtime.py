@@ -6,12 +6,13 @@ Nothing here runs on import: callers ask for a :func:`workspace` or open a
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,12 +186,13 @@ def ray_session(
     config: PipelineConfig,
     logger: logging.Logger | logging.LoggerAdapter = log,
     workers: Literal["train", "sweep"] | None = "train",
-    warm: bool = True,
+    warm: Sequence[str] = (),
 ) -> Iterator[None]:
     """Connect to Ray for the length of a run, and shut down only what this started.
     ``workers``: what the run will ask of a local cluster it starts, checked before it
     starts: training workers (``scaling``), sweep trials (``sweep.scaling``), or nothing.
-    ``warm``: start worker processes for the preprocessing tasks at once (:func:`warm_workers`).
+    ``warm``: modules for worker processes started at once to import (:func:`warm_workers`);
+    none, no warm-up.
 
     An already initialized Ray (a test's session cluster, a notebook) is used as is.
     A local cluster is started in the calling thread, which must outlive the run: Ray's
@@ -217,27 +219,27 @@ def ray_session(
     ray.init(address=address or "local", **ray_init_kwargs())
     configure_ray_data()
     if warm:
-        warm_workers()
+        warm_workers(warm)
     try:
         yield
     finally:
         ray.shutdown()
 
 
-def _import_prepare_code() -> None:
-    import trainflow.pipelines.tabular  # noqa: F401  pandas, pyarrow, Ray's tensor type
+def _import_modules(modules: Sequence[str]) -> None:
+    for module in modules:
+        importlib.import_module(module)
 
 
-def warm_workers(most: int = 8) -> list:
+def warm_workers(modules: Sequence[str], most: int = 8) -> list:
     """Start worker processes for this run now, one per CPU up to ``most``, each importing
-    what preprocessing runs; returns the tasks' refs, which no one needs to wait for.
-    Ray starts a job's workers at its first tasks: about a second each on 2 cores, which
-    the preprocess step would otherwise wait for (digits: 2.1 s, 0.2 s warm); started
-    here, it overlaps the flow's own start-up."""
+    ``modules`` (what the run's first Ray tasks run); returns the tasks' refs, which no
+    one needs to wait for. Ray starts a job's workers at its first tasks, which would
+    otherwise wait for them; started here, they overlap the flow's own start-up."""
     import ray
 
-    task = ray.remote(num_cpus=1)(_import_prepare_code)
-    return [task.remote() for _ in range(min(int(ray.cluster_resources().get("CPU", 0)), most))]
+    task = ray.remote(num_cpus=1)(_import_modules)
+    return [task.remote(list(modules)) for _ in range(min(int(ray.cluster_resources().get("CPU", 0)), most))]
 
 
 def local_cluster_resources() -> dict[str, float] | None:

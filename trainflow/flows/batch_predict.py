@@ -43,7 +43,7 @@ def batch_predict(
     info = check_input(input, output, ref)
     # predict
     # no warm-up workers: the prediction's actor pool starts processes of its own
-    with ray_session(PipelineConfig(ray={"address": ray_address}), workers=None, warm=False):
+    with ray_session(PipelineConfig(ray={"address": ray_address}), workers=None):
         rows = predict(info, output, ref, batch_size, concurrency, use_gpu)
     result = Predicted(
         model=ref.uri,

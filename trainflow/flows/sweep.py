@@ -10,7 +10,7 @@ from prefect.runtime import flow_run
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.flows.logs import one_line_expected_errors
 from trainflow.flows.training import one_run_per_model, resolve_config, timed
-from trainflow.pipelines.tabular import prepares_in_driver
+from trainflow.pipelines.tabular import worker_modules
 from trainflow.runtime import preflight_sweep, ray_session
 from trainflow.tasks import evaluate, ingest, preprocess, register
 from trainflow.tasks.results import SweepResult
@@ -47,7 +47,7 @@ def sweep_pipeline(config: PipelineConfig | str, overrides: list[str] | None = N
 
     # ingest: in the driver, before any Ray worker starts (cached across runs)
     source, timings["ingest"] = timed(ingest, config)
-    with ray_session(config, logger, workers="sweep", warm=not prepares_in_driver(source)):
+    with ray_session(config, logger, workers="sweep", warm=worker_modules(source)):
         # how many trials fit side by side, each with sweep.scaling's workers
         max_concurrent = preflight_sweep(config, logger)
         # preprocess once for every trial (cached across runs)

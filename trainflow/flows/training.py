@@ -15,7 +15,7 @@ from prefect.runtime import flow_run
 
 from trainflow.config import ConfigError, PipelineConfig, load_config, smoke_config
 from trainflow.flows.logs import one_line_expected_errors
-from trainflow.pipelines.tabular import prepares_in_driver
+from trainflow.pipelines.tabular import worker_modules
 from trainflow.runtime import preflight, ray_session, timeline
 from trainflow.tasks import evaluate, ingest, preprocess, register, train
 from trainflow.tasks.results import PipelineResult
@@ -110,7 +110,7 @@ def training_pipeline(
     with one_run_per_model(config.name):
         # Ray's worker processes start beside the flow for preparing on Ray; an input
         # small enough to prepare in this process needs none
-        with ray_session(config, logger, warm=not prepares_in_driver(source)):
+        with ray_session(config, logger, warm=worker_modules(source)):
             # what ScalingConfig asks, against the cluster: fail now rather than wait forever
             config = preflight(config, logger)
             # preprocess: skipped (cached) when its prepared entry exists

@@ -427,6 +427,12 @@ def prepares_in_driver(info: SourceInfo) -> bool:
     return info.format != "images" and len(info.files) == 1 and info.bytes <= IN_DRIVER_BYTES
 
 
+def worker_modules(info: SourceInfo) -> tuple[str, ...]:
+    """What the Ray workers that prepare this input import (for a run to start them early,
+    ``runtime.warm_workers``); none when it is prepared in the driver."""
+    return () if prepares_in_driver(info) else (__name__,)
+
+
 def _run(fn, calls: list[tuple], in_driver: bool = False) -> list[Any]:
     """``fn`` as a Ray task per argument tuple (or called here, ``in_driver``); a
     DataError raised in a task is raised here as itself, without Ray's traceback."""

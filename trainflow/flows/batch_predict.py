@@ -12,7 +12,7 @@ from trainflow.config import PipelineConfig
 from trainflow.flows.logs import one_line_expected_errors
 from trainflow.runtime import ray_session
 from trainflow.tasks.predict import Predicted, check_input, predict, resolve_model
-from trainflow.tasks.steps import artifact_key
+from trainflow.tasks.render import artifact_key
 
 
 @flow(name="batch-predict", flow_run_name="predict-{model}", persist_result=False)

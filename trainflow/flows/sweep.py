@@ -13,8 +13,8 @@ from trainflow.flows.training import one_run_per_model, resolve_config, timed
 from trainflow.pipelines.tabular import worker_modules
 from trainflow.runtime import preflight_sweep, ray_session
 from trainflow.tasks import evaluate, ingest, preprocess, register
+from trainflow.tasks.render import artifact_key
 from trainflow.tasks.results import SweepResult
-from trainflow.tasks.steps import artifact_key
 from trainflow.tasks.sweep import sweep
 
 

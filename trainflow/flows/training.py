@@ -18,8 +18,8 @@ from trainflow.flows.logs import one_line_expected_errors
 from trainflow.pipelines.tabular import worker_modules
 from trainflow.runtime import preflight, ray_session, timeline
 from trainflow.tasks import evaluate, ingest, preprocess, register, train
+from trainflow.tasks.render import artifact_key
 from trainflow.tasks.results import PipelineResult
-from trainflow.tasks.steps import artifact_key
 
 
 def resolve_config(

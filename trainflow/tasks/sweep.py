@@ -12,8 +12,9 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.config import PipelineConfig, trial_config
 from trainflow.pipelines import sweep as sw
 from trainflow.runtime import workspace
+from trainflow.tasks.render import artifact_key
 from trainflow.tasks.results import Prepared, Swept, Trained
-from trainflow.tasks.steps import artifact_key, splits_in_memory
+from trainflow.tasks.train import splits_in_memory
 
 
 # No retries: a sweep that ran for an hour is not started over by a retry; failed trials

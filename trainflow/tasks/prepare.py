@@ -1,0 +1,99 @@
+"""The ingest and preprocess tasks: check the source, then prepare its splits, each
+cached across flow runs."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+
+from trainflow.config import PipelineConfig
+from trainflow.pipelines import data
+from trainflow.pipelines import preprocess as prep
+from trainflow.runtime import workspace
+from trainflow.tasks.results import Prepared
+
+# Ingest and preprocess cache across flow runs. Each record is a file at an absolute
+# path under TRAINFLOW_HOME/cache (hence the result storage at "/"): the preprocess
+# record sits inside the prepared entry it describes, so deleting an entry (or the
+# whole cache) also forgets that it was made, and a run never reuses a record whose
+# splits are gone. The keys hold the input's fingerprint, so a changed file misses.
+CACHE_RECORDS = Path("/")
+
+
+def ingest_cache_key(context, parameters: dict[str, Any]) -> str:
+    """The data config, the input's fingerprint (file list, sizes, mtimes or content) and
+    the code that inspects it."""
+    config: PipelineConfig = parameters["config"]
+    cache = workspace().cache
+    parts = [config.data.model_dump_json(), data.source_fingerprint(config.data, cache), prep.code_version()]
+    key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+    return str(cache / "ingest" / key)
+
+
+def preprocess_cache_key(context, parameters: dict[str, Any]) -> str:
+    """The prepared entry's own key; the record lives in the entry's folder."""
+    config: PipelineConfig = parameters["config"]
+    key = prep.cache_key(parameters["source"], config.data.split, config.preprocess)
+    return str(workspace().cache / key / "prefect-task-record")
+
+
+@task(
+    name="ingest",
+    cache_key_fn=ingest_cache_key,
+    persist_result=True,
+    result_storage=CACHE_RECORDS,
+)
+def ingest(config: PipelineConfig) -> data.SourceInfo:
+    """Check the source and its columns and fingerprint it; runs in the driver, before Ray."""
+    info = data.inspect_source(config.data, workspace().cache)
+    get_run_logger().info(
+        "source %s (%s, %d files): %d features, label %r, fingerprint %s",
+        info.source,
+        info.format,
+        len(info.files),
+        len(info.feature_columns),
+        info.label_column,
+        info.fingerprint,
+    )
+    return info
+
+
+@task(
+    name="preprocess",
+    cache_key_fn=preprocess_cache_key,
+    persist_result=True,
+    result_storage=CACHE_RECORDS,
+    retries=1,
+    retry_delay_seconds=5,
+    retry_condition_fn=lambda task, task_run, state: (
+        not isinstance(state.result(raise_on_failure=False), data.DataError)
+    ),
+)
+def preprocess(config: PipelineConfig, source: data.SourceInfo) -> Prepared:
+    """Check the rows, split, fit on train, write every split as Parquet under the cache
+    (or reuse a finished entry)."""
+    logger = get_run_logger()
+    entry = prep.prepare(source, config.data.split, config.preprocess, workspace().cache)
+    pre = entry.preprocessor
+    if entry.dropped:
+        logger.warning("dropped %d rows with a missing value (data.missing=drop)", entry.dropped)
+    logger.info(
+        "%s prepared splits %s at %s: %d classes",
+        "reused" if entry.reused else "wrote",
+        entry.counts,
+        entry.path,
+        len(pre.classes),
+    )
+    return Prepared(
+        path=str(entry.path),
+        counts=entry.counts,
+        preprocessor=pre.to_dict(),
+        num_features=pre.num_features,
+        num_classes=len(pre.classes),
+        fingerprint=entry.key,
+        reused=entry.reused,
+        dropped=entry.dropped,
+    )

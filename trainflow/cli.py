@@ -262,12 +262,12 @@ def sweep(
     warm = _check_before_start(cfg, sweep=True)
     result = _run_flow(cfg, "trainflow.flows.sweep", "sweep_pipeline", "sweep", warm)
     if best_config is not None:
-        import os
         import shutil
 
-        tmp = best_config.with_name(f".{best_config.name}.tmp")
-        shutil.copyfile(result.best_config_path, tmp)
-        os.replace(tmp, best_config)
+        from trainflow.files import replacing_file
+
+        with replacing_file(best_config) as tmp:
+            shutil.copyfile(result.best_config_path, tmp)
 
     metric = cfg.sweep.metric
     header = ("trial", "status", "epochs", metric, "params")

@@ -9,15 +9,13 @@ complete: readers never see half an output.
 
 from __future__ import annotations
 
-import os
-import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as pads
 
+from trainflow.files import publishing_folder
 from trainflow.pipelines.data import DataError
 from trainflow.pipelines.evaluate import predict_rows
 
@@ -122,13 +120,6 @@ def predict_to_parquet(
         version=version,
         keep=keep,
     )
-    tmp = out.parent / f".tmp-{out.name}-{uuid.uuid4().hex[:8]}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
+    with publishing_folder(out) as tmp:
         predicted.write_parquet(str(tmp))
-        rows = sum(pq.ParquetFile(f).metadata.num_rows for f in tmp.glob("*.parquet"))
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return rows
+        return sum(pq.ParquetFile(f).metadata.num_rows for f in tmp.glob("*.parquet"))

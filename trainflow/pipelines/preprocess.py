@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from trainflow.config import PreprocessConfig, SplitConfig
+from trainflow.files import publishing_folder
 from trainflow.pipelines.data import (
     IMAGE,
     SPLITS,
@@ -317,19 +314,11 @@ def write_prepared(
     return counts
 
 
-@contextmanager
-def staging(out_dir: Path) -> Iterator[Path]:
+def staging(out_dir: Path):
     """A temporary folder beside the cache entry ``out_dir``, renamed to it when the block
     ends without error, else removed: a crash never leaves a partial entry that a later
-    run reuses."""
-    tmp = out_dir.parent / f".tmp-{out_dir.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
-    try:
-        yield tmp
-        _publish(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    run reuses. An entry that another run finished first is kept."""
+    return publishing_folder(out_dir, finished=lambda path: (path / "counts.json").is_file())
 
 
 def finish_entry(tmp: Path, pre: Preprocessor, counts: dict[str, int]) -> None:
@@ -340,21 +329,6 @@ def finish_entry(tmp: Path, pre: Preprocessor, counts: dict[str, int]) -> None:
             raise DataError(f"the {name} split is empty; add rows or change data.split")
     pre.save(tmp / "preprocessor.json")
     (tmp / "counts.json").write_text(json.dumps(counts))
-
-
-def _publish(tmp: Path, out_dir: Path) -> None:
-    try:
-        os.rename(tmp, out_dir)
-    except OSError:
-        if (out_dir / "counts.json").is_file():
-            shutil.rmtree(tmp)  # another run finished the same entry first; keep theirs
-            return
-        if not out_dir.exists():
-            raise
-        # A folder without counts.json is no finished entry (written by hand, or by a
-        # crash of an older trainflow): replace it.
-        shutil.rmtree(out_dir)
-        os.rename(tmp, out_dir)
 
 
 def _parquet_rows(path: Path) -> int:

@@ -24,13 +24,13 @@ import re
 import shutil
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainflow.files import publishing_folder
 from trainflow.pipelines.checkpoint import Predictor, load_checkpoint
 
 if TYPE_CHECKING:
@@ -579,21 +579,15 @@ def local_checkpoint(ws: Workspace, mv: ModelVersion) -> Path:
 
     local = ws.home / "models" / mv.name / str(mv.version)
     if not local.is_dir():
-        # Download beside the final folder, then rename: a half-copied model is never loaded.
-        tmp = local.parent / f".tmp-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)
-        try:
-            with _no_progress_bar():
-                got = download_artifacts(
-                    artifact_uri=mv.source, dst_path=str(tmp), tracking_uri=tracking_uri(ws)
-                )
-            try:
-                Path(got).rename(local)
-            except OSError:
-                if not local.is_dir():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        # A half-copied model is never loaded; a copy another process finished first is kept.
+        with publishing_folder(local, finished=Path.is_dir) as tmp, _no_progress_bar():
+            got = Path(
+                download_artifacts(artifact_uri=mv.source, dst_path=str(tmp), tracking_uri=tracking_uri(ws))
+            )
+            if got != tmp:  # the artifacts came in a folder of their own: lift its files
+                for item in got.iterdir():
+                    item.rename(tmp / item.name)
+                got.rmdir()
     expected = mv.tags.get(HASHES_TAG)
     if expected:
         verify_files(local, json.loads(expected), f"{mv.name} version {mv.version}")

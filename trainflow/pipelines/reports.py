@@ -7,12 +7,12 @@ global state or needs a display (Prefect workers, CI, Ray nodes have none).
 from __future__ import annotations
 
 import base64
-import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from trainflow.files import replacing_file
 
 LEARNING_CURVE = "learning_curve.png"
 CONFUSION_MATRIX = "confusion_matrix.png"
@@ -21,12 +21,9 @@ CONFUSION_MATRIX = "confusion_matrix.png"
 def _save(fig, path: str | Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{uuid.uuid4().hex[:8]}-{path.name}")
-    FigureCanvasAgg(fig).print_png(str(tmp))
-    os.replace(tmp, path)  # never a half-written PNG under the final name
-    return path
+    with replacing_file(path) as tmp:
+        FigureCanvasAgg(fig).print_png(str(tmp))
+    return Path(path)
 
 
 def learning_curve_png(history: list[dict[str, Any]], path: str | Path, metric: str = "val_accuracy") -> Path:

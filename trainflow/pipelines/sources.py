@@ -12,9 +12,6 @@ import fnmatch
 import hashlib
 import io
 import json
-import os
-import shutil
-import uuid
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -22,6 +19,8 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
+
+from trainflow.files import publishing_folder
 
 FORMATS = {
     ".parquet": "parquet",
@@ -278,11 +277,9 @@ def torchvision_parquet(name: str, root: Path) -> Path:
                     f"data.source torchvision:{name}: not in {root} and the download failed ({e}); "
                     f"put torchvision's files for {name} under {root}"
                 ) from None
-    tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
-    try:
-        import pyarrow.parquet as pq
+    import pyarrow.parquet as pq
 
+    with publishing_folder(out, finished=lambda path: (path / "_done.json").is_file()) as tmp:
         rows = 0
         for i, part in enumerate(parts):
             pixels = np.asarray(part.data).reshape(len(part.data), -1)
@@ -296,15 +293,6 @@ def torchvision_parquet(name: str, root: Path) -> Path:
                     w.write_table(pa.Table.from_arrays([*cols, pa.array(labels[chunk])], schema=w.schema))
             rows += len(labels)
         (tmp / "_done.json").write_text(json.dumps({"rows": rows, "classes": list(parts[0].classes)}))
-        try:
-            os.rename(tmp, out)
-        except OSError:
-            if not (out / "_done.json").is_file():
-                raise
-            shutil.rmtree(tmp)  # another run converted it first
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainflow.config import FailureSection, PipelineConfig, SweepConfig, trial_config
+from trainflow.files import replacing_file
 from trainflow.pipelines.checkpoint import METRICS, read_json
 from trainflow.pipelines.models import model_spec
 from trainflow.pipelines.train import ProgressLog, TrainingDiverged, build_trainer, split_inputs
@@ -360,16 +361,11 @@ def checkpoint_metrics(checkpoint: str) -> dict[str, Any]:
 
 def write_config_yaml(config: PipelineConfig, path: str | Path, header: str = "") -> Path:
     """The config as YAML at ``path``, written to a temporary name and renamed when complete."""
-    import os
-
     import yaml
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     comment = "".join(f"# {line}\n" for line in header.splitlines())
-    tmp.write_text(
-        comment + yaml.safe_dump(config.model_dump(mode="json", exclude={"sweep"}), sort_keys=False)
-    )
-    os.replace(tmp, path)
-    return path
+    with replacing_file(path) as tmp:
+        tmp.write_text(
+            comment + yaml.safe_dump(config.model_dump(mode="json", exclude={"sweep"}), sort_keys=False)
+        )
+    return Path(path)

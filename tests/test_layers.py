@@ -1,33 +1,140 @@
-"""pipelines/ holds the Ray and PyTorch logic and must stay free of Prefect."""
+"""The import direction that docs/architecture.md states, checked on the source.
+
+Layers, from the bottom: ``config`` and ``files``; ``runtime`` and ``prefect_server``;
+``pipelines``; ``tasks``; ``flows``; ``cli`` and ``testing``. A module imports only from
+its own layer or below, wherever the import statement sits (a lazy import inside a
+function is a dependency too). Prefect is imported only from the orchestration layers,
+never by ``pipelines`` or the bottom layer. And no module depends on itself through
+others: no two modules import each other, directly or around a longer loop, at import
+time or lazily.
+"""
 
 import ast
 import subprocess
 import sys
 from pathlib import Path
 
-PIPELINES = Path(__file__).resolve().parents[1] / "trainflow" / "pipelines"
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "trainflow"
+
+# The layer of each top-level module or subpackage of trainflow, bottom first.
+LAYERS = {
+    "config": 0,
+    "files": 0,
+    "runtime": 1,
+    "prefect_server": 1,
+    "pipelines": 2,
+    "tasks": 3,
+    "flows": 4,
+    "cli": 5,
+    "testing": 5,
+}
+# Where Prefect may be imported.
+PREFECT_LAYERS = {"prefect_server", "tasks", "flows", "cli", "testing"}
 
 
-def test_pipelines_source_never_imports_prefect():
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _part(module: str) -> str | None:
+    """The layer name of a trainflow module (None for the package root)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def _imports(path: Path, module: str, *, top_level_only: bool = False) -> list[tuple[str, int]]:
+    """Every module an import statement in ``path`` names, with its line; relative
+    imports resolved; ``from package import name`` also names ``package.name`` when that
+    is a module."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.append((base, node.lineno))
+            found += [(f"{base}.{a.name}", node.lineno) for a in node.names if f"{base}.{a.name}" in MODULES]
+    return found
+
+
+def test_every_module_has_a_layer():
+    unknown = sorted({_part(m) for m in MODULES if _part(m) is not None} - set(LAYERS))
+    assert unknown == [], f"add {unknown} to LAYERS here and to docs/architecture.md"
+
+
+def test_imports_point_down():
     offenders = []
-    for path in sorted(PIPELINES.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "prefect"]
+    for module, path in MODULES.items():
+        part = _part(module)
+        if part is None:  # the package root: a facade over everything (load_model, the config)
+            continue
+        for name, line in _imports(path, module):
+            if name == "trainflow":  # the root: __version__
+                continue
+            if name.startswith("trainflow."):
+                target = name.split(".")[1]
+                if LAYERS.get(target, -1) > LAYERS[part]:
+                    offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({part}) imports {name}")
+            elif name.split(".")[0] == "prefect" and part not in PREFECT_LAYERS:
+                offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({part}) imports {name}")
     assert offenders == []
 
 
-def test_importing_every_pipeline_module_loads_no_prefect():
-    modules = [f"trainflow.pipelines.{p.stem}" for p in PIPELINES.glob("*.py") if p.stem != "__init__"]
-    assert len(modules) >= 7
-    code = (
-        "import sys\n"
-        + "".join(f"import {m}\n" for m in modules)
-        + ("print(sorted(m for m in sys.modules if m.split('.')[0] == 'prefect'))")
-    )
+def test_no_import_cycles():
+    graph = {
+        module: {
+            name
+            for name, _ in _imports(path, module)
+            if name in MODULES and name != module and name != "trainflow"
+        }
+        for module, path in MODULES.items()
+    }
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if m.startswith(n + "."):  # a package's own __init__ runs before its modules
+                continue
+            if state.get(n) == 1:
+                cycles.append(" -> ".join([*stack[stack.index(n) :], n]))
+            elif n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert cycles == []
+
+
+@pytest.mark.slow
+def test_importing_pipelines_and_the_bottom_layers_loads_no_prefect():
+    modules = [m for m in MODULES if _part(m) in {"config", "files", "runtime", "pipelines"}]
+    assert len(modules) >= 10
+    code = "import sys\n" + "".join(f"import {m}\n" for m in modules)
+    code += "print(sorted(m for m in sys.modules if m.split('.')[0] == 'prefect'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

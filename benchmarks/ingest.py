@@ -70,7 +70,7 @@ def trainflow_prepare(source: str, cache: str, warm: bool) -> dict:
 
     from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
     from trainflow.pipelines.data import inspect_source
-    from trainflow.pipelines.preprocess import prepare
+    from trainflow.pipelines.prepare import prepare
     from trainflow.runtime import warm_workers
 
     start_ray(num_cpus=2)

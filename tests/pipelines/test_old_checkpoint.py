@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from trainflow.pipelines.checkpoint import load_checkpoint
-from trainflow.pipelines.readers import digits_frame
+from trainflow.pipelines.sources import digits_frame
 
 FIXTURE = Path(__file__).parent.parent / "data" / "checkpoint-0.1.0"
 

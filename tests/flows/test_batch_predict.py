@@ -49,10 +49,13 @@ def digits_checkpoint(folder):
 
 
 def register_digits_model(tmp_path) -> None:
-    folder = digits_checkpoint(tmp_path / "ckpt")
+    register(digits_checkpoint(tmp_path / "ckpt"), "digits-batch")
+
+
+def register(folder, name: str) -> None:
     registry.register_checkpoint(
         workspace(),
-        name="digits-batch",
+        name=name,
         checkpoint_dir=str(folder),
         params={},
         metrics={"accuracy": 0.5},
@@ -191,16 +194,7 @@ def test_a_categorical_input_column_is_required_and_never_copied_to_the_output(
         config=PipelineConfig().model_dump(mode="json"),
         metrics={"epoch": 1},
     )
-    registry.register_checkpoint(
-        workspace(),
-        name="plans",
-        checkpoint_dir=str(folder),
-        params={},
-        metrics={"accuracy": 0.5},
-        history=[],
-        tags={},
-        gate=RegistryConfig(min_value=0.0),
-    )
+    register(folder, "plans")
     rows = pd.DataFrame({"id": [1, 2, 3], "x": [0.5, 1.5, 3.0], "plan": ["pro", "basic", "gold"]})
     rows.drop(columns=["plan"]).to_parquet(tmp_path / "no-plan.parquet", index=False)
     state = batch_predict(

@@ -70,12 +70,12 @@ def trainflow_prepare(source: str, cache: str, warm: bool) -> dict:
 
     from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
     from trainflow.pipelines.data import inspect_source
-    from trainflow.pipelines.preprocess import prepare
+    from trainflow.pipelines.prepare import prepare
     from trainflow.runtime import warm_workers
 
     start_ray(num_cpus=2)
     if warm:
-        ray.get(warm_workers(["trainflow.pipelines.tabular"]))
+        ray.get(warm_workers(["trainflow.pipelines.prepare"]))
     with MemorySampler() as memory:
         start = time.perf_counter()
         with memory.phase("ingest"):
@@ -101,12 +101,13 @@ def phases(source: str, cache: str) -> None:
     CPU of the per-batch functions alone."""
     import os
 
-    import pandas as pd
     import pyarrow.parquet as pq
     from common import tree_cpu_s
 
     from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
-    from trainflow.pipelines import data, preprocess, tabular
+    from trainflow.pipelines import data, prepare, preprocess, readers, runner
+    from trainflow.pipelines import split as sp
+    from trainflow.pipelines.stats import FitStats, RowCounts
 
     start_ray(num_cpus=2)
     clock, cpu = time.perf_counter(), tree_cpu_s(os.getpid())
@@ -127,29 +128,29 @@ def phases(source: str, cache: str) -> None:
     split, cfg = SplitConfig(), PreprocessConfig()
     info = data.inspect_source(DataConfig(source=source), Path(cache))
     lap("inspect_source")
-    fragments = tabular.plan_fragments(info)
+    fragments = readers.plan_fragments(info)
     lap(f"plan: {len(fragments)} fragments")
-    scans = tabular._run(tabular.scan_fragment, [(info, f, split, cfg.scaler, False) for f in fragments])
-    report = data.row_report(pd.concat([s["stats"] for s in scans]), info)
-    train = tabular.TrainStats()
+    scans = runner.run(prepare.scan_fragment, [(info, f, split, cfg.scaler, False) for f in fragments])
+    counts, train = RowCounts(), FitStats()
     for s in scans:
-        train.merge(s["train"])
-    pre = train.preprocessor(info, report.labels, cfg)
+        counts.merge(s.counts)
+        train.merge(s.train)
+    counts.check(info)
+    pre = train.preprocessor(info, counts.sorted_labels(), cfg)
     lap("scan + fit")
     calls = [
-        (info, f, split, s["codes"], pre.to_dict(), f"{cache}/phases", f"part-{f.index:05d}.parquet")
+        (info, f, split, s.codes, pre.to_dict(), f"{cache}/phases", f"part-{f.index:05d}.parquet")
         for f, s in zip(fragments, scans, strict=True)
     ]
-    tabular._run(tabular.write_fragment, calls)
+    runner.run(prepare.write_fragment, calls)
     lap("write 3 splits")
 
     table = pq.read_table(info.files[0])
     frame = table.to_pandas()
-    features = info.feature_columns
     for name, fn in (
         ("arrow to pandas", lambda: table.to_pandas()),
-        ("batch_stats", lambda: data.batch_stats(frame, features=features, numeric=features, label="label")),
-        ("hash_split_codes", lambda: data.hash_split_codes(frame, val=0.1, test=0.2, seed=0)),
+        ("RowCounts.add", lambda: RowCounts().add(frame, info)),
+        ("split by row hash", lambda: sp.hash_split_codes(sp.row_keys(frame, info, 0), val=0.1, test=0.2)),
         ("transform_batch", lambda: preprocess.transform_batch(frame, state=pre.to_dict())),
     ):
         spent = time.process_time()

@@ -58,7 +58,7 @@ def measure(source: str, cache: str, object_store_mb: int) -> dict:
 
     from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
     from trainflow.pipelines.data import inspect_source
-    from trainflow.pipelines.preprocess import prepare
+    from trainflow.pipelines.prepare import prepare
     from trainflow.runtime import configure_ray_data, ray_init_kwargs
 
     ray.init(address="local", num_cpus=2, object_store_memory=object_store_mb << 20, **ray_init_kwargs())

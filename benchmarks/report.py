@@ -23,6 +23,7 @@ SECTIONS = (
     "training",
     "scaling",
     "large_prepare",
+    "engine",
     "batch_predict",
     "gpu",
     "sweep",

@@ -51,7 +51,7 @@ def measure(source: str, work: str) -> dict:
     from trainflow.config import PipelineConfig
     from trainflow.pipelines.data import inspect_source
     from trainflow.pipelines.models import model_spec
-    from trainflow.pipelines.preprocess import prepare
+    from trainflow.pipelines.prepare import prepare
     from trainflow.pipelines.train import SPLITS, build_trainer, in_memory_splits, split_inputs
 
     cfg = PipelineConfig.model_validate(

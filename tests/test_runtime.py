@@ -184,7 +184,7 @@ def test_warm_workers_start_one_per_cpu_with_the_preprocessing_code_imported(ray
 
     from trainflow.runtime import warm_workers
 
-    refs = warm_workers(["trainflow.pipelines.tabular"], most=8)
+    refs = warm_workers(["trainflow.pipelines.prepare"], most=8)
     assert len(refs) == min(int(ray.cluster_resources()["CPU"]), 8)
-    ray.get(refs, timeout=60)  # a worker that cannot import trainflow.pipelines.tabular fails here
-    assert len(warm_workers(["trainflow.pipelines.tabular"], most=1)) == 1
+    ray.get(refs, timeout=60)  # a worker that cannot import trainflow.pipelines.prepare fails here
+    assert len(warm_workers(["trainflow.pipelines.prepare"], most=1)) == 1

@@ -124,7 +124,7 @@ def _check_before_start(cfg: PipelineConfig, sweep: bool = False) -> tuple[str, 
     run asks of the local cluster it would start (GPUs, CPUs), or a cluster address where
     nothing answers. Returns the modules the Ray workers that prepare its data import
     (none when it is prepared in this process)."""
-    from trainflow.pipelines.tabular import worker_modules
+    from trainflow.pipelines.prepare import worker_modules
     from trainflow.runtime import PreflightError, check_reachable, preflight_local, ray_address, timeline
 
     source = _check_source(cfg)
@@ -335,7 +335,7 @@ def predict(
     # Model, input and output are checked here, before Prefect and Ray start.
     with _registry_errors():
         mv = registry.resolve(ws, model)
-        features = registry.load_model(f"{mv.name}/{mv.version}", ws).preprocessor.feature_columns
+        features = registry.load_model(f"{mv.name}/{mv.version}", ws).preprocessor.input_columns
     try:
         inspect_input(str(input), features)
         check_output(str(output))

@@ -10,10 +10,11 @@ import pytest
 from trainflow.config import ModelConfig, PipelineConfig, RegistryConfig
 from trainflow.flows.batch_predict import batch_predict
 from trainflow.pipelines import registry
-from trainflow.pipelines.checkpoint import save_checkpoint
-from trainflow.pipelines.data import DataError, _digits_frame
+from trainflow.pipelines.checkpoint import load_checkpoint, save_checkpoint
+from trainflow.pipelines.data import DataError
 from trainflow.pipelines.models import build_model, model_spec
 from trainflow.pipelines.preprocess import Preprocessor
+from trainflow.pipelines.sources import digits_frame
 from trainflow.runtime import workspace
 
 from .test_training_pipeline import task_runs
@@ -28,13 +29,12 @@ def digits_checkpoint(folder):
     import torch
 
     torch.manual_seed(0)
-    frame = _digits_frame()
+    frame = digits_frame()
     spec = model_spec(ModelConfig(kind="mlp", hidden_sizes=[32]), 64, 10)
     pre = Preprocessor(
         PIXELS,
         "label",
         list(range(10)),
-        True,
         frame[PIXELS].mean().tolist(),
         (frame[PIXELS].std(ddof=0).replace(0, 1.0)).tolist(),
     )
@@ -49,10 +49,13 @@ def digits_checkpoint(folder):
 
 
 def register_digits_model(tmp_path) -> None:
-    folder = digits_checkpoint(tmp_path / "ckpt")
+    register(digits_checkpoint(tmp_path / "ckpt"), "digits-batch")
+
+
+def register(folder, name: str) -> None:
     registry.register_checkpoint(
         workspace(),
-        name="digits-batch",
+        name=name,
         checkpoint_dir=str(folder),
         params={},
         metrics={"accuracy": 0.5},
@@ -64,7 +67,7 @@ def register_digits_model(tmp_path) -> None:
 
 def digits_rows(n: int, seed: int = 0) -> pd.DataFrame:
     """n rows shaped like digits: the real images tiled, with a little noise."""
-    frame = _digits_frame()
+    frame = digits_frame()
     reps = -(-n // len(frame))
     rng = np.random.default_rng(seed)
     pixels = np.tile(frame[PIXELS].to_numpy(), (reps, 1))[:n]
@@ -173,3 +176,40 @@ def test_asking_for_a_gpu_the_cluster_lacks_fails_instead_of_waiting(
     with pytest.raises(PreflightError, match="use_gpu asks for 1 GPU per actor, the Ray cluster has 0"):
         state.result()
     assert not (tmp_path / "out").exists()
+
+
+def test_a_categorical_input_column_is_required_and_never_copied_to_the_output(
+    ray_cluster, prefect_harness, trainflow_home, tmp_path
+):
+    import torch
+
+    torch.manual_seed(0)
+    pre = Preprocessor(["x"], "label", ["no", "yes"], [1.0], [2.0], categorical={"plan": ["basic", "pro"]})
+    spec = model_spec(ModelConfig(kind="mlp", hidden_sizes=[4]), pre.num_features, 2)
+    folder = save_checkpoint(
+        tmp_path / "ckpt",
+        model=build_model(spec),
+        spec=spec,
+        preprocessor=pre.to_dict(),
+        config=PipelineConfig().model_dump(mode="json"),
+        metrics={"epoch": 1},
+    )
+    register(folder, "plans")
+    rows = pd.DataFrame({"id": [1, 2, 3], "x": [0.5, 1.5, 3.0], "plan": ["pro", "basic", "gold"]})
+    rows.drop(columns=["plan"]).to_parquet(tmp_path / "no-plan.parquet", index=False)
+    state = batch_predict(
+        model="plans/1",
+        input=str(tmp_path / "no-plan.parquet"),
+        output=str(tmp_path / "a"),
+        return_state=True,
+    )
+    with pytest.raises(DataError, match=r"no-plan.parquet lacks the feature column 'plan' that the model"):
+        state.result()
+    assert not (tmp_path / "a").exists()
+
+    rows.to_parquet(tmp_path / "input.parquet", index=False)
+    batch_predict(model="plans/1", input=str(tmp_path / "input.parquet"), output=str(tmp_path / "b"))
+    out = pd.read_parquet(tmp_path / "b").sort_values("id")
+    assert list(out.columns) == ["id", "prediction", "proba_no", "proba_yes", "model_version"]
+    model = load_checkpoint(folder)
+    assert out["prediction"].tolist() == model.predict(rows).tolist()

@@ -8,7 +8,9 @@ import pytest
 from trainflow.config import load_config
 from trainflow.flows.training import training_pipeline
 from trainflow.pipelines import registry
-from trainflow.pipelines.data import inspect_source, load_dataset, split_dataset
+from trainflow.pipelines.data import inspect_source
+from trainflow.pipelines.prepare import raw_split
+from trainflow.pipelines.sources import digits_frame
 from trainflow.pipelines.train import TrainingDiverged
 from trainflow.runtime import workspace
 from trainflow.testing import small_config
@@ -95,8 +97,7 @@ def test_flow_trains_registers_and_the_champion_predicts_as_reported(
     # the accuracy the flow reported.
     import trainflow
 
-    info = inspect_source(config.data)
-    test = split_dataset(load_dataset(info), config.data.split, info.label_column)["test"].to_pandas()
+    test = raw_test_rows(config)
     model = trainflow.load_model("digits-test@champion")
     accuracy = np.mean(model.predict(test) == test["label"].to_numpy())
     assert accuracy == pytest.approx(first.test_metrics["accuracy"])
@@ -109,11 +110,16 @@ def test_flow_trains_registers_and_the_champion_predicts_as_reported(
     second = training_pipeline(config=newer).registered
     d = second.decision
     assert second.version == "2" and d["same_test_data"] is False and d["champion_reevaluated"] is True
-    info = inspect_source(newer.data)
-    new_test = split_dataset(load_dataset(info), newer.data.split, info.label_column)["test"].to_pandas()
+    new_test = raw_test_rows(newer)
     expected = np.mean(champion_before.predict(new_test) == new_test["label"].to_numpy())
     assert d["champion"] == pytest.approx(expected)
     assert "re-evaluated on this test data" in d["reason"]
+
+
+def raw_test_rows(config):
+    """The digits test split's raw rows, as the run's preparing placed them."""
+    kept = config.data.limit or len(digits_frame())
+    return raw_split(inspect_source(config.data), config.data.split, "test", kept_rows=kept).to_pandas()
 
 
 def task_runs(flow_run_id) -> list:

@@ -1,17 +1,13 @@
+"""Sources inspected in the driver, and the split: seeded, by each row's content."""
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from trainflow.config import DataConfig, SplitConfig
-from trainflow.pipelines.data import (
-    SPLIT_COLUMN,
-    DataError,
-    assign_split,
-    class_values,
-    inspect_source,
-    load_dataset,
-    split_dataset,
-)
+from trainflow.config import DataConfig
+from trainflow.pipelines.data import DataError, SourceInfo, inspect_source
+from trainflow.pipelines.readers import fragment_batches, plan_fragments
+from trainflow.pipelines.split import hash_split_codes, rank_split_codes, row_keys
 
 
 def frame(n=300, classes=(0, 1, 2), weights=(0.6, 0.3, 0.1), seed=0):
@@ -25,41 +21,21 @@ def frame(n=300, classes=(0, 1, 2), weights=(0.6, 0.3, 0.1), seed=0):
     )
 
 
-def test_assign_split_counts_and_order_independence():
+INFO = SourceInfo("frame", "parquet", [], "label", ["a", "b"], "fingerprint")
+
+
+def test_ranked_split_counts_and_order_independence():
     df = frame(100)
-    out = assign_split(df, val=0.1, test=0.2, seed=0)
-    assert np.bincount(out[SPLIT_COLUMN], minlength=3).tolist() == [70, 10, 20]
-    shuffled = assign_split(df.sample(frac=1.0, random_state=1), val=0.1, test=0.2, seed=0)
+    codes = rank_split_codes(row_keys(df, INFO, 0), val=0.1, test=0.2)
+    assert np.bincount(codes, minlength=3).tolist() == [70, 10, 20]
+    shuffled = df.sample(frac=1.0, random_state=1)
+    again = pd.Series(rank_split_codes(row_keys(shuffled, INFO, 0), val=0.1, test=0.2), index=shuffled.index)
     # The same row gets the same split whatever the order of rows.
-    assert shuffled.sort_index()[SPLIT_COLUMN].tolist() == out[SPLIT_COLUMN].tolist()
-    other_seed = assign_split(df, val=0.1, test=0.2, seed=1)
-    assert other_seed[SPLIT_COLUMN].tolist() != out[SPLIT_COLUMN].tolist()
+    assert again.sort_index().tolist() == codes.tolist()
+    assert rank_split_codes(row_keys(df, INFO, 1), val=0.1, test=0.2).tolist() != codes.tolist()
 
 
-def test_stratified_split_keeps_class_ratios_and_is_deterministic(ray_cluster):
-    import ray.data
-
-    df = frame(1000)
-    cfg = SplitConfig(val=0.1, test=0.2, seed=3, stratify=True)
-    splits = split_dataset(ray.data.from_pandas(df), cfg, "label")
-    parts = {k: v.to_pandas() for k, v in splits.items()}
-    assert sum(len(p) for p in parts.values()) == len(df)
-    overall = df["label"].value_counts(normalize=True).sort_index()
-    for name, share in (("train", 0.7), ("val", 0.1), ("test", 0.2)):
-        assert len(parts[name]) == pytest.approx(share * len(df), abs=3)
-        ratios = parts[name]["label"].value_counts(normalize=True).sort_index()
-        assert np.allclose(ratios.to_numpy(), overall.to_numpy(), atol=0.02), name
-    # Rows land in exactly one split, and a second run splits the same way.
-    keys = [set(map(tuple, p[["a", "b"]].to_numpy().tolist())) for p in parts.values()]
-    assert not (keys[0] & keys[1]) and not (keys[0] & keys[2]) and not (keys[1] & keys[2])
-    again = split_dataset(ray.data.from_pandas(df), cfg, "label")["test"].to_pandas()
-    pd.testing.assert_frame_equal(
-        again.sort_values(["a", "b"]).reset_index(drop=True),
-        parts["test"].sort_values(["a", "b"]).reset_index(drop=True),
-    )
-
-
-def test_csv_and_parquet_files_and_folders(tmp_path, ray_cluster):
+def test_csv_and_parquet_files_and_folders(tmp_path):
     df = frame(50)
     (tmp_path / "pq").mkdir()
     df.iloc[:20].to_parquet(tmp_path / "pq" / "part-0.parquet")
@@ -67,11 +43,12 @@ def test_csv_and_parquet_files_and_folders(tmp_path, ray_cluster):
     df.to_csv(tmp_path / "data.csv", index=False)
     for source in (tmp_path / "pq", tmp_path / "data.csv", tmp_path / "pq" / "part-0.parquet"):
         info = inspect_source(DataConfig(source=str(source)))
-        assert info.feature_columns == ["a", "b"]
-        ds = load_dataset(info)
-        assert set(ds.columns()) == {"a", "b", "label"}
-        assert class_values(ds, "label") == [0, 1, 2]
-    assert load_dataset(inspect_source(DataConfig(source=str(tmp_path / "pq")))).count() == 50
+        assert info.input_columns == ["a", "b"]
+        rows = pd.concat(b for f in plan_fragments(info) for b in fragment_batches(info, f))
+        assert list(rows.columns) == ["a", "b", "label"]
+        assert sorted(rows["label"].unique()) == [0, 1, 2]
+    info = inspect_source(DataConfig(source=str(tmp_path / "pq")))
+    assert sum(len(b) for f in plan_fragments(info) for b in fragment_batches(info, f)) == 50
 
 
 def test_fingerprint_changes_when_a_file_changes(tmp_path):
@@ -85,7 +62,7 @@ def test_fingerprint_changes_when_a_file_changes(tmp_path):
 
 def test_digits_source():
     info = inspect_source(DataConfig())
-    assert len(info.feature_columns) == 64 and info.label_column == "label"
+    assert len(info.input_columns) == 64 and info.label_column == "label"
 
 
 @pytest.mark.parametrize(
@@ -113,19 +90,19 @@ def test_bad_sources_fail_with_the_field_named(tmp_path, cfg, message):
 
 
 def test_the_streaming_split_places_each_row_by_its_own_hash():
-    from trainflow.pipelines.data import assign_split_by_hash
-
     df = frame(20_000)
-    out = assign_split_by_hash(df, val=0.1, test=0.2, seed=0)
-    shares = np.bincount(out[SPLIT_COLUMN], minlength=3) / len(df)
+    codes = hash_split_codes(row_keys(df, INFO, 0), val=0.1, test=0.2)
+    shares = np.bincount(codes, minlength=3) / len(df)
     np.testing.assert_allclose(shares, [0.7, 0.1, 0.2], atol=0.01)
     # Stratified in expectation: each class keeps the split's shares.
-    for _, group in out.groupby("label"):
-        np.testing.assert_allclose(
-            np.bincount(group[SPLIT_COLUMN], minlength=3) / len(group), shares, atol=0.03
-        )
+    for label in range(3):
+        group = codes[df["label"].to_numpy() == label]
+        np.testing.assert_allclose(np.bincount(group, minlength=3) / len(group), shares, atol=0.03)
     # A row's split depends on the row alone: any blocking, any order, the same answer.
     halves = pd.concat(
-        [assign_split_by_hash(part, val=0.1, test=0.2, seed=0) for part in (df[::2], df[1::2])]
+        [
+            pd.Series(hash_split_codes(row_keys(part, INFO, 0), val=0.1, test=0.2), index=part.index)
+            for part in (df[::2], df[1::2])
+        ]
     )
-    assert halves.sort_index()[SPLIT_COLUMN].tolist() == out[SPLIT_COLUMN].tolist()
+    assert halves.sort_index().tolist() == codes.tolist()

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from sklearn import metrics as skm
 
-from trainflow.pipelines.evaluate import classification_metrics, regression_metrics
+from trainflow.pipelines.evaluate import classification_metrics
 
 Y_TRUE = np.array([0, 0, 1, 1, 2, 2, 2, 0])
 Y_PRED = np.array([0, 1, 1, 1, 2, 0, 2, 0])
@@ -48,28 +48,17 @@ def test_a_class_never_predicted_scores_zero_not_nan():
     assert m["per_class"]["2"]["support"] == 0
 
 
-def test_regression_metrics_equal_scikit_learns():
-    y_true = np.array([3.0, -0.5, 2.0, 7.0, 4.2])
-    y_pred = np.array([2.5, 0.0, 2.1, 7.8, 3.0])
-    m = regression_metrics(y_true, y_pred)
-    assert m["mae"] == pytest.approx(skm.mean_absolute_error(y_true, y_pred))
-    assert m["rmse"] == pytest.approx(np.sqrt(skm.mean_squared_error(y_true, y_pred)))
-    assert m["rmse"] == pytest.approx(skm.root_mean_squared_error(y_true, y_pred))
-    assert m["r2"] == pytest.approx(skm.r2_score(y_true, y_pred))
-    assert m["num_examples"] == 5
-
-
 def test_a_checkpoint_scored_on_raw_rows_uses_its_own_preprocessing(ray_cluster, tmp_path):
     """How the gate re-scores a champion on a challenger's raw test rows, on Ray Data."""
     import ray.data
 
     from tests.flows.test_batch_predict import PIXELS, digits_checkpoint
     from trainflow.pipelines.checkpoint import load_checkpoint
-    from trainflow.pipelines.data import _digits_frame
     from trainflow.pipelines.evaluate import evaluate_rows
+    from trainflow.pipelines.sources import digits_frame
 
     folder = digits_checkpoint(tmp_path / "ckpt")
-    rows = _digits_frame().sample(300, random_state=0)
+    rows = digits_frame().sample(300, random_state=0)
     m = evaluate_rows(str(folder), ray.data.from_pandas(rows), "label", batch_size=64)
     model = load_checkpoint(folder)
     expected = model.predict(rows[PIXELS])
@@ -85,16 +74,19 @@ def test_a_small_split_scored_in_the_driver_equals_the_actor_pool(ray_cluster, t
 
     from tests.flows.test_batch_predict import PIXELS, digits_checkpoint
     from trainflow.pipelines.checkpoint import load_checkpoint
-    from trainflow.pipelines.data import _digits_frame
     from trainflow.pipelines.evaluate import evaluate_checkpoint, evaluate_checkpoint_in_driver
-    from trainflow.pipelines.preprocess import transform_dataset
+    from trainflow.pipelines.preprocess import transform_batch
+    from trainflow.pipelines.sources import digits_frame
 
     folder = digits_checkpoint(tmp_path / "ckpt")
     model = load_checkpoint(folder)
-    rows = _digits_frame().sample(200, random_state=1)
+    rows = digits_frame().sample(200, random_state=1)
     split = tmp_path / "test"
     # Several files, so that the driver reads more than one batch.
-    transform_dataset(ray.data.from_pandas(rows), model.preprocessor).repartition(3).write_parquet(split)
+    transformed = ray.data.from_pandas(rows).map_batches(
+        transform_batch, fn_kwargs={"state": model.preprocessor.to_dict()}, batch_format="pandas"
+    )
+    transformed.repartition(3).write_parquet(split)
     in_driver = evaluate_checkpoint_in_driver(str(folder), str(split), batch_size=64)
     by_actors = evaluate_checkpoint(str(folder), ray.data.read_parquet(str(split)), batch_size=64)
     assert in_driver == by_actors

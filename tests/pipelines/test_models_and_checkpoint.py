@@ -30,7 +30,7 @@ def test_checkpoint_round_trip_predicts_the_same(tmp_path):
     torch.manual_seed(0)
     spec = model_spec(ModelConfig(kind="mlp", hidden_sizes=[8]), 3, 3)
     model = build_model(spec).eval()
-    pre = Preprocessor(["a", "b", "c"], "label", ["x", "y", "z"], True, [1.0, 2.0, 3.0], [1.0, 2.0, 4.0])
+    pre = Preprocessor(["a", "b", "c"], "label", ["x", "y", "z"], [1.0, 2.0, 3.0], [1.0, 2.0, 4.0])
     save_checkpoint(
         tmp_path,
         model=model,

@@ -6,19 +6,23 @@ import pytest
 
 from trainflow.config import PreprocessConfig, SplitConfig
 from trainflow.pipelines.data import DataError, SourceInfo
-from trainflow.pipelines.preprocess import (
-    FEATURES,
-    LABEL,
-    Preprocessor,
-    cache_key,
-    fit_preprocessor,
-    prepare,
-    transform_batch,
-)
+from trainflow.pipelines.entry import cache_key
+from trainflow.pipelines.prepare import prepare
+from trainflow.pipelines.preprocess import FEATURES, LABEL, Preprocessor, transform_batch
+from trainflow.pipelines.stats import FitStats
+
+
+def fit(train: pd.DataFrame, numeric, categorical, cfg: PreprocessConfig) -> Preprocessor:
+    info = SourceInfo(
+        "frame", "parquet", [], "label", [*numeric, *categorical], "fp", categorical_columns=categorical
+    )
+    stats = FitStats()
+    stats.add(train, info, cfg.scaler)
+    return stats.preprocessor(info, [0, 1], cfg)
 
 
 def test_transform_batch_on_three_rows():
-    pre = Preprocessor(["x", "y"], "label", ["cat", "dog"], True, mean=[1.0, 10.0], std=[2.0, 5.0])
+    pre = Preprocessor(["x", "y"], "label", ["cat", "dog"], offset=[1.0, 10.0], scale=[2.0, 5.0])
     batch = pd.DataFrame({"x": [1.0, 3.0, -1.0], "y": [10, 20, 0], "label": ["dog", "cat", "dog"]})
     out = transform_batch(batch, state=pre.to_dict())
     assert out[FEATURES].dtype == np.float32
@@ -29,25 +33,35 @@ def test_transform_batch_on_three_rows():
 
 
 def test_preprocessor_json_round_trip(tmp_path):
-    pre = Preprocessor(["x"], "label", [0, 1], True, [0.5], [2.0])
+    pre = Preprocessor(["x"], "label", [0, 1], [0.5], [2.0])
     pre.save(tmp_path / "p.json")
     assert Preprocessor.load(tmp_path / "p.json") == pre
 
 
-def test_statistics_come_from_the_train_split_only(ray_cluster):
-    import ray.data
+def test_a_preprocessor_saved_by_trainflow_0_1_0_reads_as_today():
+    old = {
+        "feature_columns": ["n"],
+        "label_column": "label",
+        "classes": [0, 1],
+        "standardize": True,
+        "mean": [1.0],
+        "std": [4.0],
+        "scaler": "minmax",
+        "categorical": {"plan": ["basic", "pro"]},
+        "image": None,
+    }
+    pre = Preprocessor.from_dict(old)
+    assert (pre.numeric_columns, pre.offset, pre.scale, pre.scaler) == (["n"], [1.0], [4.0], "minmax")
+    assert pre.input_columns == ["n", "plan"]
+    unscaled = Preprocessor.from_dict({**old, "standardize": False, "mean": [], "std": [], "scaler": "none"})
+    assert unscaled.features(pd.DataFrame({"n": [3.0], "plan": ["pro"]})).tolist() == [[3.0, 0.0, 1.0]]
 
+
+def test_fitted_statistics_and_a_constant_column():
     train = pd.DataFrame({"x": [0.0, 2.0, 4.0], "c": [5.0, 5.0, 5.0], "label": [0, 1, 0]})
-    pre = fit_preprocessor(
-        ray.data.from_pandas(train),
-        numeric=["x", "c"],
-        categorical=[],
-        label_column="label",
-        classes=[0, 1],
-        cfg=PreprocessConfig(),
-    )
-    assert pre.mean == pytest.approx([2.0, 5.0])
-    assert pre.std == pytest.approx([np.std([0, 2, 4]), 1.0])  # a constant column is not scaled
+    pre = fit(train, ["x", "c"], [], PreprocessConfig())
+    assert pre.offset == pytest.approx([2.0, 5.0])
+    assert pre.scale == pytest.approx([np.std([0, 2, 4]), 1.0])  # a constant column is not scaled
 
 
 def test_prepare_writes_once_and_reuses_the_entry(tmp_path, ray_cluster):
@@ -72,7 +86,7 @@ def test_prepare_writes_once_and_reuses_the_entry(tmp_path, ray_cluster):
 
     train_x = ray.data.read_parquet(str(first.path / "train")).take_batch(1000)[FEATURES]
     assert train_x.shape == (first.counts["train"], 1)
-    assert first.preprocessor.mean[0] != pytest.approx(df["x"].mean(), abs=1e-9)
+    assert first.preprocessor.offset[0] != pytest.approx(df["x"].mean(), abs=1e-9)
     assert train_x.mean() == pytest.approx(0.0, abs=1e-5)
     second = prepare(info, SplitConfig(), PreprocessConfig(), cache)
     assert second.reused and second.path == first.path and second.counts == first.counts
@@ -118,20 +132,11 @@ def test_a_crashed_runs_leftovers_are_never_reused(tmp_path, ray_cluster):
     assert prepare(info, SplitConfig(), PreprocessConfig(), cache).reused
 
 
-def test_categorical_vocabulary_from_train_and_unknown_categories_at_prediction(ray_cluster):
-    import ray.data
-
+def test_categorical_vocabulary_from_train_and_unknown_categories_at_prediction():
     train = pd.DataFrame({"n": [1.0, 3.0, 5.0], "plan": ["pro", "basic", "pro"], "label": [0, 1, 0]})
-    pre = fit_preprocessor(
-        ray.data.from_pandas(train),
-        numeric=["n"],
-        categorical=["plan"],
-        label_column="label",
-        classes=[0, 1],
-        cfg=PreprocessConfig(scaler="minmax"),
-    )
+    pre = fit(train, ["n"], ["plan"], PreprocessConfig(scaler="minmax"))
     assert pre.categorical == {"plan": ["basic", "pro"]} and pre.num_features == 3
-    assert (pre.mean, pre.std) == ([1.0], [4.0])
+    assert (pre.offset, pre.scale) == ([1.0], [4.0])
     rows = pd.DataFrame({"n": [5.0, 1.0, 3.0], "plan": ["basic", "enterprise", None]})
     # An unseen category and a missing one encode as zeros; nothing crashes.
     np.testing.assert_allclose(pre.features(rows), [[1, 1, 0], [0, 0, 0], [0.5, 0, 0]])

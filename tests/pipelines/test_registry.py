@@ -28,7 +28,7 @@ def make_checkpoint(folder, seed=0):
         folder,
         model=build_model(spec),
         spec=spec,
-        preprocessor=Preprocessor(["a", "b"], "label", [0, 1], False).to_dict(),
+        preprocessor=Preprocessor(["a", "b"], "label", [0, 1], scaler="none").to_dict(),
         config=PipelineConfig().model_dump(mode="json"),
         metrics={"epoch": 1},
     )

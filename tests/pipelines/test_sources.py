@@ -1,4 +1,4 @@
-"""Every kind of source, on small files the tests write, read through real Ray Data."""
+"""Every kind of source, on small files the tests write, read by the engine's readers."""
 
 import struct
 import zipfile
@@ -8,8 +8,10 @@ import pandas as pd
 import pytest
 
 from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
-from trainflow.pipelines.data import DataError, check_rows, inspect_source, load_dataset
-from trainflow.pipelines.preprocess import FEATURES, LABEL, prepare
+from trainflow.pipelines.data import DataError, inspect_source
+from trainflow.pipelines.prepare import prepare
+from trainflow.pipelines.preprocess import FEATURES, LABEL
+from trainflow.pipelines.readers import fragment_batches, plan_fragments
 
 
 def frame(n=60, seed=0):
@@ -24,8 +26,13 @@ def frame(n=60, seed=0):
     )
 
 
+def read_all(info) -> pd.DataFrame:
+    """Every row of the source, fragment by fragment, as the engine's workers read them."""
+    return pd.concat([b for f in plan_fragments(info) for b in fragment_batches(info, f)], ignore_index=True)
+
+
 def rows_of(info):
-    return load_dataset(info).to_pandas().sort_values(["a"]).reset_index(drop=True)
+    return read_all(info).sort_values(["a"]).reset_index(drop=True)
 
 
 def test_json_lines_glob_and_uris_read_the_same_rows(tmp_path, ray_cluster):
@@ -53,7 +60,7 @@ def test_a_glob_picks_only_what_it_matches(tmp_path, ray_cluster):
     frame(40, seed=2).to_csv(tmp_path / "other.csv", index=False)
     info = inspect_source(DataConfig(source=str(tmp_path / "train-*.csv"), categorical_columns=["color"]))
     assert [f.rsplit("/", 1)[1] for f in info.files] == ["train-1.csv", "train-2.csv"]
-    assert load_dataset(info).count() == 50
+    assert len(read_all(info)) == 50
     with pytest.raises(DataError, match=r"data\.source .*nope-\*\.csv: the pattern matches no file"):
         inspect_source(DataConfig(source=str(tmp_path / "nope-*.csv")))
 
@@ -77,8 +84,8 @@ def test_numpy_npz_and_structured_npy(tmp_path, ray_cluster):
     x, y = rng.normal(size=(40, 3)).astype(np.float32), np.arange(40) % 2
     np.savez(tmp_path / "d.npz", x=x, label=y)
     info = inspect_source(DataConfig(source=str(tmp_path / "d.npz")))
-    assert info.format == "numpy" and info.feature_columns == ["x_0", "x_1", "x_2"]
-    got = load_dataset(info).to_pandas()
+    assert info.format == "numpy" and info.input_columns == ["x_0", "x_1", "x_2"]
+    got = read_all(info)
     np.testing.assert_allclose(got[["x_0", "x_1", "x_2"]].to_numpy(dtype=np.float32), x)
     assert got["label"].tolist() == y.tolist()
     entry = prepare(info, SplitConfig(), PreprocessConfig(scaler="minmax"), tmp_path / "cache")
@@ -94,7 +101,7 @@ def test_numpy_npz_and_structured_npy(tmp_path, ray_cluster):
     structured["label"] = np.arange(10) % 2
     np.save(tmp_path / "s.npy", structured)
     info = inspect_source(DataConfig(source=str(tmp_path / "s.npy")))
-    assert info.feature_columns == ["h", "w"] and load_dataset(info).count() == 10
+    assert info.input_columns == ["h", "w"] and len(read_all(info)) == 10
 
 
 def write_image_folder(root, per_class=6, size=(10, 12), mode="RGB"):
@@ -153,12 +160,12 @@ def test_torchvision_mnist_is_read_by_torchvision_and_converted_once(tmp_path, r
     cache = tmp_path / "cache"
     write_mnist_raw(cache / "torchvision" / "MNIST" / "raw")
     info = inspect_source(DataConfig(source="torchvision:MNIST"), cache_root=cache)
-    assert info.format == "parquet" and len(info.feature_columns) == 784
+    assert info.format == "parquet" and len(info.input_columns) == 784
     converted = cache / "torchvision" / "MNIST.parquet"
     assert sorted(p.name for p in converted.iterdir()) == ["_done.json", "part-0.parquet", "part-1.parquet"]
     mtime = (converted / "part-0.parquet").stat().st_mtime_ns
-    ds = load_dataset(info)
-    assert ds.count() == 42 and sorted(ds.unique("label")) == list(range(10))
+    rows = read_all(info)
+    assert len(rows) == 42 and sorted(rows["label"].unique()) == list(range(10))
     again = inspect_source(DataConfig(source="torchvision:MNIST"), cache_root=cache)
     assert again.fingerprint == info.fingerprint
     assert (converted / "part-0.parquet").stat().st_mtime_ns == mtime  # not converted again
@@ -264,7 +271,8 @@ def test_bad_rows_fail_with_the_column_and_the_count(tmp_path, ray_cluster, df, 
         DataConfig(source=str(tmp_path / "d.parquet"), categorical_columns=["color"], **cfg)
     )
     with pytest.raises(DataError, match=message):
-        check_rows(load_dataset(info), info)
+        prepare(info, SplitConfig(), PreprocessConfig(), tmp_path / "cache")
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())
 
 
 def test_missing_values_are_dropped_and_counted_when_asked(tmp_path, ray_cluster):

@@ -13,7 +13,9 @@ from trainflow.pipelines import models
 from trainflow.pipelines import train as tr
 from trainflow.pipelines.checkpoint import load_checkpoint
 from trainflow.pipelines.data import inspect_source
-from trainflow.pipelines.preprocess import FEATURES, LABEL, prepare, read_split_batches
+from trainflow.pipelines.entry import read_split_batches
+from trainflow.pipelines.prepare import prepare
+from trainflow.pipelines.preprocess import FEATURES, LABEL
 from trainflow.testing import small_config
 
 
@@ -90,7 +92,7 @@ def fit(prepared, storage, run_name=None, in_memory=("train", "val"), **train):
     to end)."""
 
     config = load_config(small_config(train=train))
-    spec = models.model_spec(config.model, len(prepared.preprocessor.feature_columns), 10)
+    spec = models.model_spec(config.model, prepared.preprocessor.num_features, 10)
     progress_log = f"test-progress-{uuid.uuid4().hex[:8]}"
     memory_splits, datasets = tr.split_inputs(prepared.path, in_memory=in_memory)
     loop_config = config.to_train_loop_config(

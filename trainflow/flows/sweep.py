@@ -10,7 +10,7 @@ from prefect.runtime import flow_run
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.flows.logs import one_line_expected_errors
 from trainflow.flows.training import one_run_per_model, resolve_config, timed
-from trainflow.pipelines.tabular import worker_modules
+from trainflow.pipelines.prepare import worker_modules
 from trainflow.runtime import preflight_sweep, ray_session
 from trainflow.tasks import evaluate, ingest, preprocess, register
 from trainflow.tasks.render import artifact_key

@@ -15,7 +15,7 @@ from prefect.runtime import flow_run
 
 from trainflow.config import ConfigError, PipelineConfig, load_config, smoke_config
 from trainflow.flows.logs import one_line_expected_errors
-from trainflow.pipelines.tabular import worker_modules
+from trainflow.pipelines.prepare import worker_modules
 from trainflow.runtime import preflight, ray_session, timeline
 from trainflow.tasks import evaluate, ingest, preprocess, register, train
 from trainflow.tasks.render import artifact_key

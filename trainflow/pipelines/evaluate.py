@@ -1,4 +1,4 @@
-"""Batch inference over a Dataset with map_batches, and the metrics by task type.
+"""Batch inference over a Dataset with map_batches, and the classification metrics.
 
 The model loads once per actor of the pool (for a small split, once in the driver).
 Two predictors: :class:`BatchPredictor` reads prepared splits (features already
@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 from trainflow.pipelines.checkpoint import load_checkpoint
-from trainflow.pipelines.preprocess import FEATURES, LABEL, read_split_batches
+from trainflow.pipelines.entry import read_split_batches
+from trainflow.pipelines.preprocess import FEATURES, LABEL
 
 if TYPE_CHECKING:
     import ray.data
@@ -151,18 +152,6 @@ def classification_metrics(
         confusion_matrix=confusion_matrix(y_true, y_pred, labels=labels).tolist(),
     )
     return out
-
-
-def regression_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, Any]:
-    """Mean absolute error, root mean squared error and R2."""
-    from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
-
-    return {
-        "mae": float(mean_absolute_error(y_true, y_pred)),
-        "rmse": float(np.sqrt(mean_squared_error(y_true, y_pred))),
-        "r2": float(r2_score(y_true, y_pred)),
-        "num_examples": int(len(y_true)),
-    }
 
 
 def evaluate_checkpoint(

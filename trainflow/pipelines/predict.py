@@ -19,8 +19,8 @@ from trainflow.files import publishing_folder
 from trainflow.pipelines.data import DataError
 from trainflow.pipelines.evaluate import predict_rows
 
-# What batch prediction reads: the tabular formats of the data layer.
-FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
+# The files batch prediction reads, by suffix.
+INPUT_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,9 @@ class InputInfo:
     columns: list[str]
 
 
-def inspect_input(path: str, feature_columns: list[str]) -> InputInfo:
-    """Check that the input exists and holds every feature column; read no rows."""
+def inspect_input(path: str, input_columns: list[str]) -> InputInfo:
+    """Check that the input exists and holds every column the model reads (``input_columns``:
+    numeric and categorical); read no rows."""
     p = Path(path).expanduser()
     if not p.exists():
         raise DataError(f"input {path}: no such file or folder")
@@ -41,7 +42,7 @@ def inspect_input(path: str, feature_columns: list[str]) -> InputInfo:
         schema = pads.dataset(files, format=fmt).schema
     except (pa.ArrowInvalid, OSError) as e:
         raise DataError(f"input {path}: cannot read as {fmt}: {e}") from None
-    missing = [c for c in feature_columns if c not in schema.names]
+    missing = [c for c in input_columns if c not in schema.names]
     if missing:
         shown = ", ".join(schema.names[:20]) + (", ..." if len(schema.names) > 20 else "")
         raise DataError(
@@ -53,26 +54,26 @@ def inspect_input(path: str, feature_columns: list[str]) -> InputInfo:
 
 def _list_files(p: Path, path: str) -> tuple[str, list[str]]:
     """One Parquet or CSV file, or a folder of files of one of those formats."""
-    kinds = ", ".join(sorted(FORMATS))
+    kinds = ", ".join(sorted(INPUT_SUFFIXES))
     if p.is_file():
-        if p.suffix.lower() not in FORMATS:
+        if p.suffix.lower() not in INPUT_SUFFIXES:
             raise DataError(f"input {path}: unsupported file type {p.suffix!r}; use one of {kinds}")
-        return FORMATS[p.suffix.lower()], [str(p)]
+        return INPUT_SUFFIXES[p.suffix.lower()], [str(p)]
     files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith((".", "_")))
-    found = {FORMATS[f.suffix.lower()] for f in files if f.suffix.lower() in FORMATS}
+    found = {INPUT_SUFFIXES[f.suffix.lower()] for f in files if f.suffix.lower() in INPUT_SUFFIXES}
     if not found:
         raise DataError(f"input {path}: no {kinds} files in this folder")
     if len(found) > 1:
         raise DataError(f"input {path}: mixes {' and '.join(sorted(found))} files; keep one format")
     fmt = found.pop()
-    return fmt, [str(f) for f in files if FORMATS.get(f.suffix.lower()) == fmt]
+    return fmt, [str(f) for f in files if INPUT_SUFFIXES.get(f.suffix.lower()) == fmt]
 
 
 def check_output(output: str) -> Path:
     out = Path(output).expanduser()
     if out.exists():
         raise DataError(f"output {output} already exists; choose a new folder or remove it")
-    if out.suffix.lower() in FORMATS:
+    if out.suffix.lower() in INPUT_SUFFIXES:
         raise DataError(
             f"output {output}: give a folder (Parquet files are written into it), not a file name"
         )
@@ -85,15 +86,16 @@ def predict_to_parquet(
     output: str,
     *,
     version: str,
-    feature_columns: list[str],
+    input_columns: list[str],
     batch_size: int,
     concurrency: int = 1,
     num_gpus: float = 0,
 ) -> int:
     """Predict every input row and write Parquet into ``output``; return the row count.
 
-    The output holds the input's other columns (ids, a label if present), ``prediction``,
-    one ``proba_<class>`` column per class and ``model_version``.
+    The output holds the input's columns that the model does not read (ids, a label if
+    present), ``prediction``, one ``proba_<class>`` column per class and ``model_version``;
+    none of the model's input columns (``input_columns``, numeric and categorical).
     """
     import pyarrow.parquet as pq
     import ray
@@ -110,7 +112,7 @@ def predict_to_parquet(
             "predict without --gpu, or run on a cluster with GPUs"
         )
     ds = ray.data.read_parquet(info.files) if info.format == "parquet" else ray.data.read_csv(info.files)
-    keep = tuple(c for c in info.columns if c not in feature_columns)
+    keep = tuple(c for c in info.columns if c not in input_columns)
     predicted = predict_rows(
         ds,
         checkpoint_dir,

@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 
 from trainflow.files import publishing_folder
 
-FORMATS = {
+SUFFIX_FORMATS = {
     ".parquet": "parquet",
     ".pq": "parquet",
     ".csv": "csv",
@@ -132,13 +132,13 @@ def list_source(source: str, format: str = "auto") -> Listing:
             return _images_listing(fs, path, infos, source)
     infos = [i for i in infos if not i.path.lower().endswith(IMAGE_SUFFIXES)] if format != "images" else infos
     if format == "auto":
-        kinds = {FORMATS.get(PurePosixPath(i.path).suffix.lower()) for i in infos}
+        kinds = {SUFFIX_FORMATS.get(PurePosixPath(i.path).suffix.lower()) for i in infos}
         known = kinds - {None}
         if not known:
             suffix = PurePosixPath(infos[0].path).suffix if infos else ""
             raise SourceError(
                 f"data.source {source}: unsupported file type {suffix!r}; use one of "
-                f"{', '.join(sorted(FORMATS))}, a folder of class folders of "
+                f"{', '.join(sorted(SUFFIX_FORMATS))}, a folder of class folders of "
                 f"{'/'.join(IMAGE_SUFFIXES)} images, builtin:digits or torchvision:NAME"
             )
         if len(known) > 1:
@@ -146,7 +146,7 @@ def list_source(source: str, format: str = "auto") -> Listing:
                 f"data.source {source}: mixes {' and '.join(sorted(known))} files; keep one format"
             )
         format = known.pop()
-        infos = [i for i in infos if FORMATS.get(PurePosixPath(i.path).suffix.lower()) == format]
+        infos = [i for i in infos if SUFFIX_FORMATS.get(PurePosixPath(i.path).suffix.lower()) == format]
     elif format == "images":
         return _images_listing(fs, path, infos, source)
     return Listing(
@@ -167,6 +167,19 @@ def _images_listing(fs, root: str, infos: list[pafs.FileInfo], source: str) -> L
     return Listing(
         fs, "images", [i.path for i in images], [i.size for i in images], [i.mtime_ns or 0 for i in images]
     )
+
+
+def digits_frame():
+    """The handwritten digits bundled with scikit-learn (1,797 rows of 64 pixels and a label)."""
+    import pandas as pd
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    frame = pd.DataFrame(
+        digits.data.astype(np.float32), columns=[f"pixel_{i}" for i in range(digits.data.shape[1])]
+    )
+    frame["label"] = digits.target.astype(np.int64)
+    return frame
 
 
 def image_label(path: str) -> str:

@@ -25,8 +25,9 @@ import torch.distributed as dist
 from torch import nn
 
 from trainflow.pipelines.checkpoint import TRAIN_STATE, save_checkpoint
+from trainflow.pipelines.entry import read_split_batches, split_rows
 from trainflow.pipelines.models import build_model
-from trainflow.pipelines.preprocess import FEATURES, LABEL, read_split_batches, split_rows
+from trainflow.pipelines.preprocess import FEATURES, LABEL
 
 if TYPE_CHECKING:
     import ray.data

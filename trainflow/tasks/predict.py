@@ -17,7 +17,7 @@ class ModelRef(BaseModel):
     name: str
     version: str
     checkpoint: str  # the verified local copy of the registered checkpoint
-    feature_columns: list[str]
+    input_columns: list[str]  # every column the model reads: numeric and categorical
     classes: list
 
 
@@ -50,14 +50,14 @@ def resolve_model(model: str) -> ModelRef:
     folder = registry.local_checkpoint(ws, mv)
     pre = load_checkpoint(folder).preprocessor
     get_run_logger().info(
-        "%s is %s version %s (%d features)", model, mv.name, mv.version, len(pre.feature_columns)
+        "%s is %s version %s (%d input columns)", model, mv.name, mv.version, len(pre.input_columns)
     )
     return ModelRef(
         uri=model,
         name=mv.name,
         version=str(mv.version),
         checkpoint=str(folder),
-        feature_columns=pre.feature_columns,
+        input_columns=pre.input_columns,
         classes=pre.classes,
     )
 
@@ -66,7 +66,7 @@ def resolve_model(model: str) -> ModelRef:
 def check_input(input: str, output: str, model: ModelRef) -> pr.InputInfo:
     """The input holds every feature the model needs, and the output is free: in the driver,
     before any Ray worker starts."""
-    info = pr.inspect_input(input, model.feature_columns)
+    info = pr.inspect_input(input, model.input_columns)
     pr.check_output(output)
     get_run_logger().info("input %s (%s, %d files)", info.path, info.format, len(info.files))
     return info
@@ -82,7 +82,7 @@ def predict(
         model.checkpoint,
         output,
         version=model.version,
-        feature_columns=model.feature_columns,
+        input_columns=model.input_columns,
         batch_size=batch_size,
         concurrency=concurrency,
         num_gpus=1 if use_gpu else 0,

@@ -10,8 +10,8 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from trainflow.config import PipelineConfig
-from trainflow.pipelines import data
-from trainflow.pipelines import preprocess as prep
+from trainflow.pipelines import data, entry
+from trainflow.pipelines import prepare as prep
 from trainflow.runtime import workspace
 from trainflow.tasks.results import Prepared
 
@@ -28,7 +28,7 @@ def ingest_cache_key(context, parameters: dict[str, Any]) -> str:
     the code that inspects it."""
     config: PipelineConfig = parameters["config"]
     cache = workspace().cache
-    parts = [config.data.model_dump_json(), data.source_fingerprint(config.data, cache), prep.code_version()]
+    parts = [config.data.model_dump_json(), data.source_fingerprint(config.data, cache), entry.code_version()]
     key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
     return str(cache / "ingest" / key)
 
@@ -36,7 +36,7 @@ def ingest_cache_key(context, parameters: dict[str, Any]) -> str:
 def preprocess_cache_key(context, parameters: dict[str, Any]) -> str:
     """The prepared entry's own key; the record lives in the entry's folder."""
     config: PipelineConfig = parameters["config"]
-    key = prep.cache_key(parameters["source"], config.data.split, config.preprocess)
+    key = entry.cache_key(parameters["source"], config.data.split, config.preprocess)
     return str(workspace().cache / key / "prefect-task-record")
 
 
@@ -54,7 +54,7 @@ def ingest(config: PipelineConfig) -> data.SourceInfo:
         info.source,
         info.format,
         len(info.files),
-        len(info.feature_columns),
+        len(info.input_columns),
         info.label_column,
         info.fingerprint,
     )
@@ -76,24 +76,24 @@ def preprocess(config: PipelineConfig, source: data.SourceInfo) -> Prepared:
     """Check the rows, split, fit on train, write every split as Parquet under the cache
     (or reuse a finished entry)."""
     logger = get_run_logger()
-    entry = prep.prepare(source, config.data.split, config.preprocess, workspace().cache)
-    pre = entry.preprocessor
-    if entry.dropped:
-        logger.warning("dropped %d rows with a missing value (data.missing=drop)", entry.dropped)
+    prepared = prep.prepare(source, config.data.split, config.preprocess, workspace().cache)
+    pre = prepared.preprocessor
+    if prepared.dropped:
+        logger.warning("dropped %d rows with a missing value (data.missing=drop)", prepared.dropped)
     logger.info(
         "%s prepared splits %s at %s: %d classes",
-        "reused" if entry.reused else "wrote",
-        entry.counts,
-        entry.path,
+        "reused" if prepared.reused else "wrote",
+        prepared.counts,
+        prepared.path,
         len(pre.classes),
     )
     return Prepared(
-        path=str(entry.path),
-        counts=entry.counts,
+        path=str(prepared.path),
+        counts=prepared.counts,
         preprocessor=pre.to_dict(),
         num_features=pre.num_features,
         num_classes=len(pre.classes),
-        fingerprint=entry.key,
-        reused=entry.reused,
-        dropped=entry.dropped,
+        fingerprint=prepared.key,
+        reused=prepared.reused,
+        dropped=prepared.dropped,
     )

@@ -12,6 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.config import PipelineConfig
 from trainflow.pipelines import data, registry
 from trainflow.pipelines import evaluate as ev
+from trainflow.pipelines.prepare import raw_split
 from trainflow.runtime import workspace
 from trainflow.tasks.render import artifact_key, evaluation_markdown, gate_markdown
 from trainflow.tasks.results import Evaluated, Prepared, Registered, Trained
@@ -96,7 +97,7 @@ def _score_on_this_test_split(
     logger = get_run_logger()
     logger.info("the champion was evaluated on other test data; scoring it on this run's test split")
     kept = sum(prepared.counts.values())
-    test = data.raw_split(source, config.data.split, "test", kept_rows=kept)
+    test = raw_split(source, config.data.split, "test", kept_rows=kept)
     metrics = ev.evaluate_rows(
         str(checkpoint_dir),
         test,

@@ -1,0 +1,17 @@
+"""A checkpoint written by an older trainflow loads and predicts as it did then."""
+
+import json
+from pathlib import Path
+
+from trainflow.pipelines.checkpoint import load_checkpoint
+from trainflow.pipelines.sources import digits_frame
+
+FIXTURE = Path(__file__).parent.parent / "data" / "checkpoint-0.1.0"
+
+
+def test_a_checkpoint_of_trainflow_0_1_0_predicts_the_classes_it_predicted_then():
+    expected = json.loads((FIXTURE / "expected.json").read_text())
+    predictor = load_checkpoint(FIXTURE)
+    rows = digits_frame().iloc[expected["rows"]].drop(columns=["label"])
+    assert predictor.predict(rows).tolist() == expected["predicted"]
+    assert predictor.preprocessor.numeric_columns == [f"pixel_{i}" for i in range(64)]

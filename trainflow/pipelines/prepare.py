@@ -1,0 +1,341 @@
+"""Preparing an input: check its rows, split, fit on train, transform and write every
+split into a cache entry; one engine for tables, image folders, torchvision datasets
+(converted to Parquet) and ``ray.data.Dataset`` sources.
+
+The passes are plain functions of one fragment (:mod:`trainflow.pipelines.readers`),
+run by :mod:`trainflow.pipelines.runner` as one Ray task per fragment, or in the driver
+for a small single-file input (:func:`prepares_in_driver`). :func:`prepare` passes over
+the input two times, three for an exact split:
+
+1. scan: per fragment the row checks' counts and, for a split by row hash, each kept
+   row's split and the train split's statistics; for an exact split each kept row's
+   label and seeded hash instead, from which the driver ranks every class;
+2. fit (exact split only): the train split's statistics, each row's split given;
+3. write: split, transform and write each split's rows as Parquet, one file per
+   fragment and split, into the entry's temporary folder.
+
+:func:`raw_split` rebuilds the raw rows of one split with the same functions: the rows
+another model is scored on when the gate compares it on this run's test split.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from trainflow.config import PreprocessConfig, SplitConfig
+from trainflow.pipelines import readers, runner
+from trainflow.pipelines import split as sp
+from trainflow.pipelines.data import DataError, SourceInfo, filesystem
+from trainflow.pipelines.entry import PreparedEntry, cache_key, finish_entry, finished_entry, staging
+from trainflow.pipelines.preprocess import FEATURES, LABEL, Preprocessor
+from trainflow.pipelines.readers import Fragment, fragment_batches
+from trainflow.pipelines.stats import FitStats, RowCounts, kept_rows
+
+if TYPE_CHECKING:
+    import ray.data
+
+log = logging.getLogger("trainflow")
+
+# A table of one file up to this size is prepared in the driver: its one fragment gains
+# nothing from a Ray task, which costs a worker process of its own (Python, pandas and
+# pyarrow imports) and the round trips to it.
+IN_DRIVER_BYTES = 16 << 20
+
+
+def prepares_in_driver(info: SourceInfo) -> bool:
+    """Whether this input is prepared in this process rather than in Ray tasks: the
+    bundled digits, or one Parquet, CSV, JSON lines or NumPy file (or a Dataset) of at
+    most :data:`IN_DRIVER_BYTES`."""
+    if info.format == "digits":
+        return True
+    single = info.format == "dataset" or (not info.is_images and len(info.files) == 1)
+    return single and info.bytes <= IN_DRIVER_BYTES
+
+
+def worker_modules(info: SourceInfo) -> tuple[str, ...]:
+    """What the Ray workers that prepare this input import (for a run to start them early,
+    ``runtime.warm_workers``); none when it is prepared in the driver."""
+    return () if prepares_in_driver(info) else (__name__,)
+
+
+# The passes: what one worker runs on one fragment.
+
+
+@dataclass
+class Scan:
+    counts: RowCounts = field(default_factory=RowCounts)
+    train: FitStats = field(default_factory=FitStats)
+    keys: list[np.ndarray] = field(default_factory=list)  # exact: each kept row's hash
+    labels: list[np.ndarray] = field(default_factory=list)  # exact: each kept row's label
+    placed: list[np.ndarray] = field(default_factory=list)  # by hash: each kept row's split
+
+    @property
+    def codes(self) -> np.ndarray:
+        return np.concatenate(self.placed) if self.placed else np.zeros(0, dtype=np.int8)
+
+
+def scan_fragment(
+    info: SourceInfo,
+    fragment: Fragment,
+    split: SplitConfig,
+    scaler: str,
+    exact: bool,
+    image_shape: list[int] | None = None,
+) -> Scan:
+    """Row counts; and either each kept row's hash and label (``exact``), or each kept
+    row's split by its own hash and the train split's statistics."""
+    scan = Scan()
+    for batch in fragment_batches(info, fragment):
+        scan.counts.add(batch, info)
+        kept = kept_rows(batch, info)
+        keys = sp.row_keys(kept, info, split.seed)
+        if exact:
+            scan.keys.append(keys)
+            scan.labels.append(kept[info.label_column].to_numpy())
+        else:
+            scan.placed.append(sp.hash_split_codes(keys, val=split.val, test=split.test))
+            scan.train.add(kept[scan.placed[-1] == 0], info, scaler, image_shape)
+    return scan
+
+
+def fit_fragment(
+    info: SourceInfo,
+    fragment: Fragment,
+    split: SplitConfig,
+    scaler: str,
+    codes: np.ndarray | None,
+    image_shape: list[int] | None = None,
+) -> Scan:
+    """The train split's statistics, each kept row's split given by ``codes`` or, when
+    None, by its own hash."""
+    scan, offset = Scan(), 0
+    for batch in fragment_batches(info, fragment):
+        kept = kept_rows(batch, info)
+        if codes is None:
+            keys = sp.row_keys(kept, info, split.seed)
+            scan.placed.append(sp.hash_split_codes(keys, val=split.val, test=split.test))
+        else:
+            scan.placed.append(codes[offset : offset + len(kept)])
+        scan.train.add(kept[scan.placed[-1] == 0], info, scaler, image_shape)
+        offset += len(kept)
+    return scan
+
+
+def write_fragment(
+    info: SourceInfo,
+    fragment: Fragment,
+    split: SplitConfig,
+    codes: np.ndarray,
+    state: dict[str, Any],
+    folder: str,
+    name: str,
+) -> dict[str, int]:
+    """Transform the fragment's kept rows and write each split's (``codes``: each kept
+    row's split) to ``folder/<split>/<name>``; the train rows of each batch in a seeded
+    random order. Returns the rows per split."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from ray.data.extensions import ArrowTensorArray
+
+    pre = Preprocessor.from_dict(state)
+    rng = np.random.default_rng([split.seed, fragment.index])
+    writers: dict[str, pq.ParquetWriter] = {}
+    counts = dict.fromkeys(sp.SPLIT_NAMES, 0)
+    offset = 0
+    # Without rows to drop, the columns go to the transform as arrays, not a DataFrame.
+    frames = info.missing == "drop"
+    try:
+        for batch in fragment_batches(info, fragment, frames=frames):
+            kept = kept_rows(batch, info) if frames else batch
+            n = len(kept[info.label_column])
+            where = codes[offset : offset + n]
+            offset += n
+            if not n:
+                continue
+            x, y = pre.features(kept), pre.labels(kept[info.label_column])
+            for i, split_name in enumerate(sp.SPLIT_NAMES):
+                rows = np.flatnonzero(where == i)
+                if split_name == "train":
+                    rows = rng.permutation(rows)
+                if not len(rows):
+                    continue
+                table = pa.table({FEATURES: ArrowTensorArray.from_numpy(x[rows]), LABEL: y[rows]})
+                if split_name not in writers:
+                    path = Path(folder) / split_name / name
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    # Dictionary encoding and statistics of feature tensors cost time
+                    # and help no reader: splits are read whole.
+                    writers[split_name] = pq.ParquetWriter(
+                        str(path), table.schema, use_dictionary=[LABEL], write_statistics=False
+                    )
+                writers[split_name].write_table(table)
+                counts[split_name] += len(rows)
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return counts
+
+
+def select_fragment(info: SourceInfo, fragment: Fragment, split: SplitConfig, codes, code: int):
+    """The fragment's raw kept rows whose split is ``code`` (``codes``: each kept row's
+    split, or None to place each row by its own hash)."""
+    import pandas as pd
+
+    parts, offset = [], 0
+    for batch in fragment_batches(info, fragment):
+        kept = kept_rows(batch, info)
+        if codes is None:
+            keys = sp.row_keys(kept, info, split.seed)
+            where = sp.hash_split_codes(keys, val=split.val, test=split.test)
+        else:
+            where = codes[offset : offset + len(kept)]
+        offset += len(kept)
+        parts.append(kept[where == code])
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+# The driver's side.
+
+
+def plan(info: SourceInfo, in_driver: bool) -> list[Fragment]:
+    """The fragments of the input, data.limit applied; an input without rows fails."""
+    fragments = readers.plan_fragments(info)
+    if readers.needs_counts(info):
+        counts = runner.run(readers.count_rows, [(info, f) for f in fragments], in_driver)
+        fragments = readers.limit_fragments(info, fragments, counts)
+    if not fragments:
+        raise DataError(f"data.source {info.source}: no rows")
+    return fragments
+
+
+def image_shape(info: SourceInfo, cfg: PreprocessConfig) -> list[int] | None:
+    """[channels, height, width] every image is resized to: data.image_size, else the
+    size of the input's first image (read from its header)."""
+    if not info.is_images:
+        return None
+    channels = 3 if info.image_mode == "RGB" else 1
+    if cfg.image_size is not None:
+        return [channels, *cfg.image_size]
+    from PIL import Image
+
+    with filesystem(info).open_input_file(info.files[0]) as f:
+        width, height = Image.open(f).size
+    return [channels, height, width]
+
+
+@dataclass
+class Placement:
+    """Where every kept row of the input goes, and what the passes learned on the way."""
+
+    counts: RowCounts
+    codes: list[np.ndarray | None]  # per fragment: each kept row's split (None: by its hash)
+    exact: bool
+    train: FitStats | None = None  # the train split's statistics, when fitted
+
+
+def place_rows(
+    info: SourceInfo,
+    split: SplitConfig,
+    fragments: list[Fragment],
+    in_driver: bool,
+    *,
+    scaler: str = "none",
+    shape: list[int] | None = None,
+    kept: int | None = None,
+) -> Placement:
+    """The scan: the rows checked and each kept row's split (exact for small inputs).
+    ``kept``: the kept rows when already known (a split rebuilt later), which decides
+    exact or hashed without a pass for a hashed split."""
+    candidate = sp.small_input(info) and (kept is None or sp.split_is_exact(info, kept))
+    if kept is not None and not candidate:
+        return Placement(RowCounts(), [None] * len(fragments), exact=False)
+    calls = [(info, f, split, scaler, candidate, shape) for f in fragments]
+    scans = runner.run(scan_fragment, calls, in_driver)
+    counts, train = RowCounts(), FitStats()
+    for s in scans:
+        counts.merge(s.counts)
+        train.merge(s.train)
+    counts.check(info)
+    if not candidate:
+        return Placement(counts, [s.codes for s in scans], exact=False, train=train)
+    if not sp.split_is_exact(info, counts.kept):
+        return Placement(counts, [None] * len(fragments), exact=False)
+    codes = sp.exact_split_codes(
+        [np.concatenate(s.keys or [np.zeros(0, np.uint64)]) for s in scans],
+        [np.concatenate(s.labels or [np.zeros(0)]) for s in scans],
+        split,
+    )
+    return Placement(counts, list(codes), exact=True)
+
+
+def prepare(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig, cache_root: Path) -> PreparedEntry:
+    """Check the rows, split, fit on train, transform and write every split into the
+    cache entry for this input and config, all or nothing; or reuse a finished entry."""
+    key = cache_key(info, split, cfg)
+    found = finished_entry(cache_root, key)
+    if found:
+        return found
+    clock = time.perf_counter()
+    in_driver = prepares_in_driver(info)
+    tasks_info = replace(info, dataset=None)  # what each Ray task is handed
+    fragments = plan(info, in_driver)
+    shape = image_shape(info, cfg)
+    placed = place_rows(tasks_info, split, fragments, in_driver, scaler=cfg.scaler, shape=shape)
+    if placed.train is None:  # each row's split given: fitting is a pass of its own
+        calls = [
+            (tasks_info, f, split, cfg.scaler, c, shape) for f, c in zip(fragments, placed.codes, strict=True)
+        ]
+        fits = runner.run(fit_fragment, calls, in_driver)
+        placed.codes, placed.train = [s.codes for s in fits], FitStats()
+        for s in fits:
+            placed.train.merge(s.train)
+    classes = info.classes if info.classes is not None else placed.counts.sorted_labels()
+    pre = placed.train.preprocessor(info, classes, cfg, shape)
+    scanned = time.perf_counter() - clock
+    # Fragments' files are named in a seeded random order: a reader of the train split
+    # meets them shuffled even when the input was sorted (by label, say).
+    names = np.random.default_rng(split.seed).permutation(len(fragments))
+    dropped = placed.counts.missing_rows  # the checks let them through only for data.missing=drop
+    out = cache_root / key
+    with staging(out) as tmp:
+        counts = dict.fromkeys(sp.SPLIT_NAMES, 0)
+        calls = [
+            (tasks_info, f, split, c, pre.to_dict(), str(tmp), f"part-{names[f.index]:05d}.parquet")
+            for f, c in zip(fragments, placed.codes, strict=True)
+        ]
+        for written in runner.run(write_fragment, calls, in_driver):
+            for name, n in written.items():
+                counts[name] += n
+        finish_entry(tmp, pre, counts)
+    log.info(
+        "prepared %s rows of %s in %d fragments%s (%s split): checked and fitted in %.1f s, "
+        "written in %.1f s",
+        f"{placed.counts.kept:,}",
+        info.source,
+        len(fragments),
+        " in the driver" if in_driver else "",
+        "exact" if placed.exact else "hashed",
+        scanned,
+        time.perf_counter() - clock - scanned,
+    )
+    return PreparedEntry(out, pre, counts, key, reused=False, dropped=dropped)
+
+
+def raw_split(info: SourceInfo, split: SplitConfig, name: str, *, kept_rows: int) -> ray.data.Dataset:
+    """The raw rows of one split (the input columns and the label; images with their
+    paths) as :func:`prepare` placed them (``kept_rows``: the rows it kept, all of the
+    splits'), read again from the source: for scoring another model on exactly this
+    run's rows with that model's own preprocessing."""
+    in_driver = prepares_in_driver(info)
+    tasks_info = replace(info, dataset=None)
+    fragments = plan(info, in_driver)
+    placed = place_rows(tasks_info, split, fragments, in_driver, kept=kept_rows)
+    code = sp.SPLIT_NAMES.index(name)
+    calls = [(tasks_info, f, split, c, code) for f, c in zip(fragments, placed.codes, strict=True)]
+    return runner.run_to_dataset(select_fragment, calls, in_driver)

@@ -1,0 +1,247 @@
+"""Reading an input's rows, fragment by fragment, in bounded memory.
+
+A fragment is a slice of the input that one worker reads on its own:
+
+- tables: a run of a Parquet file's row groups (about FRAGMENT_BYTES of rows), a CSV,
+  JSON lines or NumPy file, or the bundled digits;
+- image folders: IMAGE_FRAGMENT_FILES image files, decoded as ``ray.data.read_images``
+  decodes them, each with its label (its folder's name) and its path;
+- a ``ray.data.Dataset``: one of its materialized blocks.
+
+:func:`plan_fragments` cuts the input in the driver (reading only Parquet footers);
+:func:`fragment_batches` yields a fragment's rows a batch at a time, and names the file
+when one cannot be read.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from trainflow.pipelines import sources
+from trainflow.pipelines.data import IMAGE, PATH, UNREADABLE, DataError, SourceInfo, filesystem, unreadable
+
+TABLE_FORMATS = ("parquet", "csv", "json", "numpy", "digits", "dataset")
+# About this many bytes of decoded rows per fragment (Parquet row groups are grouped
+# up to it); a CSV, JSON lines or NumPy file is one fragment whatever its size.
+FRAGMENT_BYTES = 64 << 20
+# Rows a worker holds at once: up to BATCH_ROWS, fewer for wide inputs, so that a
+# batch's float64 features (scaled in float64) stay near BATCH_BYTES.
+BATCH_ROWS = 65_536
+BATCH_BYTES = 64 << 20
+IMAGE_FRAGMENT_FILES = 1024
+IMAGE_BATCH = 256
+
+
+@dataclass(frozen=True)
+class Fragment:
+    index: int
+    path: str = ""  # on the source's filesystem; "" for the digits and a Dataset's blocks
+    row_groups: tuple[int, ...] | None = None  # Parquet: these row groups only
+    max_rows: int | None = None  # data.limit: read no more than this many rows
+    frame: pd.DataFrame | None = field(default=None, repr=False, compare=False)  # digits: the rows
+    files: tuple[str, ...] = ()  # image folders: these images
+    block: Any = field(default=None, repr=False, compare=False)  # a Dataset's: an Arrow block's ref
+
+
+def batch_rows(info: SourceInfo) -> int:
+    if info.is_images:
+        return IMAGE_BATCH
+    return max(1024, min(BATCH_ROWS, BATCH_BYTES // (8 * (len(info.input_columns) + 1))))
+
+
+def plan_fragments(info: SourceInfo) -> list[Fragment]:
+    """The input cut into fragments, in the input's order (data.limit counts from the
+    first row of the first file). Reads only Parquet footers; text files' row counts are
+    unknown until read, so their data.limit is applied by :func:`limit_fragments`."""
+    if info.format == "digits":
+        # Loaded here, where inspect_source imported scikit-learn, not in a worker.
+        return [Fragment(0, max_rows=info.limit, frame=sources.digits_frame())]
+    if info.format == "dataset":
+        return [Fragment(i, block=ref) for i, ref in enumerate(info.dataset.to_arrow_refs())]
+    if info.is_images:
+        files = info.files[: info.limit] if info.limit else info.files
+        chunks = range(0, len(files), IMAGE_FRAGMENT_FILES)
+        return [Fragment(i, files=tuple(files[s : s + IMAGE_FRAGMENT_FILES])) for i, s in enumerate(chunks)]
+    if info.format != "parquet":
+        return [Fragment(i, path) for i, path in enumerate(info.files)]
+    import pyarrow.parquet as pq
+
+    fs = filesystem(info)
+    fragments: list[Fragment] = []
+    left = info.limit
+    for path in info.files:
+        with fs.open_input_file(path) as f:
+            meta = pq.ParquetFile(f).metadata
+        groups: list[int] = []
+        rows = size = 0
+        for g in range(meta.num_row_groups):
+            if left is not None and left <= 0:
+                break
+            group = meta.row_group(g)
+            groups.append(g)
+            rows, size = rows + group.num_rows, size + group.total_byte_size
+            if left is not None:
+                left -= group.num_rows
+            if size >= FRAGMENT_BYTES:
+                fragments.append(_parquet_fragment(len(fragments), path, groups, rows, left))
+                groups, rows, size = [], 0, 0
+        if groups:
+            fragments.append(_parquet_fragment(len(fragments), path, groups, rows, left))
+    return fragments
+
+
+def _parquet_fragment(index: int, path: str, groups: list[int], rows: int, left: int | None) -> Fragment:
+    # A negative ``left`` means the limit falls inside these row groups.
+    cap = rows + left if left is not None and left < 0 else None
+    return Fragment(index, path, tuple(groups), cap)
+
+
+def needs_counts(info: SourceInfo) -> bool:
+    """Whether data.limit needs each file's row count, which only reading tells."""
+    return info.limit is not None and info.format in ("csv", "json", "numpy")
+
+
+def limit_fragments(info: SourceInfo, fragments: list[Fragment], counts: list[int]) -> list[Fragment]:
+    """The fragments holding the first data.limit rows, given each one's row count."""
+    out, left = [], info.limit
+    for f, n in zip(fragments, counts, strict=True):
+        if left <= 0:
+            break
+        out.append(replace(f, index=len(out), max_rows=min(n, left)))
+        left -= n
+    return out
+
+
+def count_rows(info: SourceInfo, fragment: Fragment) -> int:
+    return sum(len(b) for b in fragment_batches(info, fragment))
+
+
+def fragment_batches(
+    info: SourceInfo, fragment: Fragment, *, frames: bool = True
+) -> Iterator[pd.DataFrame | dict[str, np.ndarray]]:
+    """The fragment's rows (the input columns and the label; images: ``image``, ``path``
+    and the label), at most :func:`batch_rows` at a time: DataFrames, or with
+    ``frames=False`` a dict of column arrays (no copy into pandas' blocks); a file that
+    cannot be read is a DataError naming it."""
+    left = fragment.max_rows
+    where = fragment.path or info.source
+    try:
+        for batch in _read(info, fragment):
+            if left is not None:
+                if left <= 0:
+                    return
+                batch = batch.iloc[:left] if isinstance(batch, pd.DataFrame) else batch.slice(0, left)
+                left -= len(batch)
+            if isinstance(batch, pd.DataFrame):
+                yield batch if frames else {c: batch[c].to_numpy() for c in batch.columns}
+            else:
+                yield batch.to_pandas() if frames else _arrays(batch)
+    except DataError:
+        raise
+    except UNREADABLE as e:
+        raise unreadable(info.source, where, info.format, e) from None
+
+
+def _read(info: SourceInfo, fragment: Fragment) -> Iterator[Any]:
+    """Arrow record batches, or DataFrames (digits, NumPy, images), of the fragment."""
+    columns, rows = [*info.input_columns, info.label_column], batch_rows(info)
+    if fragment.frame is not None:
+        yield fragment.frame[columns]
+        return
+    if fragment.block is not None:
+        import ray
+
+        yield from ray.get(fragment.block).select(columns).to_batches(max_chunksize=rows)
+        return
+    fs = filesystem(info)
+    if info.is_images:
+        for start in range(0, len(fragment.files), rows):
+            yield _images(info, fs, fragment.files[start : start + rows])
+    elif info.format == "parquet":
+        import pyarrow.parquet as pq
+
+        with fs.open_input_file(fragment.path) as f:
+            groups = list(fragment.row_groups) if fragment.row_groups is not None else None
+            yield from pq.ParquetFile(f).iter_batches(batch_size=rows, row_groups=groups, columns=columns)
+    elif info.format == "csv":
+        import pyarrow.csv as pacsv
+
+        # The column types inspect_source checked (inferred from the file's first block):
+        # a later value that does not parse as its column's type fails naming the file.
+        types = _text_schema(fs, fragment.path, "csv")
+        with fs.open_input_stream(fragment.path) as f:
+            reader = pacsv.open_csv(
+                f,
+                read_options=pacsv.ReadOptions(block_size=16 << 20),
+                convert_options=pacsv.ConvertOptions(
+                    include_columns=columns, column_types={c: types.field(c).type for c in columns}
+                ),
+            )
+            for batch in reader:
+                yield from _rebatch(batch, rows)
+    elif info.format == "json":
+        import pyarrow.json as pajson
+
+        types = _text_schema(fs, fragment.path, "json")
+        with fs.open_input_stream(fragment.path) as f:
+            reader = pajson.open_json(
+                f,
+                read_options=pajson.ReadOptions(block_size=16 << 20),
+                parse_options=pajson.ParseOptions(explicit_schema=types),
+            )
+            for batch in reader:
+                yield from _rebatch(batch.select(columns), rows)
+    elif info.format == "numpy":
+        with fs.open_input_stream(fragment.path) as f:
+            frame = pd.DataFrame(sources.numpy_frame(f.read(), fragment.path))[columns]
+        for start in range(0, len(frame), rows):
+            yield frame.iloc[start : start + rows]
+    else:
+        raise DataError(
+            f"data.format {info.format!r}: not a format trainflow reads ({', '.join(TABLE_FORMATS)})"
+        )
+
+
+def _images(info: SourceInfo, fs, paths: tuple[str, ...]) -> pd.DataFrame:
+    """Images decoded as ``ray.data.read_images(mode=...)`` decodes them, with their
+    labels and paths; a file PIL cannot read is a DataError naming it."""
+    from PIL import Image, UnidentifiedImageError
+
+    images = np.empty(len(paths), dtype=object)
+    for i, path in enumerate(paths):
+        with fs.open_input_file(path) as f:
+            data = f.read()
+        try:
+            image = Image.open(io.BytesIO(data))
+            if image.mode != info.image_mode:
+                image = image.convert(info.image_mode)
+            images[i] = np.asarray(image)
+        except (UnidentifiedImageError, OSError) as e:
+            raise unreadable(info.source, path, "an image", e) from None
+    return image_labels(pd.DataFrame({IMAGE: images, PATH: list(paths)}), label_column=info.label_column)
+
+
+def image_labels(batch: pd.DataFrame, *, label_column: str) -> pd.DataFrame:
+    """Image rows with their label: the name of the folder each image sits in."""
+    return batch.assign(**{label_column: [sources.image_label(p) for p in batch[PATH]]})
+
+
+def _arrays(batch) -> dict[str, np.ndarray]:
+    return {name: batch.column(name).to_numpy(zero_copy_only=False) for name in batch.schema.names}
+
+
+def _text_schema(fs, path: str, fmt: str):
+    import pyarrow.dataset as pads
+
+    return pads.dataset(path, format=fmt, filesystem=fs).schema
+
+
+def _rebatch(batch, rows: int):
+    for start in range(0, batch.num_rows, rows):
+        yield batch.slice(start, rows)

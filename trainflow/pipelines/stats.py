@@ -1,0 +1,239 @@
+"""What one pass over the rows learns, in objects that merge across batches and fragments:
+the row checks' counts (:class:`RowCounts`) and the train split's statistics
+(:class:`FitStats`), from which the fitted :class:`Preprocessor` comes.
+
+Each worker adds its batches to its own objects; the driver merges them, in any order,
+into what one pass over all rows would give.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from trainflow.config import PreprocessConfig
+from trainflow.pipelines.data import IMAGE, DataError, SourceInfo
+from trainflow.pipelines.preprocess import MAX_VOCABULARY, Preprocessor, image_features
+
+# A label with more distinct values than this is almost surely a regression target.
+MAX_CLASSES = 1000
+
+
+def plain(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def value_order(v: Any) -> tuple[str, Any]:
+    """Sorts labels and categories: numbers as numbers, strings as strings."""
+    return ("0" if isinstance(v, (bool, int, float)) else type(v).__name__, v)
+
+
+@dataclass
+class RowCounts:
+    """Rows, rows with a missing value, per-column missing values and infinities, and the
+    labels seen (up to MAX_CLASSES + 1)."""
+
+    rows: int = 0
+    missing_rows: int = 0
+    missing: dict[str, int] = field(default_factory=dict)
+    inf: dict[str, int] = field(default_factory=dict)
+    labels: set = field(default_factory=set)
+
+    def add(self, batch: pd.DataFrame, info: SourceInfo) -> None:
+        checked = [info.label_column] if info.is_images else [*info.input_columns, info.label_column]
+        missing = batch[checked].isna()
+        self.rows += len(batch)
+        self.missing_rows += int(missing.any(axis=1).sum())
+        for c in checked:
+            self.missing[c] = self.missing.get(c, 0) + int(missing[c].sum())
+        for c in [] if info.is_images else info.numeric_columns:
+            values = pd.to_numeric(batch[c], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+            self.inf[c] = self.inf.get(c, 0) + int(np.isinf(values).sum())
+        if len(self.labels) <= MAX_CLASSES:
+            self.labels.update(
+                plain(v) for v in batch[info.label_column].dropna().unique()[: MAX_CLASSES + 1]
+            )
+
+    def merge(self, other: RowCounts) -> None:
+        self.rows += other.rows
+        self.missing_rows += other.missing_rows
+        for mine, theirs in ((self.missing, other.missing), (self.inf, other.inf)):
+            for c, n in theirs.items():
+                mine[c] = mine.get(c, 0) + n
+        self.labels |= other.labels
+
+    @property
+    def kept(self) -> int:
+        """The rows that are split and trained on (data.missing=drop drops the others)."""
+        return self.rows - self.missing_rows
+
+    def sorted_labels(self) -> list[Any]:
+        return sorted(self.labels, key=value_order)
+
+    def check(self, info: SourceInfo) -> None:
+        """The errors that would spoil training, each naming the column and how many rows."""
+        src = info.source
+        if self.rows == 0:
+            raise DataError(f"data.source {src}: no rows")
+        for c, n in self.inf.items():
+            if n:
+                raise DataError(f"data.source {src}: column {c!r} holds inf in {n} of {self.rows} rows")
+        if self.missing_rows and info.missing == "fail":
+            c, n = next((c, n) for c, n in self.missing.items() if n)
+            raise DataError(
+                f"data.source {src}: column {c!r} has {n} missing values (null or NaN) in {self.rows} rows; "
+                "set data.missing=drop to drop such rows"
+            )
+        if self.missing_rows == self.rows:
+            raise DataError(f"data.source {src}: every one of its {self.rows} rows has a missing value")
+        labels = self.sorted_labels()
+        if info.classes is not None:
+            declared = {str(c) for c in info.classes}
+            outside = [v for v in labels if str(v) not in declared]
+            if outside:
+                raise DataError(
+                    f"data.label_column {info.label_column!r}: labels {outside[:5]} in {src} are outside "
+                    f"data.classes {info.classes}"
+                )
+        elif len(labels) > MAX_CLASSES:
+            raise DataError(
+                f"data.label_column {info.label_column!r} has more than {MAX_CLASSES} distinct values; "
+                "a classifier label has fewer"
+            )
+        if len(info.classes or labels) < 2:
+            raise DataError(
+                f"data.label_column {info.label_column!r} needs at least 2 classes, found {labels}"
+            )
+
+
+def kept_rows(batch: pd.DataFrame, info: SourceInfo) -> pd.DataFrame:
+    """The rows that are split and trained on: all, or for data.missing=drop those
+    without a missing value (any other missing value fails the checks)."""
+    if info.missing != "drop" or info.is_images:
+        return batch
+    return batch.dropna(subset=[*info.input_columns, info.label_column])
+
+
+@dataclass
+class FitStats:
+    """What fitting needs of the train split: per numeric column the count, mean and sum
+    of squared deviations (Chan's parallel update, stable where sums of squares are not)
+    or the minimum and maximum; the categories of each categorical column; and for
+    images the per-channel sums of pixels (resized to ``image_shape``, in [0, 1]) and of
+    their squares."""
+
+    rows: int = 0
+    mean: np.ndarray | None = None
+    m2: np.ndarray | None = None
+    lo: np.ndarray | None = None
+    hi: np.ndarray | None = None
+    categories: dict[str, set] = field(default_factory=dict)
+    pixels: int = 0
+    channel_sums: np.ndarray | None = None
+    channel_squares: np.ndarray | None = None
+
+    def add(self, frame: pd.DataFrame, info: SourceInfo, scaler: str, image_shape: list[int] | None = None):
+        if not len(frame):
+            return
+        if info.is_images:
+            if scaler == "standard":
+                self._add_images(frame[IMAGE], image_shape)
+        else:
+            self._add_numeric(frame, info.numeric_columns, scaler)
+            for c in info.categorical_columns:
+                values = self.categories.setdefault(c, set())
+                if len(values) <= MAX_VOCABULARY:
+                    values.update(plain(v) for v in frame[c].dropna().unique()[: MAX_VOCABULARY + 1])
+        self.rows += len(frame)
+
+    def _add_numeric(self, frame: pd.DataFrame, numeric: list[str], scaler: str) -> None:
+        if not numeric or scaler == "none":
+            return
+        x = frame[numeric].to_numpy(dtype=np.float64)
+        if scaler == "standard":
+            mean = x.mean(axis=0)
+            self._merge_moments(len(x), mean, ((x - mean) ** 2).sum(axis=0))
+        else:
+            self._merge_range(x.min(axis=0), x.max(axis=0))
+
+    def _add_images(self, images, shape: list[int]) -> None:
+        raw = {"shape": shape, "mean": [0.0] * shape[0], "std": [1.0] * shape[0]}
+        x = image_features(images, raw).reshape(len(images), shape[0], -1).astype(np.float64)
+        self._merge_channels(x.shape[0] * x.shape[2], x.sum(axis=(0, 2)), (x**2).sum(axis=(0, 2)))
+
+    def merge(self, other: FitStats) -> None:
+        if other.mean is not None:
+            self._merge_moments(other.rows, other.mean, other.m2)
+        if other.lo is not None:
+            self._merge_range(other.lo, other.hi)
+        if other.channel_sums is not None:
+            self._merge_channels(other.pixels, other.channel_sums, other.channel_squares)
+        for c, values in other.categories.items():
+            self.categories.setdefault(c, set()).update(values)
+        self.rows += other.rows
+
+    def _merge_moments(self, n: int, mean: np.ndarray, m2: np.ndarray) -> None:
+        if self.mean is None:
+            self.mean, self.m2 = mean, m2
+            return
+        total = self.rows + n
+        delta = mean - self.mean
+        self.mean = self.mean + delta * (n / total)
+        self.m2 = self.m2 + m2 + delta**2 * (self.rows * n / total)
+
+    def _merge_range(self, lo: np.ndarray, hi: np.ndarray) -> None:
+        self.lo = lo if self.lo is None else np.minimum(self.lo, lo)
+        self.hi = hi if self.hi is None else np.maximum(self.hi, hi)
+
+    def _merge_channels(self, pixels: int, sums: np.ndarray, squares: np.ndarray) -> None:
+        if self.channel_sums is None:
+            self.pixels, self.channel_sums, self.channel_squares = pixels, sums, squares
+            return
+        self.pixels += pixels
+        self.channel_sums = self.channel_sums + sums
+        self.channel_squares = self.channel_squares + squares
+
+    def preprocessor(
+        self,
+        info: SourceInfo,
+        classes: list[Any],
+        cfg: PreprocessConfig,
+        image_shape: list[int] | None = None,
+    ) -> Preprocessor:
+        """The fitted state. A constant column or channel (std or range 0) is shifted but
+        not scaled."""
+        if self.rows == 0:
+            raise DataError("the train split is empty; add rows or change data.split")
+        numeric = [] if info.is_images else info.numeric_columns
+        pre = Preprocessor(list(numeric), info.label_column, list(classes), scaler=cfg.scaler)
+        if cfg.scaler != "none" and numeric:
+            if cfg.scaler == "standard":
+                offset, spread = self.mean, np.sqrt(self.m2 / self.rows)
+            else:
+                offset, spread = self.lo, self.hi - self.lo
+            pre.offset = [float(v) for v in offset]
+            pre.scale = [float(v) or 1.0 for v in spread]
+        for c in info.categorical_columns:
+            values = self.categories.get(c, set())
+            if len(values) > MAX_VOCABULARY:
+                raise DataError(
+                    f"data.categorical_columns: {c!r} has more than {MAX_VOCABULARY} categories in the "
+                    "train split; fewer are one-hot encoded"
+                )
+            pre.categorical[c] = sorted(values, key=value_order)
+        if info.is_images:
+            pre.image = self._image_state(image_shape, cfg)
+        return pre
+
+    def _image_state(self, shape: list[int], cfg: PreprocessConfig) -> dict[str, Any]:
+        channels = shape[0]
+        image = {"shape": shape, "mean": [0.0] * channels, "std": [1.0] * channels, "augment": cfg.augment}
+        if cfg.scaler == "standard" and self.pixels:
+            mean = self.channel_sums / self.pixels
+            var = self.channel_squares / self.pixels - mean**2
+            image["mean"] = [float(m) for m in mean]
+            image["std"] = [float(np.sqrt(v)) if v > 1e-12 else 1.0 for v in var]
+        return image

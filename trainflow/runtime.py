@@ -16,7 +16,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from trainflow.config import PipelineConfig, ScalingSection, SweepConfig
 
@@ -181,35 +180,77 @@ def ray_address(config: PipelineConfig) -> str | None:
     return config.ray.address or os.environ.get("RAY_ADDRESS") or None
 
 
+# Whether a Ray session was started ahead of its flow run (:func:`ray_ahead`) and waits
+# for the run's own :func:`ray_session` to take it over.
+_ahead = False
+
+
 @contextmanager
 def ray_session(
     config: PipelineConfig,
     logger: logging.Logger | logging.LoggerAdapter = log,
-    workers: Literal["train", "sweep"] | None = "train",
     warm: Sequence[str] = (),
 ) -> Iterator[None]:
     """Connect to Ray for the length of a run, and shut down only what this started.
-    ``workers``: what the run will ask of a local cluster it starts, checked before it
-    starts: training workers (``scaling``), sweep trials (``sweep.scaling``), or nothing.
     ``warm``: modules for worker processes started at once to import (:func:`warm_workers`);
-    none, no warm-up.
+    none, no warm-up. What the run asks of the cluster is checked before (``trainflow.checks``).
 
-    An already initialized Ray (a test's session cluster, a notebook) is used as is.
-    A local cluster is started in the calling thread, which must outlive the run: Ray's
-    local cluster dies with the thread that made it.
+    A session that :func:`ray_ahead` started for this run is taken over: the run owns it
+    and shuts it down. Any other initialized Ray (a test's session cluster, a notebook)
+    is used as is. A local cluster is started in the calling thread, which must outlive
+    the run: Ray's local cluster dies with the thread that made it.
     """
+    global _ahead
     import ray
 
-    if ray.is_initialized():
+    if ray.is_initialized() and not _ahead:
         yield
         return
+    if not _ahead:
+        _connect(config, logger, warm)
+    _ahead = False
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        timeline("ray shut down")
+
+
+@contextmanager
+def ray_ahead(
+    config: PipelineConfig,
+    logger: logging.Logger | logging.LoggerAdapter = log,
+    warm: Sequence[str] = (),
+) -> Iterator[None]:
+    """Start the Ray session of the flow run that follows in this thread now, while the
+    rest of the command starts; the run's :func:`ray_session` takes it over. Shut down
+    here when the run ended before it did (a failed check, bad data)."""
+    global _ahead
+    import ray
+
+    if ray.is_initialized():  # a cluster of someone else's: the run uses it as is
+        yield
+        return
+    _connect(config, logger, warm)
+    _ahead = True
+    try:
+        yield
+    finally:
+        if _ahead:
+            _ahead = False
+            ray.shutdown()
+            timeline("ray shut down")
+
+
+def _connect(
+    config: PipelineConfig, logger: logging.Logger | logging.LoggerAdapter, warm: Sequence[str]
+) -> None:
+    import ray
+
     address = ray_address(config)
     if address:
-        check_reachable(address)
         logger.info("connecting to the Ray cluster at %s", address)
     else:
-        if workers:  # before the cluster starts: its size is known
-            preflight_local(config, sweep=workers == "sweep")
         for key, value in LOCAL_CLUSTER_ENV.items():
             os.environ.setdefault(key, value)
         quiet_token_auth_notice()
@@ -220,10 +261,7 @@ def ray_session(
     configure_ray_data()
     if warm:
         warm_workers(warm)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    timeline("ray started")
 
 
 def _import_modules(modules: Sequence[str]) -> None:

@@ -31,10 +31,10 @@ QUIET_ENV = {
     # Telemetry cannot leave these machines; offline it logs errors users take for failures.
     "RAY_USAGE_STATS_ENABLED": "0",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    # Each ray.train.report() waits about one controller poll; the 2 s default makes a
-    # 20-epoch digits run twice as slow as it needs to be. Measured here, 20 reports
-    # with a checkpoint on 2 workers: 4 s at 0.2 s, 1.2-2.9 s at 0.05 s. The controller
-    # polls every worker at this rate: on a cluster of hundreds of workers, set it higher.
+    # Each ray.train.report() waits about one controller poll, so Ray's default interval
+    # adds up over a run's epochs (benchmarks/results.md runs bare Ray with the default and
+    # with this value). The controller polls every worker at this rate: on a cluster of
+    # hundreds of workers, set it higher.
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.05",
     # MLflow draws a progress bar per artifact copy; trainflow logs the step instead.
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
@@ -107,8 +107,8 @@ def quiet_worker() -> None:
     # Ray's helpers inside a worker (Train's placement-group cleaner asks the state API
     # whether the controller lives) find their cluster by RAY_ADDRESS, else by the last
     # cluster started on this machine: on a machine running several (tests, shared
-    # hosts) another one, or a dead one that they wait on. Seen here: the end of a
-    # training run stalled 12 s on it in some runs. Name this worker's own cluster.
+    # hosts) another one, or a dead one that they wait on, which stalls the end of a
+    # training run. Name this worker's own cluster.
     os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner").setLevel(
         logging.ERROR
@@ -359,8 +359,8 @@ def configure_ray_data() -> None:
 
     ctx = DataContext.get_current()
     # The default hash shuffle starts a pool of aggregator actors for every groupby,
-    # unique and aggregate: measured here at 3-8 s each on 400 rows, against 0.1 s
-    # for the sort-based shuffle.
+    # unique and aggregate: seconds of start-up each, where the sort-based shuffle of a
+    # small dataset takes a fraction of one.
     ctx.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
     interactive = sys.stderr.isatty()
     ctx.enable_progress_bars = interactive

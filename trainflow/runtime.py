@@ -110,9 +110,7 @@ def quiet_worker() -> None:
     # hosts) another one, or a dead one that they wait on, which stalls the end of a
     # training run. Name this worker's own cluster.
     os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
-    logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner").setLevel(
-        logging.ERROR
-    )
+    _errors_only("ray.train.v2._internal.execution.controller.placement_group_cleaner")
     # Train's worker context names its logger by file path, outside ``ray.train``, so
     # RunConfig's LoggingConfig misses its line per report.
     context_py = os.path.join(
@@ -124,12 +122,24 @@ def quiet_worker() -> None:
     logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
     # Train's controller registers the workers' resources with an autoscaling
     # coordinator actor (a fixed local cluster has nothing to scale) and, when that call
-    # misses its 5 s timeout on a busy machine, logs a traceback it calls safe to ignore.
-    logging.getLogger(
-        "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client"
-    ).setLevel(logging.ERROR)
+    # misses its timeout on a busy machine, logs a traceback it calls safe to ignore.
+    _errors_only("ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client")
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.")
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+class _ErrorsOnly(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+
+def _errors_only(name: str) -> None:
+    """Keep only a logger's errors. A filter rather than a level: Ray Train configures
+    the ``ray.train`` loggers in its controller process (``logging.config.dictConfig``),
+    which resets the level of every logger below them, and keeps their filters."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _ErrorsOnly) for f in logger.filters):
+        logger.addFilter(_ErrorsOnly())
 
 
 class PreflightError(RuntimeError):

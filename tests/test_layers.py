@@ -29,6 +29,8 @@ LAYERS = {
     "flows": 4,
     "cli": 5,
     "testing": 5,
+    "checks": 3,
+    "startup": 4,
 }
 # Where Prefect may be imported.
 PREFECT_LAYERS = {"prefect_server", "tasks", "flows", "cli", "testing"}

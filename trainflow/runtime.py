@@ -16,7 +16,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from trainflow.config import PipelineConfig, ScalingSection, SweepConfig
 
@@ -32,10 +31,10 @@ QUIET_ENV = {
     # Telemetry cannot leave these machines; offline it logs errors users take for failures.
     "RAY_USAGE_STATS_ENABLED": "0",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    # Each ray.train.report() waits about one controller poll; the 2 s default makes a
-    # 20-epoch digits run twice as slow as it needs to be. Measured here, 20 reports
-    # with a checkpoint on 2 workers: 4 s at 0.2 s, 1.2-2.9 s at 0.05 s. The controller
-    # polls every worker at this rate: on a cluster of hundreds of workers, set it higher.
+    # Each ray.train.report() waits about one controller poll, so Ray's default interval
+    # adds up over a run's epochs (benchmarks/results.md runs bare Ray with the default and
+    # with this value). The controller polls every worker at this rate: on a cluster of
+    # hundreds of workers, set it higher.
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.05",
     # MLflow draws a progress bar per artifact copy; trainflow logs the step instead.
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
@@ -108,12 +107,10 @@ def quiet_worker() -> None:
     # Ray's helpers inside a worker (Train's placement-group cleaner asks the state API
     # whether the controller lives) find their cluster by RAY_ADDRESS, else by the last
     # cluster started on this machine: on a machine running several (tests, shared
-    # hosts) another one, or a dead one that they wait on. Seen here: the end of a
-    # training run stalled 12 s on it in some runs. Name this worker's own cluster.
+    # hosts) another one, or a dead one that they wait on, which stalls the end of a
+    # training run. Name this worker's own cluster.
     os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
-    logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner").setLevel(
-        logging.ERROR
-    )
+    _errors_only("ray.train.v2._internal.execution.controller.placement_group_cleaner")
     # Train's worker context names its logger by file path, outside ``ray.train``, so
     # RunConfig's LoggingConfig misses its line per report.
     context_py = os.path.join(
@@ -125,12 +122,24 @@ def quiet_worker() -> None:
     logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
     # Train's controller registers the workers' resources with an autoscaling
     # coordinator actor (a fixed local cluster has nothing to scale) and, when that call
-    # misses its 5 s timeout on a busy machine, logs a traceback it calls safe to ignore.
-    logging.getLogger(
-        "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client"
-    ).setLevel(logging.ERROR)
+    # misses its timeout on a busy machine, logs a traceback it calls safe to ignore.
+    _errors_only("ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client")
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.")
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+class _ErrorsOnly(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+
+def _errors_only(name: str) -> None:
+    """Keep only a logger's errors. A filter rather than a level: Ray Train configures
+    the ``ray.train`` loggers in its controller process (``logging.config.dictConfig``),
+    which resets the level of every logger below them, and keeps their filters."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _ErrorsOnly) for f in logger.filters):
+        logger.addFilter(_ErrorsOnly())
 
 
 class PreflightError(RuntimeError):
@@ -181,35 +190,77 @@ def ray_address(config: PipelineConfig) -> str | None:
     return config.ray.address or os.environ.get("RAY_ADDRESS") or None
 
 
+# Whether a Ray session was started ahead of its flow run (:func:`ray_ahead`) and waits
+# for the run's own :func:`ray_session` to take it over.
+_ahead = False
+
+
 @contextmanager
 def ray_session(
     config: PipelineConfig,
     logger: logging.Logger | logging.LoggerAdapter = log,
-    workers: Literal["train", "sweep"] | None = "train",
     warm: Sequence[str] = (),
 ) -> Iterator[None]:
     """Connect to Ray for the length of a run, and shut down only what this started.
-    ``workers``: what the run will ask of a local cluster it starts, checked before it
-    starts: training workers (``scaling``), sweep trials (``sweep.scaling``), or nothing.
     ``warm``: modules for worker processes started at once to import (:func:`warm_workers`);
-    none, no warm-up.
+    none, no warm-up. What the run asks of the cluster is checked before (``trainflow.checks``).
 
-    An already initialized Ray (a test's session cluster, a notebook) is used as is.
-    A local cluster is started in the calling thread, which must outlive the run: Ray's
-    local cluster dies with the thread that made it.
+    A session that :func:`ray_ahead` started for this run is taken over: the run owns it
+    and shuts it down. Any other initialized Ray (a test's session cluster, a notebook)
+    is used as is. A local cluster is started in the calling thread, which must outlive
+    the run: Ray's local cluster dies with the thread that made it.
     """
+    global _ahead
     import ray
 
-    if ray.is_initialized():
+    if ray.is_initialized() and not _ahead:
         yield
         return
+    if not _ahead:
+        _connect(config, logger, warm)
+    _ahead = False
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        timeline("ray shut down")
+
+
+@contextmanager
+def ray_ahead(
+    config: PipelineConfig,
+    logger: logging.Logger | logging.LoggerAdapter = log,
+    warm: Sequence[str] = (),
+) -> Iterator[None]:
+    """Start the Ray session of the flow run that follows in this thread now, while the
+    rest of the command starts; the run's :func:`ray_session` takes it over. Shut down
+    here when the run ended before it did (a failed check, bad data)."""
+    global _ahead
+    import ray
+
+    if ray.is_initialized():  # a cluster of someone else's: the run uses it as is
+        yield
+        return
+    _connect(config, logger, warm)
+    _ahead = True
+    try:
+        yield
+    finally:
+        if _ahead:
+            _ahead = False
+            ray.shutdown()
+            timeline("ray shut down")
+
+
+def _connect(
+    config: PipelineConfig, logger: logging.Logger | logging.LoggerAdapter, warm: Sequence[str]
+) -> None:
+    import ray
+
     address = ray_address(config)
     if address:
-        check_reachable(address)
         logger.info("connecting to the Ray cluster at %s", address)
     else:
-        if workers:  # before the cluster starts: its size is known
-            preflight_local(config, sweep=workers == "sweep")
         for key, value in LOCAL_CLUSTER_ENV.items():
             os.environ.setdefault(key, value)
         quiet_token_auth_notice()
@@ -220,10 +271,7 @@ def ray_session(
     configure_ray_data()
     if warm:
         warm_workers(warm)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    timeline("ray started")
 
 
 def _import_modules(modules: Sequence[str]) -> None:
@@ -321,8 +369,8 @@ def configure_ray_data() -> None:
 
     ctx = DataContext.get_current()
     # The default hash shuffle starts a pool of aggregator actors for every groupby,
-    # unique and aggregate: measured here at 3-8 s each on 400 rows, against 0.1 s
-    # for the sort-based shuffle.
+    # unique and aggregate: seconds of start-up each, where the sort-based shuffle of a
+    # small dataset takes a fraction of one.
     ctx.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
     interactive = sys.stderr.isatty()
     ctx.enable_progress_bars = interactive

@@ -8,11 +8,12 @@ import time
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
+from trainflow import checks
 from trainflow.config import PipelineConfig
 from trainflow.flows.logs import one_line_expected_errors
 from trainflow.runtime import ray_session
+from trainflow.tasks import render
 from trainflow.tasks.predict import Predicted, check_input, predict, resolve_model
-from trainflow.tasks.render import artifact_key
 
 
 @flow(name="batch-predict", flow_run_name="predict-{model}", persist_result=False)
@@ -38,12 +39,13 @@ def batch_predict(
     """
     one_line_expected_errors()
     start = time.perf_counter()
-    # resolve the model and check the input, before Ray starts
+    cluster = PipelineConfig(ray={"address": ray_address})
+    # resolve the model and check the input and the cluster's address, before Ray starts
     ref = resolve_model(model)
     info = check_input(input, output, ref)
-    # predict
-    # no warm-up workers: the prediction's actor pool starts processes of its own
-    with ray_session(PipelineConfig(ray={"address": ray_address}), workers=None):
+    checks.cluster(cluster, workers=None)
+    # predict: no warm-up workers, the prediction's actor pool starts processes of its own
+    with ray_session(cluster):
         rows = predict(info, output, ref, batch_size, concurrency, use_gpu)
     result = Predicted(
         model=ref.uri,
@@ -54,11 +56,9 @@ def batch_predict(
         seconds=time.perf_counter() - start,
     )
     create_markdown_artifact(
-        key=f"{artifact_key(ref.name)}-predictions",
-        markdown=(
-            f"# {ref.name} v{ref.version}: {rows} predictions\n\n"
-            f"From `{input}` into `{output}` in {result.seconds:.1f}s "
-            f"({concurrency} actor{'s' if concurrency > 1 else ''}, batch size {batch_size})."
+        key=f"{render.artifact_key(ref.name)}-predictions",
+        markdown=render.predictions_markdown(
+            ref.name, ref.version, rows, input, output, result.seconds, concurrency, batch_size
         ),
     )
     return result

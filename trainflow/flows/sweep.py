@@ -3,17 +3,18 @@
 # No `from __future__ import annotations` here: Prefect builds the flow's parameter
 # model from these annotations, and a served run fails to when they are strings.
 
+from pathlib import Path
+
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
+from trainflow import checks
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.flows.logs import one_line_expected_errors
 from trainflow.flows.training import one_run_per_model, resolve_config, timed
-from trainflow.pipelines.prepare import worker_modules
 from trainflow.runtime import preflight_sweep, ray_session
-from trainflow.tasks import evaluate, ingest, preprocess, register
-from trainflow.tasks.render import artifact_key
+from trainflow.tasks import evaluate, ingest, preprocess, register, render
 from trainflow.tasks.results import SweepResult
 from trainflow.tasks.sweep import sweep
 
@@ -38,16 +39,14 @@ def sweep_pipeline(config: PipelineConfig | str, overrides: list[str] | None = N
     one_line_expected_errors()
     logger = get_run_logger()
     config = resolve_config(config, overrides)
-    if config.sweep is None:
-        raise ConfigError(
-            f"invalid config: sweep: {config.name} has no sweep section; add one such as "
-            "sweep: {space: {train.lr: {loguniform: [0.0001, 0.1]}}, trials: 8}"
-        )
     timings: dict[str, float] = {}
 
-    # ingest: in the driver, before any Ray worker starts (cached across runs)
-    source, timings["ingest"] = timed(ingest, config)
-    with ray_session(config, logger, workers="sweep", warm=worker_modules(source)):
+    # check: the sweep section, the source and whether one trial fits the cluster, before
+    # any Ray worker starts (the command's own checks, when it checked first)
+    checked = checks.before_run(config, sweep=True)
+    # ingest: cached across runs
+    source, timings["ingest"] = timed(ingest, config, checked.source)
+    with ray_session(config, logger, warm=checked.warm):
         # how many trials fit side by side, each with sweep.scaling's workers
         max_concurrent = preflight_sweep(config, logger)
         # preprocess once for every trial (cached across runs)
@@ -76,38 +75,10 @@ def sweep_pipeline(config: PipelineConfig | str, overrides: list[str] | None = N
         checkpoint=swept.trained.best_checkpoint,
         timings=timings,
     )
+    best_config = Path(result.best_config_path).read_text()
     create_markdown_artifact(
-        key=f"{artifact_key(config.name)}-sweep", markdown=sweep_markdown(config, result)
+        key=f"{render.artifact_key(config.name)}-sweep",
+        markdown=render.sweep_markdown(result, config.sweep.metric, best_config),
     )
-    reg = registered
-    logger.info(
-        "done: best trial %s registered as %s v%s, test accuracy %.4f, %s",
-        swept.best_trial,
-        reg.name,
-        reg.version,
-        evaluated.headline["accuracy"],
-        "now champion" if reg.champion else "champion unchanged",
-    )
+    logger.info("done: best trial %s registered as %s", swept.best_trial, render.summary_line(result))
     return result
-
-
-def sweep_markdown(config: PipelineConfig, r: SweepResult) -> str:
-    metric = config.sweep.metric
-    reg = r.registered
-    rows = "\n".join(
-        f"| {t['trial_id']} | {t['status']} | {t['epochs']}/{t['max_epochs']} | "
-        + ("-" if t["best"] is None else f"{t['best']:.4f}")
-        + f" | {', '.join(f'{k}={v}' for k, v in t['params'].items())} | {t['error']} |"
-        for t in r.trials
-    )
-    best_config = open(r.best_config_path).read()
-    return (
-        f"# {r.name} sweep {r.sweep}\n\n"
-        f"{len(r.trials)} trials, {r.max_concurrent} at a time. Best: trial {r.best_trial}, registered as "
-        f"{reg.name} version {reg.version} "
-        f"({'promoted to **champion**' if reg.champion else 'champion unchanged'}: "
-        f"{reg.decision['reason']}); "
-        f"test accuracy {r.test_metrics['accuracy']:.4f}.\n\n"
-        f"| trial | status | epochs | best {metric} | params | error |\n|---|---|---|---|---|---|\n{rows}\n\n"
-        f"## The best config (`{r.best_config_path}`)\n\n```yaml\n{best_config}```\n"
-    )

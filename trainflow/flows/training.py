@@ -13,12 +13,11 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.concurrency.sync import concurrency
 from prefect.runtime import flow_run
 
+from trainflow import checks
 from trainflow.config import ConfigError, PipelineConfig, load_config, smoke_config
 from trainflow.flows.logs import one_line_expected_errors
-from trainflow.pipelines.prepare import worker_modules
 from trainflow.runtime import preflight, ray_session, timeline
-from trainflow.tasks import evaluate, ingest, preprocess, register, train
-from trainflow.tasks.render import artifact_key
+from trainflow.tasks import evaluate, ingest, preprocess, register, render, train
 from trainflow.tasks.results import PipelineResult
 
 
@@ -103,14 +102,16 @@ def training_pipeline(
     timings: dict[str, float] = {}
     cached: list[str] = []
 
-    # ingest: in the driver, before any Ray worker starts, so bad input fails fast;
-    # skipped (cached) when the input's fingerprint and the data config are unchanged
-    source, timings["ingest"] = timed(ingest, config, cached=cached)
+    # check: the source and what the run asks of the cluster, before any Ray worker
+    # starts (the command's own checks, when it checked before starting Prefect and Ray)
+    checked = checks.before_run(config)
+    # ingest: skipped (cached) when the input's fingerprint and the data config are unchanged
+    source, timings["ingest"] = timed(ingest, config, checked.source, cached=cached)
 
     with one_run_per_model(config.name):
         # Ray's worker processes start beside the flow for preparing on Ray; an input
         # small enough to prepare in this process needs none
-        with ray_session(config, logger, warm=worker_modules(source)):
+        with ray_session(config, logger, warm=checked.warm):
             # what ScalingConfig asks, against the cluster: fail now rather than wait forever
             config = preflight(config, logger)
             # preprocess: skipped (cached) when its prepared entry exists
@@ -136,30 +137,8 @@ def training_pipeline(
     )
     if cached:
         logger.info("%s: cached from an earlier run with the same data and config", " and ".join(cached))
-    create_markdown_artifact(key=f"{artifact_key(config.name)}-summary", markdown=summary_markdown(result))
-    logger.info("done: %s", one_line(result))
+    create_markdown_artifact(
+        key=f"{render.artifact_key(config.name)}-summary", markdown=render.summary_markdown(result)
+    )
+    logger.info("done: %s", render.summary_line(result))
     return result
-
-
-def one_line(r: PipelineResult) -> str:
-    reg = r.registered
-    return (
-        f"{reg.name} v{reg.version} test accuracy {r.test_metrics['accuracy']:.4f}, "
-        f"{'now champion' if reg.champion else 'champion unchanged'}"
-    )
-
-
-def summary_markdown(r: PipelineResult) -> str:
-    reg = r.registered
-    rows = "\n".join(f"| {step} | {seconds:.1f} |" for step, seconds in r.timings.items())
-    metrics = "\n".join(f"| {k} | {v:.4f} |" for k, v in r.test_metrics.items())
-    return (
-        f"# {reg.name} version {reg.version}\n\n"
-        f"{'Promoted to **champion**' if reg.champion else 'Champion unchanged'}: "
-        f"{reg.decision['reason']}\n\n"
-        f"| test metric | value |\n|---|---|\n{metrics}\n\n"
-        f"| step | seconds |\n|---|---|\n{rows}\n\n"
-        f"Config hash `{r.config_hash}`; checkpoint `{r.checkpoint}`"
-        f"{'; prepared splits reused from the cache' if r.prepared_reused else ''}"
-        f"{'; cached steps: ' + ', '.join(r.cached) if r.cached else ''}.\n"
-    )

@@ -10,6 +10,7 @@ test data). The metrics are scikit-learn's.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,6 +22,9 @@ from trainflow.pipelines.preprocess import FEATURES, LABEL
 
 if TYPE_CHECKING:
     import ray.data
+
+    from trainflow.config import EvaluationConfig, SplitConfig
+    from trainflow.pipelines.data import SourceInfo
 
 PREDICTION = "prediction"
 PROBABILITIES = "probabilities"
@@ -196,3 +200,46 @@ def evaluate_rows(
     ).to_pandas()
     proba = frame[[f"{PROBA_PREFIX}{c}" for c in pre.classes]].to_numpy()
     return classification_metrics(pre.labels(frame[label_column]), proba.argmax(axis=1), pre.classes, proba)
+
+
+def evaluate_split(
+    checkpoint_dir: str, split_path: str, rows: int, cfg: EvaluationConfig
+) -> tuple[dict[str, Any], str]:
+    """Score a checkpoint on a prepared split: in this process when the split has at most
+    ``cfg.in_driver_max_rows`` rows, else on a pool of ``cfg.concurrency`` Ray Data actors.
+    Returns the metrics and where the prediction ran, in words."""
+    if rows <= cfg.in_driver_max_rows:
+        return evaluate_checkpoint_in_driver(checkpoint_dir, split_path, cfg.batch_size), "in the driver"
+    import ray.data
+
+    split = ray.data.read_parquet(split_path)
+    metrics = evaluate_checkpoint(checkpoint_dir, split, cfg.batch_size, cfg.concurrency)
+    return metrics, f"by {cfg.concurrency} Ray Data actor(s)"
+
+
+def score_on_raw_test_split(
+    checkpoint_dir: str | Path,
+    source: SourceInfo,
+    split: SplitConfig,
+    kept_rows: int,
+    cfg: EvaluationConfig,
+) -> dict[str, Any]:
+    """Score a checkpoint (a champion measured on other test data) on the raw rows of
+    this run's test split, with its own saved preprocessing, so that a gate compares two
+    models on the same rows. ``kept_rows``: the rows that prepare kept in all splits."""
+    from trainflow.pipelines.prepare import raw_split
+
+    test = raw_split(source, split, "test", kept_rows=kept_rows)
+    return evaluate_rows(str(checkpoint_dir), test, source.label_column, cfg.batch_size, cfg.concurrency)
+
+
+def evaluation_plots(history: list[dict[str, float]], metrics: dict[str, Any], folder: Path) -> list[Path]:
+    """The learning curve and the confusion matrix as PNGs in ``folder``."""
+    from trainflow.pipelines import reports
+
+    return [
+        reports.learning_curve_png(history, folder / reports.LEARNING_CURVE),
+        reports.confusion_matrix_png(
+            metrics["confusion_matrix"], list(metrics["per_class"]), folder / reports.CONFUSION_MATRIX
+        ),
+    ]

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -545,6 +546,104 @@ def list_versions(ws: Workspace, name: str) -> list[ModelVersion]:
     c = client(ws)
     _require_model(c, name)
     return sorted(c.search_model_versions(f"name='{name}'"), key=lambda v: int(v.version))
+
+
+@dataclass(frozen=True)
+class VersionSummary:
+    """One version as ``trainflow models list`` shows it."""
+
+    version: str
+    aliases: list[str]
+    metrics: dict[str, float]  # its run's metrics: test_accuracy, test_macro_f1, ...
+    gate_passed: str  # "True", "False", or "" when the gate never ran on it
+    created_ms: int
+
+
+def version_summaries(ws: Workspace, name: str) -> list[VersionSummary]:
+    """Every version of a model, oldest first, with its aliases, metrics and gate result."""
+    versions = list_versions(ws, name)
+    c = client(ws)
+    # Searched versions come without their aliases; the registered model holds them.
+    aliases: dict[str, list[str]] = {}
+    for alias, version in c.get_registered_model(name).aliases.items():
+        aliases.setdefault(str(version), []).append(alias)
+    return [
+        VersionSummary(
+            version=str(mv.version),
+            aliases=sorted(aliases.get(str(mv.version), [])),
+            metrics=dict(c.get_run(mv.run_id).data.metrics) if mv.run_id else {},
+            gate_passed=mv.tags.get("gate.passed", ""),
+            created_ms=int(mv.creation_timestamp),
+        )
+        for mv in versions
+    ]
+
+
+def version_details(ws: Workspace, uri: str) -> dict[str, Any]:
+    """A version's aliases, test metrics, lineage tags, gate decision and alias moves."""
+    mv = resolve(ws, uri)
+    c = client(ws)
+    run = c.get_run(mv.run_id)
+    tags = dict(mv.tags)
+    return {
+        "name": mv.name,
+        "version": str(mv.version),
+        "status": mv.status,
+        "aliases": sorted(mv.aliases),
+        "source": mv.source,
+        "metrics": {k: v for k, v in run.data.metrics.items() if k.startswith("test_")},
+        "gate": {k.removeprefix("gate."): v for k, v in tags.items() if k.startswith("gate.")},
+        "alias_moves": [m for m in moves(c, mv.name) if m["version"] == str(mv.version)],
+        "tags": tags,
+    }
+
+
+# --- lineage -------------------------------------------------------------------------
+
+
+def git_commit(cwd: str | Path | None = None) -> str | None:
+    """The checked-out commit of the code that runs, when it runs from a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def lineage_tags(
+    *,
+    config_hash: str,
+    data_fingerprint: str,
+    test_fingerprint: str,
+    ray_run: str,
+    best_epoch: int,
+    flow_run_id: str | None,
+) -> dict[str, str]:
+    """The tags that say where a version came from: config, data, test split, Ray run,
+    Prefect flow run and git commit (the last two when there is one)."""
+    tags = {
+        "trainflow.config_hash": config_hash,
+        "trainflow.data_fingerprint": data_fingerprint,
+        TEST_FINGERPRINT_TAG: test_fingerprint,
+        "trainflow.ray_run": ray_run,
+        "trainflow.best_epoch": str(best_epoch),
+    }
+    if flow_run_id:
+        tags["prefect.flow_run_id"] = flow_run_id
+    commit = git_commit()
+    if commit:
+        tags["git.commit"] = commit
+    return tags
+
+
+def model_link(ws: Workspace, reg: Registration) -> str:
+    """Where a person looks at a version: the MLflow server's page, else its artifact URI."""
+    uri = tracking_uri(ws)
+    if uri.startswith(("http://", "https://")):
+        return f"{uri.rstrip('/')}/#/models/{reg.name}/versions/{reg.version}"
+    return reg.source
 
 
 # --- resolving and loading -----------------------------------------------------------

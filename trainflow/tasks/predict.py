@@ -6,19 +6,10 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
+from trainflow import checks
+from trainflow.checks import ModelRef
 from trainflow.pipelines import predict as pr
 from trainflow.pipelines import registry
-from trainflow.pipelines.checkpoint import load_checkpoint
-from trainflow.runtime import workspace
-
-
-class ModelRef(BaseModel):
-    uri: str
-    name: str
-    version: str
-    checkpoint: str  # the verified local copy of the registered checkpoint
-    input_columns: list[str]  # every column the model reads: numeric and categorical
-    classes: list
 
 
 class Predicted(BaseModel):
@@ -44,30 +35,20 @@ def _retry_unless_refused(task, task_run, state) -> bool:
     retry_condition_fn=_retry_unless_refused,
 )
 def resolve_model(model: str) -> ModelRef:
-    """The registered version behind NAME@ALIAS, NAME/VERSION or models:/..., checked and local."""
-    ws = workspace()
-    mv = registry.resolve(ws, model)
-    folder = registry.local_checkpoint(ws, mv)
-    pre = load_checkpoint(folder).preprocessor
+    """The registered version behind NAME@ALIAS, NAME/VERSION or models:/..., checked and local
+    (the command's own check, when it checked first)."""
+    ref = checks.model(model)
     get_run_logger().info(
-        "%s is %s version %s (%d input columns)", model, mv.name, mv.version, len(pre.input_columns)
+        "%s is %s version %s (%d features)", model, ref.name, ref.version, len(ref.input_columns)
     )
-    return ModelRef(
-        uri=model,
-        name=mv.name,
-        version=str(mv.version),
-        checkpoint=str(folder),
-        input_columns=pre.input_columns,
-        classes=pre.classes,
-    )
+    return ref
 
 
 @task(name="check-input", cache_policy=NO_CACHE)
 def check_input(input: str, output: str, model: ModelRef) -> pr.InputInfo:
     """The input holds every feature the model needs, and the output is free: in the driver,
-    before any Ray worker starts."""
-    info = pr.inspect_input(input, model.input_columns)
-    pr.check_output(output)
+    before any Ray worker starts (the command's own check, when it checked first)."""
+    info = checks.predict_input(input, output, model)
     get_run_logger().info("input %s (%s, %d files)", info.path, info.format, len(info.files))
     return info
 

@@ -46,9 +46,10 @@ def preprocess_cache_key(context, parameters: dict[str, Any]) -> str:
     persist_result=True,
     result_storage=CACHE_RECORDS,
 )
-def ingest(config: PipelineConfig) -> data.SourceInfo:
-    """Check the source and its columns and fingerprint it; runs in the driver, before Ray."""
-    info = data.inspect_source(config.data, workspace().cache)
+def ingest(config: PipelineConfig, checked: data.SourceInfo | None = None) -> data.SourceInfo:
+    """Check the source and its columns and fingerprint it; runs in the driver, before Ray.
+    ``checked``: the source as the run's checks (``trainflow.checks``) already found it."""
+    info = checked or data.inspect_source(config.data, workspace().cache)
     get_run_logger().info(
         "source %s (%s, %d files): %d features, label %r, fingerprint %s",
         info.source,

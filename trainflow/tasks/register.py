@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 from prefect import get_run_logger, task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
 
 from trainflow.config import PipelineConfig
 from trainflow.pipelines import data, registry
 from trainflow.pipelines import evaluate as ev
-from trainflow.pipelines.prepare import raw_split
 from trainflow.runtime import workspace
-from trainflow.tasks.render import artifact_key, evaluation_markdown, gate_markdown
+from trainflow.tasks import render
 from trainflow.tasks.results import Evaluated, Prepared, Registered, Trained
 
 
@@ -27,23 +24,7 @@ def register(
     evaluated: Evaluated,
 ) -> Registered:
     """One MLflow model version with lineage; the champion alias moves only if the gate passes."""
-    from prefect.artifacts import create_link_artifact
-    from prefect.runtime import flow_run
-
-    logger = get_run_logger()
-    ws = workspace()
-    tags = {
-        "trainflow.config_hash": config.config_hash(),
-        "trainflow.data_fingerprint": source.fingerprint,
-        registry.TEST_FINGERPRINT_TAG: prepared.fingerprint,
-        "trainflow.ray_run": trained.run_path,
-        "trainflow.best_epoch": str(trained.best_metrics["epoch"]),
-    }
-    if flow_run.id:
-        tags["prefect.flow_run_id"] = str(flow_run.id)
-    commit = _git_commit()
-    if commit:
-        tags["git.commit"] = commit
+    logger, ws = get_run_logger(), workspace()
     reg = registry.register_checkpoint(
         ws,
         name=config.name,
@@ -51,76 +32,54 @@ def register(
         params=config.model_dump(mode="json"),
         metrics=evaluated.headline,
         history=trained.history,
-        tags=tags,
+        tags=_lineage(config, source, prepared, trained),
         gate=config.registry,
-        reevaluate=lambda champion_dir: _score_on_this_test_split(config, source, prepared, champion_dir),
+        reevaluate=_rescore(config, source, prepared, logger),
         reports=evaluated.reports,
     )
-    d = reg.decision
-    logger.info(
-        "registered %s version %s; %s: %s",
-        reg.name,
-        reg.version,
-        "champion" if reg.champion else "champion unchanged",
-        d.reason,
+    verdict = "champion" if reg.champion else "champion unchanged"
+    logger.info("registered %s version %s; %s: %s", reg.name, reg.version, verdict, reg.decision.reason)
+    _publish(config, reg, evaluated, registry.model_link(ws, reg))
+    return Registered(**{**reg.__dict__, "decision": reg.decision.to_dict()})
+
+
+def _lineage(config: PipelineConfig, source: data.SourceInfo, prepared: Prepared, trained: Trained) -> dict:
+    return registry.lineage_tags(
+        config_hash=config.config_hash(),
+        data_fingerprint=source.fingerprint,
+        test_fingerprint=prepared.fingerprint,
+        ray_run=trained.run_path,
+        best_epoch=trained.best_metrics["epoch"],
+        flow_run_id=str(flow_run.id) if flow_run.id else None,
     )
+
+
+def _rescore(
+    config: PipelineConfig, source: data.SourceInfo, prepared: Prepared, logger
+) -> registry.Reevaluate:
+    """The gate's re-score of a champion measured on other test data, logged."""
+
+    def rescore(champion_dir) -> dict:
+        logger.info("the champion was evaluated on other test data; scoring it on this run's test split")
+        kept = sum(prepared.counts.values())
+        metrics = ev.score_on_raw_test_split(champion_dir, source, config.data.split, kept, config.evaluation)
+        logger.info("champion on this test split: accuracy %.4f", metrics["accuracy"])
+        return metrics
+
+    return rescore
+
+
+def _publish(config: PipelineConfig, reg: registry.Registration, evaluated: Evaluated, link: str) -> None:
+    """The gate's report and a link to the version, as Prefect artifacts."""
+    key = render.artifact_key(config.name)
     create_markdown_artifact(
-        key=f"{artifact_key(config.name)}-gate",
-        # The whole report in one place: the gate decision, then the metrics and plots.
-        markdown=gate_markdown(reg)
-        + "\n\n"
-        + evaluation_markdown(config.name, evaluated.metrics, [Path(p) for p in evaluated.reports]),
+        key=f"{key}-gate",
+        markdown=render.gate_report_markdown(reg, config.name, evaluated),
         description=f"{reg.name}: the promotion gate's decision and the test report",
     )
     create_link_artifact(
-        key=f"{artifact_key(config.name)}-model",
-        link=_model_link(ws, reg.name, reg.version, reg.source),
+        key=f"{key}-model",
+        link=link,
         link_text=f"{reg.name} version {reg.version}",
         description="The registered model version",
     )
-    return Registered(
-        name=reg.name,
-        aliases=reg.aliases,
-        version=reg.version,
-        run_id=reg.run_id,
-        champion=reg.champion,
-        decision=d.to_dict(),
-        source=reg.source,
-    )
-
-
-def _score_on_this_test_split(
-    config: PipelineConfig, source: data.SourceInfo, prepared: Prepared, checkpoint_dir
-) -> dict:
-    """A champion measured on other test data, scored on this run's raw test rows with
-    its own saved preprocessing, so the gate compares the two on the same rows."""
-    logger = get_run_logger()
-    logger.info("the champion was evaluated on other test data; scoring it on this run's test split")
-    kept = sum(prepared.counts.values())
-    test = raw_split(source, config.data.split, "test", kept_rows=kept)
-    metrics = ev.evaluate_rows(
-        str(checkpoint_dir),
-        test,
-        source.label_column,
-        config.evaluation.batch_size,
-        config.evaluation.concurrency,
-    )
-    logger.info("champion on this test split: accuracy %.4f", metrics["accuracy"])
-    return metrics
-
-
-def _model_link(ws, name: str, version: str, source: str) -> str:
-    uri = registry.tracking_uri(ws)
-    if uri.startswith(("http://", "https://")):
-        return f"{uri.rstrip('/')}/#/models/{name}/versions/{version}"
-    return source
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None

@@ -1,16 +1,97 @@
-"""Results rendered for people: Prefect artifact keys and markdown."""
+"""Results rendered for people, in one place: the command's text (the run summary, the
+sweep's trial table, the model listings) and Prefect's artifacts (markdown and tables),
+each from the result models of :mod:`trainflow.tasks.results` and the registry.
+
+Nothing here computes or fetches: callers hand over what they got, this shapes it.
+"""
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from trainflow.pipelines import registry, reports
+from trainflow.tasks.results import Evaluated, PipelineResult, Registered, SweepResult
+
+# The summary's labels are padded to one width so that the values line up.
+_LABEL = 12
 
 
 def artifact_key(name: str) -> str:
     # Prefect artifact keys hold lowercase letters, digits and dashes only.
     return "".join(ch if ch.isalnum() else "-" for ch in name.lower())
+
+
+def _line(label: str, value: str) -> str:
+    return f"{label:<{_LABEL}}{value}"
+
+
+def _metrics(metrics: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+
+
+# --- the run summary -----------------------------------------------------------------
+
+
+def registered_lines(reg: Registered, test_metrics: dict[str, float]) -> list[str]:
+    """The summary's model, gate and test lines for a registered version."""
+    moved = " -> champion" if reg.champion else " -> challenger (champion unchanged)"
+    return [
+        _line("model", f"{reg.name} version {reg.version}{moved}"),
+        _line("gate", reg.decision["reason"]),
+        _line("test", _metrics(test_metrics)),
+    ]
+
+
+def steps_line(timings: dict[str, float]) -> str:
+    steps = ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())
+    return _line("steps", f"{steps} (total {sum(timings.values()):.1f}s)")
+
+
+def summary_lines(r: PipelineResult) -> list[str]:
+    """What ``trainflow run`` prints when the run is done."""
+    reg = r.registered
+    lines = [*registered_lines(reg, r.test_metrics), _line("checkpoint", r.checkpoint)]
+    if r.cached:
+        lines.append(_line("cache", f"{', '.join(r.cached)} skipped: same data and config as an earlier run"))
+    elif r.prepared_reused:
+        lines.append(_line("cache", "prepared splits reused (same data, split and preprocessing)"))
+    return [
+        *lines,
+        steps_line(r.timings),
+        _line("load it", f'trainflow.load_model("{reg.name}@champion") or "{reg.name}/{reg.version}"'),
+    ]
+
+
+def summary_line(r: PipelineResult | SweepResult) -> str:
+    """The run in one line, for the flow's last log line."""
+    reg = r.registered
+    return (
+        f"{reg.name} v{reg.version} test accuracy {r.test_metrics['accuracy']:.4f}, "
+        f"{'now champion' if reg.champion else 'champion unchanged'}"
+    )
+
+
+def summary_markdown(r: PipelineResult) -> str:
+    reg = r.registered
+    rows = "\n".join(f"| {step} | {seconds:.1f} |" for step, seconds in r.timings.items())
+    metrics = "\n".join(f"| {k} | {v:.4f} |" for k, v in r.test_metrics.items())
+    return (
+        f"# {reg.name} version {reg.version}\n\n"
+        f"{'Promoted to **champion**' if reg.champion else 'Champion unchanged'}: "
+        f"{reg.decision['reason']}\n\n"
+        f"| test metric | value |\n|---|---|\n{metrics}\n\n"
+        f"| step | seconds |\n|---|---|\n{rows}\n\n"
+        f"Config hash `{r.config_hash}`; checkpoint `{r.checkpoint}`"
+        f"{'; prepared splits reused from the cache' if r.prepared_reused else ''}"
+        f"{'; cached steps: ' + ', '.join(r.cached) if r.cached else ''}.\n"
+    )
+
+
+# --- the gate and the test report ----------------------------------------------------
 
 
 def gate_markdown(reg: registry.Registration) -> str:
@@ -34,7 +115,7 @@ def gate_markdown(reg: registry.Registration) -> str:
     )
 
 
-def evaluation_markdown(name: str, metrics: dict[str, Any], plots: list[Path] = ()) -> str:
+def evaluation_markdown(name: str, metrics: dict[str, Any], plots: Sequence[Path | str] = ()) -> str:
     classes = list(metrics["per_class"])
     scalars = [(k, v) for k, v in metrics.items() if isinstance(v, float)]
     lines = [
@@ -62,8 +143,154 @@ def evaluation_markdown(name: str, metrics: dict[str, Any], plots: list[Path] = 
     ]
     for c, row in zip(classes, metrics["confusion_matrix"], strict=True):
         lines.append(f"| **{c}** | " + " | ".join(str(v) for v in row) + " |")
-    for plot in plots:
+    for plot in map(Path, plots):
         # Embedded, so the artifact shows the plot wherever the Prefect UI runs; the
         # file is also logged with the model version's MLflow run under reports/.
         lines += ["", f"![{plot.stem}]({reports.data_uri(plot)})", "", f"`{plot}`"]
     return "\n".join(lines)
+
+
+def per_class_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-class test metrics as a Prefect table artifact's rows."""
+    return [{"class": c, **v} for c, v in metrics["per_class"].items()]
+
+
+def gate_report_markdown(reg: registry.Registration, name: str, evaluated: Evaluated) -> str:
+    """The whole report in one place: the gate's decision, then the test metrics and plots."""
+    return gate_markdown(reg) + "\n\n" + evaluation_markdown(name, evaluated.metrics, evaluated.reports)
+
+
+# --- the sweep -----------------------------------------------------------------------
+
+
+def short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def trial_params(params: dict[str, Any]) -> str:
+    """``train.lr=0.0123, model.dropout=0.1``: a trial's sampled settings."""
+    return ", ".join(f"{k}={short(v)}" for k, v in params.items())
+
+
+def _best(t: dict[str, Any]) -> str:
+    return "-" if t["best"] is None else f"{t['best']:.4f}"
+
+
+def trial_rows(metric: str, trials: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every trial (``TrialSummary.to_dict()``) as a Prefect table artifact's rows."""
+    return [
+        {
+            "trial": t["trial_id"],
+            "status": t["status"],
+            "epochs": f"{t['epochs']}/{t['max_epochs']}",
+            **{path: short(value) for path, value in t["params"].items()},
+            metric: None if t["best"] is None else round(t["best"], 4),
+            "best epoch": t["best_epoch"],
+            "error": t["error"],
+        }
+        for t in trials
+    ]
+
+
+def columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A plain-text table: each column as wide as its widest cell, two spaces apart."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
+
+
+def sweep_lines(r: SweepResult, metric: str, also_written: Path | None = None) -> list[str]:
+    """What ``trainflow sweep`` prints when the sweep is done: the trial table, then the summary."""
+    rows = [
+        (t["trial_id"], t["status"], f"{t['epochs']}/{t['max_epochs']}", _best(t), trial_params(t["params"]))
+        for t in r.trials
+    ]
+    lines = columns(("trial", "status", "epochs", metric, "params"), rows)
+    lines += [_line("failed", f"{t['trial_id']}: {t['error']}") for t in r.trials if t["status"] == "failed"]
+    also = f" (and {also_written})" if also_written else ""
+    return [
+        *lines,
+        "",
+        _line("best", f"trial {r.best_trial}; its config: {r.best_config_path}{also}"),
+        *registered_lines(r.registered, r.test_metrics),
+        _line("concurrency", f"{r.max_concurrent} trials at a time"),
+        steps_line(r.timings),
+    ]
+
+
+def sweep_markdown(r: SweepResult, metric: str, best_config_yaml: str) -> str:
+    reg = r.registered
+    rows = "\n".join(
+        f"| {t['trial_id']} | {t['status']} | {t['epochs']}/{t['max_epochs']} | {_best(t)} | "
+        f"{trial_params(t['params'])} | {t['error']} |"
+        for t in r.trials
+    )
+    return (
+        f"# {r.name} sweep {r.sweep}\n\n"
+        f"{len(r.trials)} trials, {r.max_concurrent} at a time. Best: trial {r.best_trial}, registered as "
+        f"{reg.name} version {reg.version} "
+        f"({'promoted to **champion**' if reg.champion else 'champion unchanged'}: "
+        f"{reg.decision['reason']}); "
+        f"test accuracy {r.test_metrics['accuracy']:.4f}.\n\n"
+        f"| trial | status | epochs | best {metric} | params | error |\n|---|---|---|---|---|---|\n{rows}\n\n"
+        f"## The best config (`{r.best_config_path}`)\n\n```yaml\n{best_config_yaml}```\n"
+    )
+
+
+# --- batch prediction ----------------------------------------------------------------
+
+
+def predictions_line(name: str, version: str, rows: int, output: str, seconds: float) -> str:
+    return f"{rows} predictions of {name} v{version} in {output} ({seconds:.1f}s)"
+
+
+def predictions_markdown(
+    name: str,
+    version: str,
+    rows: int,
+    input: str,
+    output: str,
+    seconds: float,
+    concurrency: int,
+    batch_size: int,
+) -> str:
+    return (
+        f"# {name} v{version}: {rows} predictions\n\n"
+        f"From `{input}` into `{output}` in {seconds:.1f}s "
+        f"({concurrency} actor{'s' if concurrency > 1 else ''}, batch size {batch_size})."
+    )
+
+
+# --- the registry's models -----------------------------------------------------------
+
+
+def _score(metrics: dict[str, float], name: str) -> str:
+    return f"{metrics[name]:.4f}" if name in metrics else "-"
+
+
+def versions_lines(versions: Sequence[registry.VersionSummary]) -> list[str]:
+    """``trainflow models list``: a version per line, with aliases, test metrics and gate."""
+    rows = [
+        (
+            v.version,
+            ",".join(v.aliases) or "-",
+            _score(v.metrics, "test_accuracy"),
+            _score(v.metrics, "test_macro_f1"),
+            {"True": "passed", "False": "failed"}.get(v.gate_passed, "-"),
+            time.strftime("%Y-%m-%d %H:%M", time.gmtime(v.created_ms / 1000)),
+        )
+        for v in versions
+    ]
+    return columns(("version", "aliases", "accuracy", "macro_f1", "gate", "created (UTC)"), rows)
+
+
+def version_json(details: dict[str, Any]) -> str:
+    """``trainflow models show``: a version's details as indented JSON."""
+    return json.dumps(details, indent=2)
+
+
+def move_line(name: str, move: dict[str, Any]) -> str:
+    """``trainflow models promote`` and ``rollback``: where the champion alias went."""
+    if move["action"] == "rollback":
+        return f"{name}: champion -> v{move['version']} (rolled back from v{move['previous']})"
+    was = f" (was v{move['previous']})" if move["previous"] else ""
+    return f"{name}: champion -> v{move['version']}{was}"

@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.config import PipelineConfig, trial_config
 from trainflow.pipelines import sweep as sw
 from trainflow.runtime import workspace
-from trainflow.tasks.render import artifact_key
+from trainflow.tasks import render
 from trainflow.tasks.results import Prepared, Swept, Trained
 from trainflow.tasks.train import splits_in_memory
 
@@ -54,9 +54,9 @@ def sweep(config: PipelineConfig, prepared: Prepared, name: str, max_concurrent:
         max_concurrent=max_concurrent,
         on_event=_log_event(logger),
     )
-    table = [_row(config, t) for t in trials]
+    table = render.trial_rows(s.metric, [t.to_dict() for t in trials])
     create_table_artifact(
-        key=f"{artifact_key(config.name)}-sweep-trials",
+        key=f"{render.artifact_key(config.name)}-sweep-trials",
         table=table,
         description=f"{config.name}: every trial of sweep {name} (params, {s.metric}, epochs, status)",
     )
@@ -82,7 +82,7 @@ def sweep(config: PipelineConfig, prepared: Prepared, name: str, max_concurrent:
         best.trial_id,
         s.metric,
         best.best,
-        _params(best.params),
+        render.trial_params(best.params),
         path,
     )
     trained = Trained(
@@ -104,34 +104,13 @@ def sweep(config: PipelineConfig, prepared: Prepared, name: str, max_concurrent:
     )
 
 
-def _params(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={_short(v)}" for k, v in params.items())
-
-
-def _short(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _row(config: PipelineConfig, t: sw.TrialSummary) -> dict[str, Any]:
-    metric = config.sweep.metric
-    return {
-        "trial": t.trial_id,
-        "status": t.status,
-        "epochs": f"{t.epochs}/{t.max_epochs}",
-        **{path: _short(value) for path, value in t.params.items()},
-        metric: None if t.best is None else round(t.best, 4),
-        "best epoch": t.best_epoch,
-        "error": t.error,
-    }
-
-
 def _log_event(logger):
     epochs: dict[str, int] = {}
 
     def on_event(event: dict[str, Any]) -> None:
         trial = event["trial_id"]
         if event["kind"] == "start":
-            logger.info("trial %s started: %s", trial, _params(event["params"]))
+            logger.info("trial %s started: %s", trial, render.trial_params(event["params"]))
         elif event["kind"] == "epoch":
             epochs[trial] = int(event.get("epoch", epochs.get(trial, 0) + 1))
             logger.info(

@@ -1,0 +1,111 @@
+"""A command's start-up: what its flow run needs, started side by side.
+
+A flow run needs a Prefect API, a Ray cluster, its own imports (torch) and, to
+register, the MLflow store. One after the other, their start-ups add up. Here Prefect's
+temporary server starts first, as a subprocess (so that its start-up, and on a new
+machine its database migrations, do not wait behind Ray and torch for the CPU); then
+the flow's module is imported and the MLflow store opened in threads while this thread
+starts Ray. The flow run's own ``ray_session`` takes that Ray session over: the run owns
+it and shuts it down (see ``runtime.ray_ahead``). A command checks its run
+(``trainflow.checks``) before it starts any of this.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+
+from trainflow import prefect_server
+from trainflow.config import PipelineConfig
+from trainflow.runtime import apply_quiet_env, ray_ahead, timeline, workspace
+
+
+def command_logger() -> logging.Logger:
+    """INFO lines of the command itself on stderr, in the look of Prefect's."""
+    logger = logging.getLogger("trainflow.cli")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(
+            logging.Formatter(
+                "%(asctime)s.%(msecs)03d | %(levelname)-7s | trainflow - %(message)s", "%H:%M:%S"
+            )
+        )
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return logger
+
+
+@contextmanager
+def started(
+    flow_module: str,
+    ray_config: PipelineConfig,
+    warm: tuple[str, ...] = (),
+    open_registry: bool = True,
+) -> Iterator[None]:
+    """Prefect's API, the flow's module, the MLflow store (``open_registry``) and Ray for
+    ``ray_config``, started side by side; ready when this yields. Raises
+    ``prefect_server.PrefectServerError`` when Prefect's temporary server does not come up.
+    ``warm``: modules for Ray's first worker processes to import (``runtime.warm_workers``)."""
+    apply_quiet_env()
+    # MLflow hides this pydantic warning in warnings.catch_warnings(), which is not
+    # thread-safe: imported beside other threads, it leaks through now and then.
+    warnings.filterwarnings("ignore", message=r'Field name "schema" in "JsonSchemaSpec" shadows')
+    with _prefect_api() as server:
+        timeline("prefect server started" if server else "prefect server configured")
+        flow = _Background("import-flow", lambda: importlib.import_module(flow_module))
+        store = _Background("mlflow-store", _open_registry) if open_registry else None
+        # this thread, which outlives the run; the flow's logs follow the line with Ray's address
+        with ray_ahead(ray_config, command_logger(), warm):
+            flow.wait()
+            timeline("flow imported")
+            if server is not None:
+                server.wait()
+                timeline("prefect server answered")
+            if store is not None:
+                store.wait()
+                timeline("mlflow store open")
+            yield
+    timeline("prefect server stopped")
+
+
+def _prefect_api():
+    """Prefect's temporary server for this command, started now, when no server is
+    configured (PREFECT_API_URL or a profile); the context yields it (None: a configured
+    server)."""
+    if prefect_server.configured_api_url() is not None:
+        return nullcontext(None)
+    return prefect_server.TemporaryServer(workspace().home / "prefect-server.log")
+
+
+class _Background:
+    """A start-up step in a thread of its own; ``wait()`` joins it and raises its error."""
+
+    def __init__(self, name: str, fn: Callable[[], object]) -> None:
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except BaseException as e:  # handed to the caller by wait()
+            self.error = e
+
+    def wait(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def _open_registry() -> None:
+    """Open the registry's store once: MLflow's imports, and on a new TRAINFLOW_HOME the
+    embedded database's tables, are then ready when the register step runs."""
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    from trainflow.pipelines import registry
+
+    registry.client(workspace())

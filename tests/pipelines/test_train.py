@@ -159,6 +159,7 @@ def fit(splits, storage, run_name=None, **train):
     return result, [r for r in rows if r["kind"] == "epoch"], rows
 
 
+@pytest.mark.slow
 def test_run_training_trains_reports_its_progress_and_picks_the_best_checkpoint(splits, tmp_path):
     from ray.experimental.internal_kv import _internal_kv_list
 

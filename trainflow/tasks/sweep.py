@@ -35,6 +35,11 @@ def sweep(config: PipelineConfig, prepared: Prepared, name: str, max_concurrent:
         on_trials=_publish_trials(logger, config, name),
     )
     _log_outcome(logger, config, outcome)
+    return _swept(name, storage, outcome)
+
+
+def _swept(name: str, storage: str, outcome: sw.SweepOutcome) -> Swept:
+    """The sweep's result for the flow: every trial, and the best as a training run."""
     best = outcome.best
     trained = Trained(
         run_name=sw.trial_run(best.trial_id),

@@ -41,6 +41,10 @@ def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
     )
     meter.update(config.train.epochs)
     _log_result(logger, config, result)
+    return _trained(run_name, result)
+
+
+def _trained(run_name: str, result: TrainingResult) -> Trained:
     return Trained(
         run_name=run_name,
         run_path=result.run_path,

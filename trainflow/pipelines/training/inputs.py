@@ -45,9 +45,9 @@ def in_memory_splits(
     val split stays in memory while a large train split streams. An augmented train
     split always streams, so its crops and flips are drawn anew each epoch.
 
-    Per worker, because that is what a worker holds: streaming costs processes of its
-    own (a split coordinator, Ray Data's readers), which benchmarks/scaling.py measured
-    at more memory than a 1.4 GB split held by two workers.
+    Per worker, because that is what a worker holds. Streaming is no free saving of
+    memory: it costs processes of its own (a split coordinator, Ray Data's readers),
+    which benchmarks/scaling.py weighs against a split held by the workers.
     """
     if setting == "always":
         return TRAIN_SPLITS

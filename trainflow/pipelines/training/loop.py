@@ -277,8 +277,8 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
         progress.started(ray.get_runtime_context().get_node_id(), start_epoch)
 
     # Splits in memory_splits are read once, straight from the prepared Parquet, and kept
-    # as tensors: Ray Data's split coordinators and a streaming pass per epoch cost
-    # seconds that dwarf a small epoch. The others stream from Ray Data every epoch.
+    # as tensors: Ray Data's split coordinators and a streaming pass per epoch cost more
+    # than a small epoch (benchmarks/training.py). The others stream from Ray Data every epoch.
     world_size = ctx.get_world_size()
     train = split_source("train", settings.memory_splits, rank, world_size, device)
     val = split_source("val", settings.memory_splits, rank, world_size, device)

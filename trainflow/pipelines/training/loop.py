@@ -2,9 +2,8 @@
 learning-rate schedule, precision, early stopping, one epoch of training, validation.
 
 :func:`train_loop_per_worker` reads its :class:`~.settings.TrainSettings`, its share of
-the prepared splits (:mod:`.inputs`), trains, and
-reports each epoch's metrics with a checkpoint from rank 0, resuming from Ray's latest
-checkpoint when there is one.
+the prepared splits (:mod:`.inputs`), trains, and reports each epoch's metrics with a
+checkpoint from rank 0, resuming from Ray's latest checkpoint when there is one.
 """
 
 from __future__ import annotations

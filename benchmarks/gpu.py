@@ -45,7 +45,7 @@ def measure(steps: int, warmup: int, batch_size: int) -> dict:
 
     from trainflow.pipelines.models import build_model
     from trainflow.pipelines.preprocess import FEATURES, LABEL
-    from trainflow.pipelines.train import Precision, train_epoch
+    from trainflow.pipelines.training.loop import Precision, train_epoch
 
     model_spec = spec()
     device = torch.device("cuda")

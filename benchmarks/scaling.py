@@ -50,9 +50,10 @@ def measure(source: str, work: str) -> dict:
 
     from trainflow.config import PipelineConfig
     from trainflow.pipelines.data import inspect_source
-    from trainflow.pipelines.models import model_spec
     from trainflow.pipelines.prepare import prepare
-    from trainflow.pipelines.train import SPLITS, build_trainer, in_memory_splits, split_inputs
+    from trainflow.pipelines.training.inputs import split_inputs, splits_in_memory
+    from trainflow.pipelines.training.run import build_trainer
+    from trainflow.pipelines.training.settings import TrainSettings
 
     cfg = PipelineConfig.model_validate(
         {
@@ -72,22 +73,18 @@ def measure(source: str, work: str) -> dict:
         with memory.phase("preprocess"):
             entry = prepare(info, cfg.data.split, cfg.preprocess, cache)
         with memory.phase("epoch"):
-            sizes = {
-                name: sum(p.stat().st_size for p in (entry.path / name).rglob("*.parquet")) for name in SPLITS
-            }
-            in_memory = in_memory_splits(
-                cfg.train.in_memory, sizes, augment=False, workers=cfg.scaling.num_workers
-            )
             pre = entry.preprocessor
+            in_memory = splits_in_memory(cfg, entry.path, pre.to_dict())
             memory_splits, datasets = split_inputs(entry.path, in_memory=in_memory)
-            loop_config = cfg.to_train_loop_config(
-                model_spec=model_spec(cfg.model, pre.num_features, len(pre.classes)),
+            settings = TrainSettings.from_config(
+                cfg,
                 preprocessor=pre.to_dict(),
-                progress_actor=None,
+                num_features=pre.num_features,
+                num_classes=len(pre.classes),
                 memory_splits=memory_splits,
             )
             trainer = build_trainer(
-                cfg, loop_config, datasets, run_name=f"bench-{time.time_ns()}", storage_path=f"{work}/runs"
+                settings, datasets, run_name=f"bench-{time.time_ns()}", storage_path=f"{work}/runs"
             )
             trainer.fit()
     return {

@@ -2,7 +2,7 @@
 in-memory tensors in plain PyTorch, with the same model, batch size and thread count.
 
 The model is compute-bound: an MLP of 3 x 1024 on 64 features, 10 classes. trainflow's
-figure is ``trainflow.pipelines.train.build_trainer`` (a TorchTrainer running
+figure is ``trainflow.pipelines.training.run.build_trainer`` (a TorchTrainer running
 ``train_loop_per_worker``) on prepared splits in Parquet, as the train step runs it,
 with each worker streaming its train shard from Ray Data every epoch and its val shard
 read once into memory (what ``train.in_memory: auto`` picks for a train split over 1 GB
@@ -89,21 +89,19 @@ def run_trainflow(
 ) -> dict:
     """One TorchTrainer run as the train step builds it; seconds per epoch from the workers' log."""
 
-    from trainflow.pipelines.models import model_spec
-    from trainflow.pipelines.train import build_trainer, split_inputs
+    from trainflow.pipelines.training.inputs import split_inputs
+    from trainflow.pipelines.training.run import build_trainer
+    from trainflow.pipelines.training.settings import TrainSettings
 
     cfg = config(args, workers, cpu, in_memory)
     log = Path(os.environ[EPOCH_LOG])
     seen = len(log.read_text().splitlines()) if log.exists() else 0
     memory_splits, datasets = split_inputs(folder, in_memory=splits)
-    loop_config = cfg.to_train_loop_config(
-        model_spec=model_spec(cfg.model, FEATURES, CLASSES),
-        preprocessor={},
-        progress_actor=None,
-        memory_splits=memory_splits,
+    settings = TrainSettings.from_config(
+        cfg, preprocessor={}, num_features=FEATURES, num_classes=CLASSES, memory_splits=memory_splits
     )
     trainer = build_trainer(
-        cfg, loop_config, datasets, run_name=f"bench-{time.time_ns()}", storage_path=str(folder / "runs")
+        settings, datasets, run_name=f"bench-{time.time_ns()}", storage_path=str(folder / "runs")
     )
     start = time.perf_counter()
     trainer.fit()

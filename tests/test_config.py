@@ -90,17 +90,6 @@ def test_hash_is_stable_and_sensitive():
     assert a.config_hash() != load_config({}, ["train.lr=0.02"]).config_hash()
 
 
-def test_train_loop_config_is_json_and_refuses_what_is_not():
-    cfg = PipelineConfig()
-    loop = cfg.to_train_loop_config(model_spec={"kind": "mlp"})
-    json.dumps(loop)
-    assert loop["epochs"] == cfg.train.epochs and loop["lr"] == cfg.train.lr
-    with pytest.raises(ConfigError, match=r"train_loop_config\.extra\.fn: a function"):
-        cfg.to_train_loop_config(extra={"fn": lambda: 0})
-    with pytest.raises(ConfigError, match=r"train_loop_config\.scale: nan is not a finite"):
-        cfg.to_train_loop_config(scale=float("nan"))
-
-
 def sweep(**section) -> dict:
     return {"sweep": {"space": {"train.lr": {"loguniform": [1e-4, 1e-1]}}, **section}}
 

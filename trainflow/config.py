@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -373,22 +372,6 @@ class PipelineConfig(_Section):
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
-    def to_train_loop_config(self, **extra: Any) -> dict[str, Any]:
-        """The plain, JSON-serializable dict that TorchTrainer hands to every worker.
-
-        ``extra`` adds values computed at run time (the model spec, the preprocessor
-        state). A value that JSON cannot carry raises ConfigError naming it here,
-        instead of a pickling error deep inside Ray.
-        """
-        loop_config = {
-            "pipeline": self.model_dump(mode="json"),
-            **{key: self.train.model_dump()[key] for key in TrainConfig.model_fields},
-            "checkpoint_metric": self.checkpoint.metric,
-            **extra,
-        }
-        _check_json(loop_config, "train_loop_config")
-        return loop_config
-
 
 # What `--smoke` changes: a small sample, one epoch, one worker, and its own registered
 # model, so that checking a new config end to end never touches the real champion.
@@ -405,29 +388,6 @@ def smoke_config(config: PipelineConfig) -> PipelineConfig:
     raw = _merge(config.model_dump(mode="json"), SMOKE_OVERRIDES)
     raw["name"] = f"{config.name}-smoke"
     return PipelineConfig.model_validate(raw)
-
-
-def _check_json(value: Any, path: str) -> None:
-    if value is None or isinstance(value, (str, bool, int)):
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ConfigError(f"{path}: {value} is not a finite number")
-        return
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ConfigError(f"{path}: key {key!r} must be a string")
-            _check_json(item, f"{path}.{key}")
-        return
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            _check_json(item, f"{path}[{i}]")
-        return
-    raise ConfigError(
-        f"{path}: a {type(value).__name__} cannot be passed to Ray Train workers; "
-        "use str, int, float, bool, None, lists or dicts of them"
-    )
 
 
 def _format_validation_error(err: ValidationError) -> str:

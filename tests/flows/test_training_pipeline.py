@@ -11,7 +11,7 @@ from trainflow.pipelines import registry
 from trainflow.pipelines.data import inspect_source
 from trainflow.pipelines.prepare import raw_split
 from trainflow.pipelines.sources import digits_frame
-from trainflow.pipelines.train import TrainingDiverged
+from trainflow.pipelines.training.run import TrainingDiverged
 from trainflow.runtime import workspace
 from trainflow.testing import small_config
 

@@ -1,28 +1,83 @@
-"""The training loop: schedules, precision, clipping, early stopping, and resuming a run
-exactly where it stopped. Fits run on real Ray Train workers over the prepared digits."""
+"""Training: its settings, the loop's parts (schedules, precision, clipping, early
+stopping), its inputs, its progress rows, and whole runs resuming exactly where they
+stopped. Fits run on real Ray Train workers over the prepared digits."""
 
 import math
+import pickle
 import uuid
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from trainflow.config import DataConfig, PreprocessConfig, load_config
-from trainflow.pipelines import models
-from trainflow.pipelines import train as tr
+from trainflow.config import ConfigError, DataConfig, PipelineConfig, PreprocessConfig, load_config
 from trainflow.pipelines.checkpoint import load_checkpoint
 from trainflow.pipelines.data import inspect_source
 from trainflow.pipelines.entry import read_split_batches
 from trainflow.pipelines.prepare import prepare
 from trainflow.pipelines.preprocess import FEATURES, LABEL
+from trainflow.pipelines.training import inputs
+from trainflow.pipelines.training import loop as tl
+from trainflow.pipelines.training.placements import PlacementTracker, record_placement
+from trainflow.pipelines.training.progress import PROGRESS_NAMESPACE, ProgressLog, follow_progress
+from trainflow.pipelines.training.run import run_training
+from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings
 from trainflow.testing import small_config
+
+
+def test_settings_hold_each_value_once_and_cross_to_workers_whole():
+    config = load_config(small_config(train={"epochs": 3, "lr": 0.05}))
+    settings = TrainSettings.from_config(
+        config,
+        preprocessor={"classes": [0, 1], "mean": [0.5]},
+        num_features=64,
+        num_classes=10,
+        memory_splits={"val": "/prepared/val"},
+        progress="run-progress",
+    )
+    assert settings.train is config.train and settings.train.lr == 0.05
+    assert settings.model_spec == {
+        "kind": "mlp",
+        "num_features": 64,
+        "num_classes": 10,
+        "dropout": config.model.dropout,
+        "hidden_sizes": [32],
+    }
+    assert settings.placements is None
+    assert pickle.loads(pickle.dumps(settings)) == settings  # what Ray does to reach the workers
+
+
+def test_settings_refuse_what_cannot_cross_naming_it():
+    def settings(**values):
+        given = {"preprocessor": {}, "num_features": 64, "num_classes": 10, **values}
+        return TrainSettings.from_config(PipelineConfig(), **given)
+
+    # A NumPy scalar from a fit is no JSON (every checkpoint saves the preprocessor as JSON).
+    with pytest.raises(
+        ConfigError, match=r"^train settings: preprocessor\.mean\[1\]: a float32 cannot be passed"
+    ):
+        settings(preprocessor={"mean": [0.0, np.float32(1.5)]})
+    with pytest.raises(
+        ConfigError, match=r"^train settings: preprocessor\.std\[0\]: nan is not a finite number"
+    ):
+        settings(preprocessor={"std": [float("nan")]})
+    with pytest.raises(
+        ConfigError, match=r"^train settings: preprocessor\.categorical: key 3 must be a string"
+    ):
+        settings(preprocessor={"categorical": {3: ["a"]}})
+    with pytest.raises(ConfigError, match=r"^train settings: memory_splits\.val: a PosixPath"):
+        settings(memory_splits={"val": Path("/prepared/val")})
+    # The model must fit the data: a cnn needs a square number of features.
+    with pytest.raises(ConfigError, match=r"model\.image_shape: 10 features are not a square image"):
+        settings(num_features=10)
 
 
 def test_lr_schedules_warm_up_then_decay():
     def factors(scheduler, **kw):
         settings = {"epochs": 10, "warmup_epochs": 0, "step_size": 3, "gamma": 0.5, **kw}
-        return [tr.lr_factor(e, scheduler=scheduler, **settings) for e in range(settings["epochs"])]
+        return [tl.lr_factor(e, scheduler=scheduler, **settings) for e in range(settings["epochs"])]
 
     assert factors("none") == [1.0] * 10
     assert factors("step") == [1, 1, 1, 0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.125]
@@ -33,12 +88,12 @@ def test_lr_schedules_warm_up_then_decay():
 
 
 def test_early_stopping_counts_epochs_without_improvement():
-    stop = tr.EarlyStopping("val_loss", "min", patience=2, min_delta=0.01)
+    stop = tl.EarlyStopping("val_loss", "min", patience=2, min_delta=0.01)
     assert [stop.update({"val_loss": v}) for v in (1.0, 0.9, 0.895, 0.95)] == [False, False, False, True]
-    resumed = tr.EarlyStopping("val_loss", "min", patience=2, min_delta=0.01)
+    resumed = tl.EarlyStopping("val_loss", "min", patience=2, min_delta=0.01)
     resumed.load_state_dict(stop.state_dict())
     assert (resumed.best, resumed.bad_epochs) == (0.9, 2)
-    assert tr.EarlyStopping("val_accuracy", "max", 1, 0.0).update({"val_accuracy": 0.5}) is False
+    assert tl.EarlyStopping("val_accuracy", "max", 1, 0.0).update({"val_accuracy": 0.5}) is False
 
 
 def _batches(n=4, size=16, seed=0):
@@ -53,13 +108,13 @@ def test_mixed_precision_autocasts_on_the_cpu(precision):
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
     seen = []
     model[0].register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
-    p = tr.Precision(precision, torch.device("cpu"))
+    p = tl.Precision(precision, torch.device("cpu"))
     assert p.scaler.is_enabled() == (precision == "16-mixed")
     before = [w.detach().clone() for w in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loss = tr.train_epoch(model, _batches(), opt, nn.CrossEntropyLoss(), p)
+    loss = tl.train_epoch(model, _batches(), opt, nn.CrossEntropyLoss(), p)
     assert math.isfinite(loss)
-    assert set(seen) == {tr.AUTOCAST_DTYPES[precision]}
+    assert set(seen) == {tl.AUTOCAST_DTYPES[precision]}
     assert all(w.dtype == torch.float32 for w in model.parameters())  # master weights stay fp32
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
@@ -69,13 +124,13 @@ def test_gradient_clipping_bounds_each_update():
     model = nn.Linear(8, 3)
     before = torch.cat([w.detach().flatten() for w in model.parameters()])
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    tr.train_epoch(model, _batches(n=1), opt, nn.CrossEntropyLoss(), grad_clip_norm=0.01)
+    tl.train_epoch(model, _batches(n=1), opt, nn.CrossEntropyLoss(), grad_clip_norm=0.01)
     after = torch.cat([w.detach().flatten() for w in model.parameters()])
     assert (after - before).norm() == pytest.approx(0.01, rel=1e-4)  # lr x clipped norm
 
 
 def test_momentum_reaches_sgd():
-    opt = tr.make_optimizer("sgd", nn.Linear(2, 2).parameters(), 0.1, 0.0, momentum=0.5)
+    opt = tl.make_optimizer("sgd", nn.Linear(2, 2).parameters(), 0.1, 0.0, momentum=0.5)
     assert opt.param_groups[0]["momentum"] == 0.5
 
 
@@ -85,48 +140,64 @@ def prepared(ray_cluster, tmp_path_factory):
     return prepare(info, DataConfig().split, PreprocessConfig(), tmp_path_factory.mktemp("cache"))
 
 
-def fit(prepared, storage, run_name=None, in_memory=("train", "val"), **train):
-    """Train the small MLP the way the train task does; (outcome, history, progress, result).
-    Each split in ``in_memory`` is read by each worker from the prepared Parquet; the
-    others stream from Ray Data (the shapes config's augmented images take that path end
-    to end)."""
+@pytest.fixture(scope="module")
+def splits(prepared):
+    pre = prepared.preprocessor
+    return PreparedSplits(str(prepared.path), pre.to_dict(), pre.num_features, len(pre.classes))
 
-    config = load_config(small_config(train=train))
-    spec = models.model_spec(config.model, prepared.preprocessor.num_features, 10)
-    progress_log = f"test-progress-{uuid.uuid4().hex[:8]}"
-    memory_splits, datasets = tr.split_inputs(prepared.path, in_memory=in_memory)
-    loop_config = config.to_train_loop_config(
-        model_spec=spec,
-        preprocessor=prepared.preprocessor.to_dict(),
-        progress_actor=progress_log,
-        memory_splits=memory_splits,
-    )
-    trainer = tr.build_trainer(
-        config,
-        loop_config,
-        datasets,
-        run_name=run_name or f"test-{uuid.uuid4().hex[:8]}",
-        storage_path=str(storage),
-    )
+
+def fit(splits, storage, run_name=None, **train):
+    """Train the small MLP as the train task does; (result, the epoch rows, every row)."""
     rows = []
-    with tr.follow_progress(progress_log, rows.append) as progress:
-        result = trainer.fit()
-    history = [r for r in rows if r["kind"] == "epoch"]
-    return result.return_value, history, progress, result
+    result = run_training(
+        load_config(small_config(train=train)),
+        splits,
+        run_name=run_name or f"test-{uuid.uuid4().hex[:8]}",
+        storage=str(storage),
+        on_row=rows.append,
+    )
+    return result, [r for r in rows if r["kind"] == "epoch"], rows
+
+
+@pytest.mark.slow
+def test_run_training_trains_reports_its_progress_and_picks_the_best_checkpoint(splits, tmp_path):
+    from ray.experimental.internal_kv import _internal_kv_list
+
+    result, history, rows = fit(splits, tmp_path, run_name="direct", epochs=2)
+    # The plan first, from the driver; then the worker group's start and each epoch.
+    assert rows[0] == {
+        "kind": "plan",
+        "in_memory": ["train", "val"],  # what auto picks for splits this small
+        "streamed": [],
+        "run_path": f"{tmp_path}/direct",
+    }
+    assert [(r["kind"], r.get("epoch")) for r in rows[1:]] == [("start", None), ("epoch", 1), ("epoch", 2)]
+    assert (result.status, result.epoch, result.message) == ("completed", 2, "")
+    assert result.starts == [0] and len(result.nodes) == 1 and result.in_memory == ("train", "val")
+    assert result.run_path.endswith("direct")
+    # The history is every epoch's figures, as the workers reported them.
+    assert [{k: h[k] for k in ("epoch", "val_accuracy")} for h in result.history] == [
+        {k: r[k] for k in ("epoch", "val_accuracy")} for r in history
+    ]
+    # The best checkpoint is the epoch with the best val_accuracy (checkpoint.metric), and loads.
+    best = max(history, key=lambda r: r["val_accuracy"])
+    assert result.best_metrics["epoch"] == best["epoch"] and "history" not in result.best_metrics
+    assert load_checkpoint(result.best_checkpoint).metrics["epoch"] == best["epoch"]
+    assert _internal_kv_list("trainflow/progress/", namespace=PROGRESS_NAMESPACE) == []
 
 
 def test_progress_rows_arrive_in_order_once_each_and_are_deleted_after(ray_cluster):
     from ray.experimental.internal_kv import _internal_kv_list
 
     name = f"test-progress-{uuid.uuid4().hex[:8]}"
-    rank0, rank1 = tr.ProgressLog(name, 0), tr.ProgressLog(name, 1)
+    rank0, rank1 = ProgressLog(name, 0), ProgressLog(name, 1)
     rows = []
-    with tr.follow_progress(name, rows.append, every_s=0.05) as progress:
-        rank0.started("node-a", 0, "pg", "run")
-        rank1.started("node-b", 0, "pg", "run")
+    with follow_progress(name, rows.append, every_s=0.05) as progress:
+        rank0.started("node-a", 0)
+        rank1.started("node-b", 0)
         rank0.add({"epoch": 1, "train_loss": 0.5})
         # Two writers in the same nanosecond: the second takes the next free key.
-        same_ns = [tr.ProgressLog(name, 0), tr.ProgressLog(name, 0)]
+        same_ns = [ProgressLog(name, 0), ProgressLog(name, 0)]
         for writer in same_ns:
             writer._last_ns = 1 << 62
         same_ns[0].step({"epoch": 2, "step": 1, "loss": float("nan")})
@@ -137,18 +208,12 @@ def test_progress_rows_arrive_in_order_once_each_and_are_deleted_after(ray_clust
         ("step", 2),
         ("step", 2),
     ]
-    assert rows[0] == {
-        "kind": "start",
-        "rank": 0,
-        "node_id": "node-a",
-        "start_epoch": 0,
-        "placement_group": "pg",
-        "run": "run",
-    }  # a worker group's start is its rank 0's; every rank's is in the workers
+    # A worker group's start is its rank 0's; every rank's is in the workers.
+    assert rows[0] == {"kind": "start", "rank": 0, "node_id": "node-a", "start_epoch": 0}
     assert math.isnan(rows[2]["loss"]) and rows[3]["step"] == 2
     assert [w["rank"] for w in progress.workers] == [0, 1] and progress.nodes == ["node-a", "node-b"]
     assert progress.starts == [0]
-    assert _internal_kv_list(f"trainflow/progress/{name}/", namespace=tr.PROGRESS_NAMESPACE) == []
+    assert _internal_kv_list(f"trainflow/progress/{name}/", namespace=PROGRESS_NAMESPACE) == []
 
 
 def test_a_progress_row_outlives_the_worker_killed_right_after_writing_it(ray_cluster):
@@ -161,11 +226,11 @@ def test_a_progress_row_outlives_the_worker_killed_right_after_writing_it(ray_cl
         import os
         import signal
 
-        tr.ProgressLog(name, 0).add({"epoch": 1})
+        ProgressLog(name, 0).add({"epoch": 1})
         os.kill(os.getpid(), signal.SIGKILL)
 
     rows = []
-    with tr.follow_progress(name, rows.append):
+    with follow_progress(name, rows.append):
         with pytest.raises(ray.exceptions.WorkerCrashedError):
             ray.get(write_then_die.remote())
     assert rows == [{"kind": "epoch", "epoch": 1}]
@@ -176,38 +241,41 @@ def test_a_shard_read_from_parquet_is_every_world_size_th_row(prepared):
     x, y = next(iter(read_split_batches(path, batch_size=1 << 16))).values()
     n, world = len(y), 7
     assert n % world  # so that equal shards must drop rows
-    equal = [tr.read_shard(path, rank, world, equal=True) for rank in range(world)]
+    equal = [inputs.read_shard(path, rank, world, equal=True) for rank in range(world)]
     assert [len(shard_y) for _, shard_y in equal] == [n // world] * world
     assert torch.equal(equal[3][0], torch.from_numpy(x[3 : n - n % world : world]))
-    every = [tr.read_shard(path, rank, world, equal=False) for rank in range(world)]
+    every = [inputs.read_shard(path, rank, world, equal=False) for rank in range(world)]
     assert sorted(torch.cat([shard_y for _, shard_y in every]).tolist()) == sorted(y.tolist())
 
 
 def test_auto_keeps_each_split_in_memory_by_its_own_size():
-    small, large = 1 << 20, tr.IN_MEMORY_BYTES
-    assert tr.in_memory_splits("auto", {"train": large, "val": small}, augment=False) == ("val",)
-    assert tr.in_memory_splits("auto", {"train": small, "val": small}, augment=False) == ("train", "val")
+    small, large = 1 << 20, inputs.IN_MEMORY_BYTES
+    assert inputs.in_memory_splits("auto", {"train": large, "val": small}, augment=False) == ("val",)
+    assert inputs.in_memory_splits("auto", {"train": small, "val": small}, augment=False) == ("train", "val")
     # Augmented crops are drawn anew each epoch, so that train split streams however small.
-    assert tr.in_memory_splits("auto", {"train": small, "val": small}, augment=True) == ("val",)
-    assert tr.in_memory_splits("auto", {"train": large, "val": large}, augment=False) == ()
+    assert inputs.in_memory_splits("auto", {"train": small, "val": small}, augment=True) == ("val",)
+    assert inputs.in_memory_splits("auto", {"train": large, "val": large}, augment=False) == ()
     # What counts is each worker's share: two workers hold half a large split each.
-    assert tr.in_memory_splits("auto", {"train": large, "val": small}, augment=False, workers=2) == (
+    assert inputs.in_memory_splits("auto", {"train": large, "val": small}, augment=False, workers=2) == (
         "train",
         "val",
     )
     # The explicit settings hold whatever the sizes.
-    assert tr.in_memory_splits("never", {"train": small, "val": small}, augment=False) == ()
-    assert tr.in_memory_splits("always", {"train": large, "val": large}, augment=False) == ("train", "val")
+    assert inputs.in_memory_splits("never", {"train": small, "val": small}, augment=False) == ()
+    assert inputs.in_memory_splits("always", {"train": large, "val": large}, augment=False) == (
+        "train",
+        "val",
+    )
 
 
 def test_split_inputs_hands_trainer_a_dataset_only_for_streamed_splits(prepared):
-    memory_splits, datasets = tr.split_inputs(prepared.path, in_memory=("train", "val"))
+    memory_splits, datasets = inputs.split_inputs(prepared.path, in_memory=("train", "val"))
     assert memory_splits == {name: str(prepared.path / name) for name in ("train", "val")}
     assert datasets is None
-    memory_splits, datasets = tr.split_inputs(prepared.path, in_memory=())
+    memory_splits, datasets = inputs.split_inputs(prepared.path, in_memory=())
     assert memory_splits == {} and sorted(datasets) == ["train", "val"]
     with pytest.raises(ValueError, match=r"unknown splits \['test'\]; use \['train', 'val'\]"):
-        tr.split_inputs(prepared.path, in_memory=("test",))
+        inputs.split_inputs(prepared.path, in_memory=("test",))
 
 
 def test_streamed_epochs_give_every_row_once_each_epoch_with_the_next_started_early(ray_cluster):
@@ -215,66 +283,98 @@ def test_streamed_epochs_give_every_row_once_each_epoch_with_the_next_started_ea
 
     ds = ray.data.from_items([{FEATURES: [float(i)], LABEL: i} for i in range(1000)], override_num_blocks=4)
     (shard,) = ds.streaming_split(1)  # what Ray Train hands a worker
-    epochs = tr.StreamedEpochs(shard, 128, torch.device("cpu"), pin_memory=False)
+    epochs = inputs.StreamedEpochs(shard, 128, torch.device("cpu"), pin_memory=False)
     for epoch in range(3):
         more = epoch < 2
         chunks = list(epochs.epoch(more=more))
         assert all(len(c[LABEL]) <= 128 for c in chunks)
         assert sorted(torch.cat([c[LABEL] for c in chunks]).tolist()) == list(range(1000))
         assert (epochs._ahead is not None) == more  # the next epoch started before this one ended
-    batches = list(tr.chunk_batches(chunks, 50, torch.Generator().manual_seed(0)))
+    batches = list(inputs.chunk_batches(chunks, 50, torch.Generator().manual_seed(0)))
     assert [len(b[LABEL]) for b in batches[:3]] == [50, 50, 28]  # a chunk of 128, cut
 
 
+def test_a_sweep_removes_the_placement_groups_its_worker_groups_recorded(ray_cluster):
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    tracker = PlacementTracker(f"test-sweep-{uuid.uuid4().hex[:8]}")
+    groups = {run: placement_group([{"CPU": 0.01}]) for run in ("trial-a", "trial-b")}
+    for run, group in groups.items():
+        ray.get(group.ready())
+        strategy = PlacementGroupSchedulingStrategy(placement_group=group)
+        # What rank 0 of a sweep's worker group does as it starts, inside its group.
+        ray.get(
+            ray.remote(record_placement)
+            .options(num_cpus=0.01, scheduling_strategy=strategy)
+            .remote(tracker.name, run)
+        )
+    assert tracker.groups("trial-a") == [groups["trial-a"].id.hex()]
+    assert sorted(tracker.groups()) == sorted(g.id.hex() for g in groups.values())
+    tracker.release("trial-a")
+    assert placement_group_table(groups["trial-a"])["state"] == "REMOVED"
+    assert placement_group_table(groups["trial-b"])["state"] == "CREATED"
+    tracker.close()
+    assert placement_group_table(groups["trial-b"])["state"] == "REMOVED"
+    assert tracker.groups() == []
+
+
 @pytest.mark.slow
-def test_a_streamed_train_split_validates_on_the_whole_val_split_held_in_memory(prepared, tmp_path):
+def test_a_streamed_train_split_validates_on_the_whole_val_split_held_in_memory(
+    prepared, splits, tmp_path, monkeypatch
+):
     # What auto picks for a large train split: train streams from Ray Data, val is read
     # once into each worker's memory. TorchTrainer gets no val Dataset, so a loop that
-    # asked Ray for a val shard would fail the run.
-    memory_splits, datasets = tr.split_inputs(prepared.path, in_memory=("val",))
+    # asked Ray for a val shard would fail the run. The split size that auto keeps in
+    # memory, set between the two splits' shares of the two workers:
+    train, val = (inputs.prepared_bytes(prepared.path / name) for name in ("train", "val"))
+    monkeypatch.setattr(inputs, "IN_MEMORY_BYTES", (train + val) / 4)
+    memory_splits, datasets = inputs.split_inputs(prepared.path, in_memory=("val",))
     assert list(memory_splits) == ["val"] and list(datasets) == ["train"]
-    outcome, history, _, result = fit(prepared, tmp_path, in_memory=("val",), epochs=2)
-    assert outcome["status"] == "completed" and [m["epoch"] for m in history] == [1, 2]
-    # The last epoch's val metrics are its checkpoint's model scored on every val row,
+    result, history, rows = fit(splits, tmp_path, epochs=2)
+    assert (rows[0]["in_memory"], rows[0]["streamed"]) == (["val"], ["train"])
+    assert result.status == "completed" and [m["epoch"] for m in history] == [1, 2]
+    # The best epoch's val metrics are its checkpoint's model scored on every val row,
     # though each of the two workers held only its own rows.
     batch = next(iter(read_split_batches(str(prepared.path / "val"), batch_size=1 << 16)))
     x, y = torch.tensor(batch[FEATURES]), torch.tensor(batch[LABEL])
-    with result.checkpoint.as_directory() as folder:
-        model = load_checkpoint(folder).model
     with torch.no_grad():
-        logits = model(x)
-    assert history[-1]["val_loss"] == pytest.approx(nn.functional.cross_entropy(logits, y).item(), rel=1e-5)
-    assert history[-1]["val_accuracy"] == pytest.approx((logits.argmax(dim=1) == y).float().mean().item())
+        logits = load_checkpoint(result.best_checkpoint).model(x)
+    best = result.best_metrics
+    assert best["val_loss"] == pytest.approx(nn.functional.cross_entropy(logits, y).item(), rel=1e-5)
+    assert best["val_accuracy"] == pytest.approx((logits.argmax(dim=1) == y).float().mean().item())
 
 
 @pytest.mark.slow
-def test_early_stopping_stops_every_worker_together(prepared, tmp_path):
+def test_early_stopping_stops_every_worker_together(splits, tmp_path):
     # No epoch can beat the first by 10: the run stops after 1 + patience epochs.
-    outcome, history, _, _ = fit(
-        prepared,
+    result, history, _ = fit(
+        splits,
         tmp_path,
         epochs=6,
         early_stopping={"metric": "val_loss", "mode": "min", "patience": 2, "min_delta": 10.0},
     )
-    assert outcome["status"] == "early_stopped" and outcome["epoch"] == 3
+    assert (result.status, result.epoch) == ("early_stopped", 3)
+    assert result.message == "val_loss did not improve for 2 epochs"
     assert [m["epoch"] for m in history] == [1, 2, 3]
 
 
 @pytest.mark.slow
-def test_a_run_that_lost_a_worker_resumes_exactly_where_it_stopped(prepared, tmp_path):
+def test_a_run_that_lost_a_worker_resumes_exactly_where_it_stopped(splits, tmp_path):
     # Dropout, SGD momentum, a cosine schedule with warm-up: all of it must resume.
     # Killed after epoch 2 of 3 was collected (tests/faults.py waits for it): the restart
     # resumes from epoch 2's checkpoint and trains the last epoch again.
     settings = dict(
         epochs=3, optimizer="sgd", lr=0.05, scheduler="cosine", warmup_epochs=1, deterministic=True
     )
-    _, straight, progress, _ = fit(prepared, tmp_path / "straight", **settings)
-    assert progress.starts == [0]
-    outcome, resumed, progress, _ = fit(
-        prepared, tmp_path / "killed", callbacks=["tests.faults:kill_rank1_at_epoch2"], **settings
+    result, straight, _ = fit(splits, tmp_path / "straight", **settings)
+    assert result.starts == [0]
+    result, resumed, _ = fit(
+        splits, tmp_path / "killed", callbacks=["tests.faults:kill_rank1_at_epoch2"], **settings
     )
-    assert outcome["status"] == "completed"
-    assert progress.starts == [0, 2]
+    assert result.status == "completed"
+    assert result.starts == [0, 2]
     # The epoch after the checkpoint is trained again; what it gives equals the straight run.
     assert [m["epoch"] for m in resumed] == [1, 2, 3]
     by_epoch = {m["epoch"]: m for m in resumed}  # the last report of each epoch

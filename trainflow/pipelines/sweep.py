@@ -1,10 +1,11 @@
 """A hyperparameter sweep on Ray Tune: many TorchTrainer runs, weak ones stopped early.
 
-Each trial is a function trainable that builds one :class:`TorchTrainer` for its
-sampled config (``Tuner(trainer)`` does not work with Ray Train V2) and forwards every
-epoch's report to Tune through ``TuneReportCallback``, so ASHA can stop it. The trial
-actor itself holds no CPU: the trainer's workers ask for what ``sweep.scaling`` says.
-:func:`run_sweep` returns one plain :class:`TrialSummary` per trial and the best.
+Each trial is a function trainable that runs one training (:func:`run_training`, as the
+train step does) for its sampled config (``Tuner(trainer)`` does not work with Ray
+Train V2) and forwards every epoch's report to Tune through ``TuneReportCallback``, so
+ASHA can stop it. The trial actor itself holds no CPU: the trainer's workers ask for
+what ``sweep.scaling`` says. :func:`run_sweep` returns one plain :class:`TrialSummary`
+per trial and the best trial's config and checkpoint.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from typing import Any
 
 from trainflow.config import FailureSection, PipelineConfig, SweepConfig, trial_config
 from trainflow.files import replacing_file
-from trainflow.pipelines.checkpoint import METRICS, read_json
-from trainflow.pipelines.models import model_spec
-from trainflow.pipelines.train import ProgressLog, TrainingDiverged, build_trainer, split_inputs
+from trainflow.pipelines.training.placements import PlacementTracker
+from trainflow.pipelines.training.run import checkpoint_metrics, run_training
+from trainflow.pipelines.training.settings import PreparedSplits
 from trainflow.runtime import configure_ray_data
 
 # What a trial's report row holds besides the metrics (set by TuneReportCallback).
@@ -77,16 +78,19 @@ def max_epochs(config: PipelineConfig) -> int:
 
 
 def run_trial(
-    tune_config: dict[str, Any], *, base: dict[str, Any], data: dict[str, Any], storage: str, progress: str
+    tune_config: dict[str, Any],
+    *,
+    base: dict[str, Any],
+    prepared: PreparedSplits,
+    storage: str,
+    placements: str,
 ) -> None:
-    """One trial, run by Ray Tune in its own actor: a TorchTrainer for the sampled config.
+    """One trial, run by Ray Tune in its own actor: :func:`run_training` of the sampled config.
 
-    ``data`` holds the prepared splits' ``path``, ``preprocessor``, ``num_features``,
-    ``num_classes`` and ``in_memory`` (the names of the splits kept in memory). Every
-    epoch's report reaches Tune (and ASHA) through TuneReportCallback; a diverged loss
-    fails the trial with its message.
+    Every epoch's report reaches Tune (and ASHA) through TuneReportCallback; a diverged
+    loss fails the trial with its message. Its worker groups record their placement
+    groups with the PlacementTracker ``placements``.
     """
-    import ray.data
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -96,33 +100,25 @@ def run_trial(
     # placement group, and a controller that outlived it would restart them in a new one
     # that nothing removes. A worker that fails fails its trial, which the sweep reports.
     config = config.model_copy(update={"failure": FailureSection(max_failures=0)})
-    spec = model_spec(config.model, data["num_features"], data["num_classes"])
-    memory_splits, datasets = split_inputs(
-        data["path"], in_memory=data["in_memory"], preprocessor=data["preprocessor"]
-    )
-    loop_config = config.to_train_loop_config(
-        model_spec=spec,
-        preprocessor=data["preprocessor"],
-        progress_actor=progress,
-        memory_splits=memory_splits,
-    )
-    trial_id = ray.tune.get_context().get_trial_id()
-    trainer = build_trainer(
+    run_training(
         config,
-        loop_config,
-        datasets,
-        run_name=f"trial-{trial_id}",
-        storage_path=storage,
+        prepared,
+        run_name=trial_run(ray.tune.get_context().get_trial_id()),
+        storage=storage,
         callbacks=[TuneReportCallback()],
+        placements=placements,
     )
-    outcome = trainer.fit().return_value or {"status": "completed"}
-    if outcome["status"] == "diverged":
-        raise TrainingDiverged(outcome["message"])
+
+
+def trial_run(trial_id: str) -> str:
+    """The name of a trial's Ray Train run."""
+    return f"trial-{trial_id}"
 
 
 def trial_events(on_event: Callable[[dict[str, Any]], None], release: Callable[[str], None]):
     """A Ray Tune callback that hands each trial's start, epochs and end to ``on_event``,
-    and releases an ended trial's training workers' resources."""
+    and releases an ended trial's training workers' resources (``release`` of its Ray
+    Train run's name)."""
     from ray.tune import Callback
 
     class TrialEvents(Callback):
@@ -133,47 +129,14 @@ def trial_events(on_event: Callable[[dict[str, Any]], None], release: Callable[[
             on_event({"kind": "epoch", "trial_id": trial.trial_id, **_row(result)})
 
         def on_trial_complete(self, iteration, trials, trial, **info):
-            release(trial.trial_id)
+            release(trial_run(trial.trial_id))
             on_event({"kind": "end", "trial_id": trial.trial_id})
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            release(trial.trial_id)
+            release(trial_run(trial.trial_id))
             on_event({"kind": "error", "trial_id": trial.trial_id, "error": _error_line(trial.error_file)})
 
     return TrialEvents()
-
-
-class _Placements:
-    """The placement groups of every trial's worker group, as its workers report them to
-    the :class:`ProgressLog` ``name`` (read here for its worker starts only).
-
-    A trial that ASHA stops is killed with its TorchTrainer's controller, which then cannot
-    remove its workers' placement group; Ray Train's own cleaner needs the dashboard's
-    state API. Left alone, the CPUs stay reserved and later trials wait forever.
-    """
-
-    def __init__(self, name: str):
-        self.name = name
-        self.log = ProgressLog(name)
-
-    def release(self, trial_id: str) -> None:
-        self._remove(lambda w: w["run"] == f"trial-{trial_id}")
-
-    def close(self) -> None:
-        try:
-            self._remove(lambda w: True)
-        finally:
-            self.log.clear()
-
-    def _remove(self, which) -> None:
-        import ray
-        from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
-
-        groups = {w["placement_group"] for w in self.log.workers() if which(w)}
-        for hex_id in groups - {None}:
-            group = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(hex_id)))
-            if placement_group_table(group).get("state") not in ("REMOVED", None):
-                remove_placement_group(group)
 
 
 def _row(result: dict[str, Any]) -> dict[str, Any]:
@@ -188,51 +151,75 @@ def _error_line(error_file: str | None) -> str:
     return lines[-1] if lines else "failed (no error recorded)"
 
 
+@dataclass
+class SweepOutcome:
+    """A finished sweep: every trial, and the best one with its config and checkpoint."""
+
+    trials: list[TrialSummary]  # in trial order
+    best: TrialSummary
+    best_config: PipelineConfig  # the best trial's whole config, as `trainflow run` takes it
+    best_config_path: Path  # the same as YAML, beside the trials' runs
+    best_metrics: dict[str, Any]  # the best trial's best checkpoint's metrics
+
+
 def run_sweep(
     config: PipelineConfig,
-    data: dict[str, Any],
+    prepared: PreparedSplits,
     *,
     name: str,
     storage_path: str,
     max_concurrent: int,
     on_event: Callable[[dict[str, Any]], None] = lambda event: None,
-) -> list[TrialSummary]:
-    """Run ``config.sweep`` on Ray Tune and summarize every trial.
+    on_trials: Callable[[list[TrialSummary]], None] = lambda trials: None,
+) -> SweepOutcome:
+    """Run ``config.sweep`` on Ray Tune, summarize every trial, pick the best and write its
+    config as YAML.
 
     ``name`` is the experiment's folder under ``storage_path``; each trial's Ray Train run
-    is ``name/trial-<id>`` in it. ``data`` holds the prepared splits' ``path``,
-    ``preprocessor``, ``num_features``, ``num_classes`` and ``in_memory`` (the names of
-    the splits kept in memory).
+    is ``name/trial-<id>`` in it. ``on_event`` gets each trial's start, epochs and end as
+    they happen; ``on_trials`` every trial's summary once the trials ended, before the
+    best is picked. Raises SweepFailed when no trial produced a checkpoint.
     """
-    placements = _Placements(f"trainflow-sweep-{name}")
+    placements = PlacementTracker(f"trainflow-sweep-{name}")
     try:
         tuner = build_tuner(
             config,
-            data,
+            prepared,
             name=name,
             storage_path=storage_path,
             max_concurrent=max_concurrent,
             callbacks=[trial_events(on_event, placements.release)],
-            progress=placements.name,
+            placements=placements.name,
         )
         grid = tuner.fit()
     finally:
         placements.close()
-    return summarize(config, grid)
+    trials = summarize(config, grid)
+    on_trials(trials)
+    best = best_trial(config, trials)
+    best_config = trial_config(config, best.params)
+    path = Path(storage_path) / name / "best-config.yaml"
+    write_config_yaml(
+        best_config,
+        path,
+        header=f"The best trial ({best.trial_id}, {config.sweep.metric} {best.best:.4f} at epoch "
+        f"{best.best_epoch}) of sweep {name}.\nTrain it again with: trainflow run {path}",
+    )
+    return SweepOutcome(trials, best, best_config, path, checkpoint_metrics(best.best_checkpoint))
 
 
 def build_tuner(
     config: PipelineConfig,
-    data: dict[str, Any],
+    prepared: PreparedSplits,
     *,
     name: str,
     storage_path: str,
     max_concurrent: int,
     callbacks: list[Any],
-    progress: str,
+    placements: str,
 ):
-    """The Tuner for ``config.sweep``; ``progress`` names the ProgressLog the trials' workers
-    report to."""
+    """The Tuner for ``config.sweep``; ``placements`` names the PlacementTracker the trials'
+    worker groups record their placement groups with."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search.basic_variant import BasicVariantGenerator
@@ -251,9 +238,9 @@ def build_tuner(
     trainable = tune.with_parameters(
         run_trial,
         base=config.model_dump(mode="json"),
-        data=data,
+        prepared=prepared,
         storage=f"{storage_path}/{name}",
-        progress=progress,
+        placements=placements,
     )
     return tune.Tuner(
         # The trial actor only waits on its trainer; the trainer's workers hold the CPUs.
@@ -351,12 +338,6 @@ def best_trial(config: PipelineConfig, trials: list[TrialSummary]) -> TrialSumma
         raise SweepFailed(f"no trial of the sweep produced a checkpoint: {reasons}")
     pick = max if config.sweep.mode == "max" else min
     return pick(scored, key=lambda t: t.best)
-
-
-def checkpoint_metrics(checkpoint: str) -> dict[str, Any]:
-    metrics = read_json(checkpoint, METRICS)
-    metrics.pop("history", None)
-    return metrics
 
 
 def write_config_yaml(config: PipelineConfig, path: str | Path, header: str = "") -> Path:

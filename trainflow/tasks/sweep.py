@@ -9,12 +9,12 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from trainflow.config import PipelineConfig, trial_config
+from trainflow.config import PipelineConfig
 from trainflow.pipelines import sweep as sw
 from trainflow.runtime import workspace
 from trainflow.tasks import render
 from trainflow.tasks.results import Prepared, Swept, Trained
-from trainflow.tasks.train import splits_in_memory
+from trainflow.tasks.train import prepared_splits
 
 
 # No retries: a sweep that ran for an hour is not started over by a retry; failed trials
@@ -23,8 +23,45 @@ from trainflow.tasks.train import splits_in_memory
 def sweep(config: PipelineConfig, prepared: Prepared, name: str, max_concurrent: int) -> Swept:
     """Every trial of ``config.sweep`` on Ray Tune; the best one's checkpoint and config."""
     logger = get_run_logger()
-    s = config.sweep
     storage = config.storage or str(workspace().runs)
+    _log_plan(logger, config, name, max_concurrent, storage)
+    outcome = sw.run_sweep(
+        config,
+        prepared_splits(prepared),
+        name=name,
+        storage_path=storage,
+        max_concurrent=max_concurrent,
+        on_event=_log_event(logger),
+        on_trials=_publish_trials(logger, config, name),
+    )
+    _log_outcome(logger, config, outcome)
+    return _swept(name, storage, outcome)
+
+
+def _swept(name: str, storage: str, outcome: sw.SweepOutcome) -> Swept:
+    """The sweep's result for the flow: every trial, and the best as a training run."""
+    best = outcome.best
+    trained = Trained(
+        run_name=sw.trial_run(best.trial_id),
+        run_path=best.run_path,
+        best_checkpoint=best.best_checkpoint,
+        best_metrics=outcome.best_metrics,
+        history=best.history,
+        status=best.status,
+    )
+    return Swept(
+        name=name,
+        path=str(Path(storage) / name),
+        trials=[t.to_dict() for t in outcome.trials],
+        best_trial=best.trial_id,
+        best_config=outcome.best_config.model_dump(mode="json"),
+        best_config_path=str(outcome.best_config_path),
+        trained=trained,
+    )
+
+
+def _log_plan(logger, config: PipelineConfig, name: str, max_concurrent: int, storage: str) -> None:
+    s = config.sweep
     logger.info(
         "sweep %s: %d samples of %s, %d at a time (%d workers x %s each), %s on %s (%s); Ray runs in %s/%s",
         name,
@@ -39,38 +76,27 @@ def sweep(config: PipelineConfig, prepared: Prepared, name: str, max_concurrent:
         storage,
         name,
     )
-    data = {
-        "path": prepared.path,
-        "preprocessor": prepared.preprocessor,
-        "num_features": prepared.num_features,
-        "num_classes": prepared.num_classes,
-        "in_memory": splits_in_memory(config, prepared),
-    }
-    trials = sw.run_sweep(
-        config,
-        data,
-        name=name,
-        storage_path=storage,
-        max_concurrent=max_concurrent,
-        on_event=_log_event(logger),
-    )
-    table = render.trial_rows(s.metric, [t.to_dict() for t in trials])
-    create_table_artifact(
-        key=f"{render.artifact_key(config.name)}-sweep-trials",
-        table=table,
-        description=f"{config.name}: every trial of sweep {name} (params, {s.metric}, epochs, status)",
-    )
-    for t in trials:
-        if t.status == "failed":
-            logger.warning("trial %s failed: %s", t.trial_id, t.error)
-    best = sw.best_trial(config, trials)
-    best_config = trial_config(config, best.params)
-    path = sw.write_config_yaml(
-        best_config,
-        Path(storage) / name / "best-config.yaml",
-        header=f"The best trial ({best.trial_id}, {s.metric} {best.best:.4f} at epoch {best.best_epoch}) "
-        f"of sweep {name}.\nTrain it again with: trainflow run {Path(storage) / name / 'best-config.yaml'}",
-    )
+
+
+def _publish_trials(logger, config: PipelineConfig, name: str):
+    """Publish the trial table and warn of each failed trial, once the trials ended."""
+
+    def on_trials(trials: list[sw.TrialSummary]) -> None:
+        create_table_artifact(
+            key=f"{render.artifact_key(config.name)}-sweep-trials",
+            table=render.trial_rows(config.sweep.metric, [t.to_dict() for t in trials]),
+            description=f"{config.name}: every trial of sweep {name} (params, {config.sweep.metric}, "
+            "epochs, status)",
+        )
+        for t in trials:
+            if t.status == "failed":
+                logger.warning("trial %s failed: %s", t.trial_id, t.error)
+
+    return on_trials
+
+
+def _log_outcome(logger, config: PipelineConfig, outcome: sw.SweepOutcome) -> None:
+    trials, best = outcome.trials, outcome.best
     stopped = sum(t.status == "stopped early" for t in trials)
     failed = sum(t.status == "failed" for t in trials)
     logger.info(
@@ -80,27 +106,10 @@ def sweep(config: PipelineConfig, prepared: Prepared, name: str, max_concurrent:
         stopped,
         failed,
         best.trial_id,
-        s.metric,
+        config.sweep.metric,
         best.best,
         render.trial_params(best.params),
-        path,
-    )
-    trained = Trained(
-        run_name=f"trial-{best.trial_id}",
-        run_path=best.run_path,
-        best_checkpoint=best.best_checkpoint,
-        best_metrics=sw.checkpoint_metrics(best.best_checkpoint),
-        history=best.history,
-        status=best.status,
-    )
-    return Swept(
-        name=name,
-        path=str(Path(storage) / name),
-        trials=[t.to_dict() for t in trials],
-        best_trial=best.trial_id,
-        best_config=best_config.model_dump(mode="json"),
-        best_config_path=str(path),
-        trained=trained,
+        outcome.best_config_path,
     )
 
 

@@ -1,0 +1,219 @@
+"""What the train loop reads: the prepared train and val splits, each either read once into
+every worker's memory or streamed from Ray Data every epoch, and cut into mini-batches.
+
+:func:`splits_in_memory` decides which splits sit in memory (``train.in_memory``);
+:func:`split_inputs` turns that into the folders the workers read themselves and the
+Datasets TorchTrainer shards; :func:`split_source` is a worker's side of it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Collection, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from trainflow.pipelines.entry import read_split_batches, split_rows
+from trainflow.pipelines.preprocess import FEATURES, LABEL
+
+if TYPE_CHECKING:
+    import ray.data
+
+    from trainflow.config import PipelineConfig
+
+
+# The prepared splits the train loop reads: it trains on the first and validates on the second.
+TRAIN_SPLITS = ("train", "val")
+# A streamed train split arrives from Ray Data in chunks of this many batches.
+STREAM_CHUNK_BATCHES = 32
+# A prepared split under this size per worker is read once into each worker's memory
+# (train.in_memory: auto).
+IN_MEMORY_BYTES = 1 << 30
+
+
+def in_memory_splits(
+    setting: str, split_bytes: dict[str, int], *, augment: bool, workers: int = 1
+) -> tuple[str, ...]:
+    """The splits each worker reads once into memory under ``train.in_memory``.
+
+    ``always``: train and val; ``never``: neither, both stream from Ray Data every epoch;
+    ``auto``: each split whose share per worker (its prepared Parquet, ``split_bytes``,
+    over ``workers``) is under :data:`IN_MEMORY_BYTES`, decided per split, so a small
+    val split stays in memory while a large train split streams. An augmented train
+    split always streams, so its crops and flips are drawn anew each epoch.
+
+    Per worker, because that is what a worker holds. Streaming is no free saving of
+    memory: it costs processes of its own (a split coordinator, Ray Data's readers),
+    which benchmarks/scaling.py weighs against a split held by the workers.
+    """
+    if setting == "always":
+        return TRAIN_SPLITS
+    if setting == "never":
+        return ()
+    return tuple(
+        name
+        for name in TRAIN_SPLITS
+        if split_bytes[name] / max(workers, 1) < IN_MEMORY_BYTES and not (name == "train" and augment)
+    )
+
+
+def prepared_bytes(path: str | Path) -> int:
+    """The size of a prepared split's Parquet files."""
+    return sum(f.stat().st_size for f in Path(path).rglob("*.parquet"))
+
+
+def augments(preprocessor: dict[str, Any]) -> bool:
+    """Whether the prepared train split is augmented anew each epoch (image folders)."""
+    return bool((preprocessor.get("image") or {}).get("augment"))
+
+
+def splits_in_memory(
+    config: PipelineConfig, path: str | Path, preprocessor: dict[str, Any]
+) -> tuple[str, ...]:
+    """The splits of the prepared entry at ``path`` that the workers of ``config`` read once
+    into memory (:func:`in_memory_splits`); the rest stream from Ray Data."""
+    sizes = {name: prepared_bytes(Path(path) / name) for name in TRAIN_SPLITS}
+    return in_memory_splits(
+        config.train.in_memory, sizes, augment=augments(preprocessor), workers=config.scaling.num_workers
+    )
+
+
+def split_inputs(
+    path: str | Path, *, in_memory: Collection[str], preprocessor: dict[str, Any] | None = None
+) -> tuple[dict[str, str], dict[str, ray.data.Dataset] | None]:
+    """What the train loop reads of a prepared entry at ``path``, given the names of the
+    splits kept in memory: their folders (the settings' ``memory_splits``), which each
+    worker reads itself, and a Dataset for every other split, to hand TorchTrainer (None
+    when there is none). A streamed train split is augmented anew each epoch when the
+    preprocessor says so."""
+    unknown = set(in_memory) - set(TRAIN_SPLITS)
+    if unknown:
+        raise ValueError(f"in_memory: unknown splits {sorted(unknown)}; use {list(TRAIN_SPLITS)}")
+    memory_splits = {name: str(Path(path) / name) for name in TRAIN_SPLITS if name in in_memory}
+    streamed = [name for name in TRAIN_SPLITS if name not in in_memory]
+    if not streamed:
+        return memory_splits, None
+    import ray.data
+
+    from trainflow.pipelines.preprocess import augment_dataset
+
+    datasets = {name: ray.data.read_parquet(str(Path(path) / name)) for name in streamed}
+    if "train" in datasets:
+        datasets["train"] = augment_dataset(datasets["train"], preprocessor or {})
+    return memory_splits, datasets
+
+
+# A worker's side.
+
+
+def read_shard(path: str, rank: int, world_size: int, *, equal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``rank``, ``rank + world_size``, ... of a prepared split, read straight from
+    its Parquet (the train split was shuffled when it was written).
+
+    ``equal`` drops the last ``rows % world_size`` rows first, so that every worker gets
+    as many rows and so as many batches: DDP's all-reduce needs every worker at every step.
+    """
+    total = split_rows(path)
+    n = total - total % world_size if equal else total
+    count = len(range(rank, n, world_size))
+    x = y = None
+    filled = offset = 0
+    # Batch by batch into arrays of this worker's size: a worker never holds the whole
+    # split, nor its own rows twice.
+    for batch in read_split_batches(path, batch_size=1 << 16):
+        if x is None:
+            x = np.empty((count, *batch[FEATURES].shape[1:]), dtype=batch[FEATURES].dtype)
+            y = np.empty(count, dtype=batch[LABEL].dtype)
+        rows = np.arange(offset, offset + len(batch[LABEL]))
+        mine = np.flatnonzero((rows % world_size == rank) & (rows < n))
+        x[filled : filled + len(mine)] = batch[FEATURES][mine]
+        y[filled : filled + len(mine)] = batch[LABEL][mine]
+        filled, offset = filled + len(mine), offset + len(rows)
+    if x is None:  # an empty split
+        return torch.zeros((0, 0)), torch.zeros(0, dtype=torch.int64)
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def split_source(
+    name: str, memory_splits: dict[str, str], rank: int, world_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor] | ray.data.DataIterator:
+    """This worker's part of split ``name``: its rows as tensors on ``device`` when the
+    split is kept in memory, else its Ray Data shard, iterated anew each epoch.
+
+    The train split is read in equal shards (DDP needs every worker at every step); the
+    val split whole, since its metrics are summed over workers.
+    """
+    import ray.train
+
+    if name not in memory_splits:
+        return ray.train.get_dataset_shard(name)
+    x, y = read_shard(memory_splits[name], rank, world_size, equal=name == "train")
+    return x.to(device), y.to(device)
+
+
+class StreamedEpochs:
+    """A streamed split's epochs, in chunks of rows, each epoch's execution started while
+    the one before trains its last chunk.
+
+    Ray Data executes the split anew at every epoch, and its first rows reach the worker
+    only after a start-up wait (benchmarks/training.py measures the streamed setups).
+    Its coordinator shuts the running execution down when the next epoch starts, so the
+    next one starts, in a thread, once the current one has handed over its last chunk.
+    """
+
+    def __init__(self, shard: ray.data.DataIterator, chunk_rows: int, device: torch.device, pin_memory: bool):
+        self._shard = shard
+        self._kwargs = {"batch_size": chunk_rows, "device": device, "pin_memory": pin_memory}
+        self._ahead: threading.Thread | None = None  # starting the next epoch
+        self._started: Any = None  # (first chunk or None, the epoch's iterator), or an exception
+
+    def _start(self) -> None:
+        """Start an epoch's execution and wait for its first chunk; keep what came of it."""
+        try:
+            it = iter(self._shard.iter_torch_batches(**self._kwargs))
+            self._started = (next(it, None), it)
+        except BaseException as e:  # raised in the loop, where the epoch is read
+            self._started = e
+
+    def epoch(self, more: bool) -> Iterator[dict[str, torch.Tensor]]:
+        """This epoch's chunks; ``more``: another epoch follows, so start it early."""
+        if self._ahead is None:
+            self._start()
+        else:
+            self._ahead.join()
+            self._ahead = None
+        started, self._started = self._started, None
+        if isinstance(started, BaseException):
+            raise started
+        chunk, it = started
+        if chunk is None:
+            return
+        for following in it:
+            yield chunk
+            chunk = following
+        if more:
+            self._ahead = threading.Thread(target=self._start, name="trainflow-next-epoch", daemon=True)
+            self._ahead.start()
+        yield chunk
+
+
+def chunk_batches(chunks, batch_size: int, generator: torch.Generator):
+    """Mini-batches cut from larger chunks of rows, each chunk's rows shuffled first."""
+    for chunk in chunks:
+        yield from tensor_batches(chunk[FEATURES], chunk[LABEL], batch_size, generator)
+
+
+def tensor_batches(
+    x: torch.Tensor, y: torch.Tensor, batch_size: int, generator: torch.Generator | None = None
+):
+    """Mini-batches of in-memory tensors, shuffled when a generator is given."""
+    if generator is not None:
+        order = torch.randperm(len(y), generator=generator).to(y.device)
+    else:
+        order = torch.arange(len(y), device=y.device)
+    for i in range(0, len(y), batch_size):
+        idx = order[i : i + batch_size]
+        yield {FEATURES: x[idx], LABEL: y[idx]}

@@ -1,0 +1,368 @@
+"""The training loop that runs on every Ray Train worker, and its parts: optimizer,
+learning-rate schedule, precision, early stopping, one epoch of training, validation.
+
+:func:`train_loop_per_worker` reads its :class:`~.settings.TrainSettings`, its share of
+the prepared splits (:mod:`.inputs`), trains, and reports each epoch's metrics with a
+checkpoint from rank 0, resuming from Ray's latest checkpoint when there is one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainflow.pipelines.checkpoint import MODEL, TRAIN_STATE, save_checkpoint
+from trainflow.pipelines.models import build_model
+from trainflow.pipelines.preprocess import FEATURES, LABEL
+from trainflow.pipelines.training.inputs import (
+    STREAM_CHUNK_BATCHES,
+    StreamedEpochs,
+    chunk_batches,
+    split_source,
+    tensor_batches,
+)
+from trainflow.pipelines.training.placements import record_placement
+from trainflow.pipelines.training.progress import ProgressLog
+
+if TYPE_CHECKING:
+    from trainflow.config import TrainConfig
+    from trainflow.pipelines.training.settings import TrainSettings
+
+# The key under which TorchTrainer hands every worker its TrainSettings.
+SETTINGS = "settings"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How training ended, the same on every worker: ``completed``, ``early_stopped``
+    (``message`` says why) or ``diverged`` (``message`` says what to change), after ``epoch``."""
+
+    status: str
+    epoch: int
+    message: str = ""
+
+
+def make_optimizer(
+    name: str, params, lr: float, weight_decay: float, momentum: float = 0.9
+) -> torch.optim.Optimizer:
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    raise ValueError(f"train.optimizer {name!r}: use adam, adamw or sgd")
+
+
+def lr_factor(epoch: int, *, epochs: int, scheduler: str, warmup_epochs: int, step_size: int, gamma: float):
+    """The multiple of train.lr used in ``epoch`` (0-based): linear warm-up, then the schedule."""
+    if epoch < warmup_epochs:
+        return (epoch + 1) / (warmup_epochs + 1)
+    after = epoch - warmup_epochs
+    if scheduler == "cosine":
+        span = max(epochs - warmup_epochs, 1)
+        return 0.5 * (1.0 + math.cos(math.pi * after / span))
+    if scheduler == "step":
+        return gamma ** (after // step_size)
+    return 1.0
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig):
+    """A LambdaLR stepped once per epoch; its state (the epoch count) resumes with the run."""
+    schedule = {k: getattr(train, k) for k in ("epochs", "scheduler", "warmup_epochs", "step_size", "gamma")}
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: lr_factor(epoch, **schedule))
+
+
+AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+class Precision:
+    """``train.precision`` on one device: the autocast context and, for fp16, a gradient scaler."""
+
+    def __init__(self, precision: str, device: torch.device):
+        self.device_type = device.type
+        self.dtype = AUTOCAST_DTYPES.get(precision)
+        # fp16 gradients underflow without loss scaling; bf16 has fp32's range.
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "16-mixed")
+
+    def autocast(self):
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
+
+
+def seed_everything(seed: int) -> None:
+    """Python, NumPy and torch (every device) from one seed."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    """Each epoch draws from a seed of its own per worker, so a run resumed at epoch k
+    draws the same shuffles and dropout masks as one that never stopped."""
+    return seed * 1_000_003 + epoch * 7_919 + rank
+
+
+def _all_sum(*values: float) -> list[float]:
+    """Sum values over every worker (one all-reduce), so each reports the global figure."""
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def train_epoch(
+    model: nn.Module,
+    batches,
+    optimizer,
+    loss_fn,
+    precision: Precision | None = None,
+    grad_clip_norm: float | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+) -> float:
+    """One pass over ``batches``; returns the mean train loss over every worker's examples."""
+    precision = precision or Precision("32", torch.device("cpu"))
+    scaler = precision.scaler
+    model.train()
+    loss_sum, n = 0.0, 0
+    for step, batch in enumerate(batches, start=1):
+        x, y = batch[FEATURES], batch[LABEL]
+        optimizer.zero_grad(set_to_none=True)
+        with precision.autocast():
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        if grad_clip_norm is not None:
+            scaler.unscale_(optimizer)
+            nn.utils.clip_grad_norm_(model.parameters(), grad_clip_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        batch_loss = loss.item()
+        loss_sum += batch_loss * len(y)
+        n += len(y)
+        if on_step is not None:
+            on_step(step, batch_loss)
+    total, count = _all_sum(loss_sum, n)
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def validate(model: nn.Module, batches, loss_fn, precision: Precision | None = None) -> tuple[float, float]:
+    precision = precision or Precision("32", torch.device("cpu"))
+    model.eval()
+    loss_sum, correct, n = 0.0, 0, 0
+    for batch in batches:
+        x, y = batch[FEATURES], batch[LABEL]
+        with precision.autocast():
+            logits = model(x)
+        logits = logits.float()
+        loss_sum += loss_fn(logits, y).item() * len(y)
+        correct += (logits.argmax(dim=1) == y).sum().item()
+        n += len(y)
+    total_loss, total_correct, count = _all_sum(loss_sum, correct, n)
+    return total_loss / max(count, 1), total_correct / max(count, 1)
+
+
+class EarlyStopping:
+    """Counts epochs without improvement of one metric; its state resumes with the run."""
+
+    def __init__(self, metric: str, mode: str, patience: int, min_delta: float):
+        self.metric, self.mode, self.patience, self.min_delta = metric, mode, patience, min_delta
+        self.best: float | None = None
+        self.bad_epochs = 0
+
+    def update(self, metrics: dict[str, float]) -> bool:
+        """Record an epoch; True when training should stop."""
+        value = metrics[self.metric]
+        if self.best is None:
+            improved = True
+        elif self.mode == "max":
+            improved = value > self.best + self.min_delta
+        else:
+            improved = value < self.best - self.min_delta
+        if improved:
+            self.best, self.bad_epochs = value, 0
+        else:
+            self.bad_epochs += 1
+        return self.bad_epochs >= self.patience
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "bad_epochs": self.bad_epochs}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.bad_epochs = state["best"], state["bad_epochs"]
+
+
+def load_callbacks(paths: list[str]) -> list[Callable[..., None]]:
+    """Import ``train.callbacks`` ("package.module:function") on the worker."""
+    import importlib
+
+    out = []
+    for path in paths:
+        module, _, name = path.partition(":")
+        try:
+            out.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"train.callbacks: cannot import {path!r} on the Ray worker: {e}") from e
+    return out
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if hasattr(model, "module") else model
+
+
+def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
+    """Runs on every Ray Train worker, with its settings under ``loop_config["settings"]``.
+
+    Returns how training ended, the same :class:`Outcome` on every worker.
+    """
+    import ray
+    import ray.train
+    import ray.train.torch
+
+    settings = loop_config[SETTINGS]
+    cfg = settings.train
+    epochs, batch_size, seed, log_every = cfg.epochs, cfg.batch_size, cfg.seed, cfg.log_every_n_steps
+    callbacks = load_callbacks(cfg.callbacks)
+    stopping = EarlyStopping(**cfg.early_stopping.model_dump()) if cfg.early_stopping else None
+    saved_config = settings.config.model_dump(mode="json")  # what each checkpoint's config.json holds
+
+    # Seeded before the model is built: the same initial weights on every worker.
+    if cfg.deterministic:
+        ray.train.torch.enable_reproducibility(seed)
+    else:
+        seed_everything(seed)
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    device = ray.train.torch.get_device()
+    model = ray.train.torch.prepare_model(build_model(settings.model_spec))
+    optimizer = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.weight_decay, cfg.momentum)
+    scheduler = make_scheduler(optimizer, cfg)
+    precision = Precision(cfg.precision, device)
+    loss_fn = nn.CrossEntropyLoss()
+    # The ProgressLog the driver follows (None: nobody follows this run).
+    progress = ProgressLog(settings.progress, rank) if settings.progress else None
+    if settings.placements and rank == 0:
+        record_placement(settings.placements, ctx.get_experiment_name())
+
+    # Resume: Ray hands back the latest checkpoint after a worker failure or when the
+    # same run name is fitted again (a Prefect retry of the train task).
+    start_epoch, history = 0, []
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as folder:
+            state = torch.load(Path(folder) / TRAIN_STATE, map_location="cpu", weights_only=True)
+            model_state = torch.load(Path(folder) / MODEL, map_location="cpu", weights_only=True)
+        _unwrap(model).load_state_dict(model_state)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        precision.scaler.load_state_dict(state["scaler"])
+        if stopping is not None and state["early_stopping"]:
+            stopping.load_state_dict(json.loads(state["early_stopping"]))
+        start_epoch = state["epoch"]
+        history = json.loads(state["history"])
+    if progress is not None:
+        progress.started(ray.get_runtime_context().get_node_id(), start_epoch)
+
+    # Splits in memory_splits are read once, straight from the prepared Parquet, and kept
+    # as tensors: Ray Data's split coordinators and a streaming pass per epoch cost more
+    # than a small epoch (benchmarks/training.py). The others stream from Ray Data every epoch.
+    world_size = ctx.get_world_size()
+    train = split_source("train", settings.memory_splits, rank, world_size, device)
+    val = split_source("val", settings.memory_splits, rank, world_size, device)
+    pin_memory = device.type == "cuda"
+    if not isinstance(train, tuple):
+        train = StreamedEpochs(train, batch_size * STREAM_CHUNK_BATCHES, device, pin_memory)
+
+    outcome = Outcome("completed", epochs)
+    for epoch in range(start_epoch, epochs):
+        this_seed = epoch_seed(seed, epoch, rank)
+        seed_everything(this_seed)
+        if isinstance(train, tuple):
+            train_batches = tensor_batches(*train, batch_size, torch.Generator().manual_seed(this_seed))
+        else:
+            # Chunks of STREAM_CHUNK_BATCHES batches from Ray Data, each shuffled and cut
+            # into batches here.
+            chunks = train.epoch(more=epoch + 1 < epochs)
+            train_batches = chunk_batches(chunks, batch_size, torch.Generator().manual_seed(this_seed))
+        if isinstance(val, tuple):
+            val_batches = tensor_batches(*val, batch_size)
+        else:
+            val_batches = val.iter_torch_batches(batch_size=batch_size, device=device, pin_memory=pin_memory)
+
+        on_step = None
+        if log_every and rank == 0 and progress is not None:
+
+            def on_step(step: int, loss: float, epoch: int = epoch) -> None:
+                if step % log_every == 0:
+                    progress.step({"epoch": epoch + 1, "step": step, "loss": loss})
+
+        lr = optimizer.param_groups[0]["lr"]
+        train_loss = train_epoch(
+            model, train_batches, optimizer, loss_fn, precision, cfg.grad_clip_norm, on_step
+        )
+        if not math.isfinite(train_loss):
+            # Every worker holds the same all-reduced figure, so all stop here together.
+            # A returned outcome, not an exception: Ray would restart the workers and
+            # diverge again from the last checkpoint.
+            return Outcome(
+                "diverged",
+                epoch + 1,
+                f"train loss became {train_loss} in epoch {epoch + 1}; lower train.lr "
+                f"(now {cfg.lr}) or check the data for extreme values",
+            )
+        val_loss, val_accuracy = validate(model, val_batches, loss_fn, precision)
+        scheduler.step()
+        metrics = {
+            "epoch": epoch + 1,
+            "train_loss": train_loss,
+            "val_loss": val_loss,
+            "val_accuracy": val_accuracy,
+            "lr": lr,
+        }
+        history.append(metrics)
+        stop = stopping.update(metrics) if stopping is not None else False
+        with tempfile.TemporaryDirectory() as tmp:
+            report_checkpoint = None
+            if rank == 0:
+                save_checkpoint(
+                    tmp,
+                    model=model,
+                    spec=settings.model_spec,
+                    preprocessor=settings.preprocessor,
+                    config=saved_config,
+                    metrics={**metrics, "history": history},
+                    train_state={
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "scaler": precision.scaler.state_dict(),
+                        "early_stopping": json.dumps(stopping.state_dict()) if stopping else "",
+                        "epoch": epoch + 1,
+                        "history": json.dumps(history),
+                    },
+                )
+                report_checkpoint = ray.train.Checkpoint.from_directory(tmp)
+                if progress is not None:
+                    progress.add(metrics)
+            ray.train.report(metrics, checkpoint=report_checkpoint)
+        for callback in callbacks:
+            callback(epoch + 1, metrics, rank)
+        if stop:
+            outcome = Outcome(
+                "early_stopped",
+                epoch + 1,
+                f"{stopping.metric} did not improve for {stopping.patience} epochs",
+            )
+            break
+    return outcome

@@ -1,0 +1,69 @@
+"""The placement groups of a sweep's worker groups, so that the sweep can remove them.
+
+A trial that ASHA stops is killed with its TorchTrainer's controller, which then cannot
+remove its workers' placement group; Ray Train's own cleaner needs the dashboard's
+state API. Left alone, the CPUs stay reserved and later trials wait forever. So rank 0
+of every worker group of a sweep records its placement group here
+(:func:`record_placement`), and the sweep removes a trial's groups when it ends
+(:meth:`PlacementTracker.release`) and every group left when the sweep ends
+(:meth:`PlacementTracker.close`).
+
+Held in Ray's GCS key-value store, one key per group,
+``trainflow/placements/<tracker>/<run>/<group id>``, written once by the worker that
+holds it: nothing else to start, and a record outlives the worker that wrote it.
+"""
+
+from __future__ import annotations
+
+NAMESPACE = "trainflow"
+PREFIX = "trainflow/placements/"
+
+
+def record_placement(tracker: str, run: str) -> None:
+    """Record the placement group of the calling Ray Train worker's group, in the Ray
+    Train run ``run``, with the :class:`PlacementTracker` named ``tracker``."""
+    import ray
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    group = ray.util.get_current_placement_group()
+    if group is not None:
+        _internal_kv_put(f"{PREFIX}{tracker}/{run}/{group.id.hex()}", b"", namespace=NAMESPACE)
+
+
+class PlacementTracker:
+    """The placement groups that the worker groups of a sweep named ``name`` recorded."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.prefix = f"{PREFIX}{name}/"
+
+    def groups(self, run: str = "") -> list[str]:
+        """The hex ids of the groups recorded for the Ray Train run ``run`` ("" : every run)."""
+        from ray.experimental.internal_kv import _internal_kv_list
+
+        prefix = f"{self.prefix}{run}/" if run else self.prefix
+        keys = _internal_kv_list(prefix, namespace=NAMESPACE)
+        return sorted({key.decode().rsplit("/", 1)[1] for key in keys})
+
+    def release(self, run: str) -> None:
+        """Remove the groups of the Ray Train run ``run`` that still hold resources."""
+        self._remove(self.groups(run))
+
+    def close(self) -> None:
+        """Remove every group still held, and forget them all."""
+        from ray.experimental.internal_kv import _internal_kv_del
+
+        try:
+            self._remove(self.groups())
+        finally:
+            _internal_kv_del(self.prefix, del_by_prefix=True, namespace=NAMESPACE)
+
+    @staticmethod
+    def _remove(hex_ids: list[str]) -> None:
+        import ray
+        from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+        for hex_id in hex_ids:
+            group = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(hex_id)))
+            if placement_group_table(group).get("state") not in ("REMOVED", None):
+                remove_placement_group(group)

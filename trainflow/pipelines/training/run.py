@@ -1,0 +1,167 @@
+"""One training run, assembled in one place: :func:`run_training` hands a prepared entry's
+train and val splits to a TorchTrainer running :func:`~.loop.train_loop_per_worker` with
+the run's :class:`~.settings.TrainSettings`, and returns what came of it. The train task
+runs it once per flow run; a sweep, once per trial.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from trainflow.config import PipelineConfig
+from trainflow.pipelines.checkpoint import METRICS, read_json
+from trainflow.pipelines.training.inputs import TRAIN_SPLITS, split_inputs, splits_in_memory
+from trainflow.pipelines.training.loop import SETTINGS, Outcome, train_loop_per_worker
+from trainflow.pipelines.training.progress import Progress, follow_progress
+from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings
+from trainflow.runtime import timeline
+
+if TYPE_CHECKING:
+    import ray.data
+    from ray.train.torch import TorchTrainer
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite: training again with the same settings would too."""
+
+
+@dataclass
+class TrainingResult:
+    """What a finished training run gives: its best checkpoint and how it got there."""
+
+    run_path: str  # the Ray Train run's folder
+    best_checkpoint: str  # the checkpoint that scored best on checkpoint.metric
+    best_metrics: dict[str, Any]  # that checkpoint's epoch metrics
+    history: list[dict[str, float]]  # every epoch's metrics, as the last checkpoint holds them
+    status: str  # completed | early_stopped
+    epoch: int  # the last epoch trained
+    message: str  # why it stopped early ("" when it completed)
+    # The epoch each start of the worker group resumed after, in this call: [0] ran from
+    # scratch; [0, 3] lost a worker and resumed after epoch 3. With the node ids the
+    # workers ran on, known when the run was followed (on_row).
+    starts: list[int] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    in_memory: tuple[str, ...] = ()  # the splits the workers held in memory; the rest streamed
+
+
+def run_training(
+    config: PipelineConfig,
+    prepared: PreparedSplits,
+    *,
+    run_name: str,
+    storage: str,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    callbacks: Sequence[Any] = (),
+    placements: str | None = None,
+) -> TrainingResult:
+    """Train ``config``'s model on the prepared splits, as the Ray Train run ``run_name``
+    under ``storage``, and return its best checkpoint.
+
+    A run of the same name and storage that has checkpoints resumes from its latest (a
+    retry of the caller, for instance). ``on_row`` is called, in the caller's thread for
+    the first and a follower thread for the others, with ``{"kind": "plan", "in_memory":
+    [...], "streamed": [...], "run_path": ...}`` before the workers start, then each row
+    the workers write (``start``, ``epoch``, ``step``: see progress.ProgressLog). Without
+    ``on_row`` the workers write no rows, and the result has no ``starts`` and ``nodes``.
+    ``callbacks``: Ray Train callbacks, such as Ray Tune's TuneReportCallback in a sweep;
+    ``placements``: the PlacementTracker the worker groups record themselves in.
+
+    Raises TrainingDiverged when the loss became NaN or infinite.
+    """
+    in_memory = splits_in_memory(config, prepared.path, prepared.preprocessor)
+    memory_splits, datasets = split_inputs(
+        prepared.path, in_memory=in_memory, preprocessor=prepared.preprocessor
+    )
+    # Unique per call: a retry must not read (or clear) the last attempt's progress rows.
+    progress = f"trainflow-progress-{run_name}-{uuid.uuid4().hex[:8]}" if on_row is not None else None
+    settings = TrainSettings.from_config(
+        config,
+        preprocessor=prepared.preprocessor,
+        num_features=prepared.num_features,
+        num_classes=prepared.num_classes,
+        memory_splits=memory_splits,
+        progress=progress,
+        placements=placements,
+    )
+    trainer = build_trainer(settings, datasets, run_name=run_name, storage_path=storage, callbacks=callbacks)
+    if on_row is not None:
+        streamed = [name for name in TRAIN_SPLITS if name not in in_memory]
+        on_row(
+            {
+                "kind": "plan",
+                "in_memory": list(in_memory),
+                "streamed": streamed,
+                "run_path": f"{storage}/{run_name}",
+            }
+        )
+    timeline("train fit start")
+    with follow_progress(progress, on_row) if progress else nullcontext(Progress()) as seen:
+        result = trainer.fit()
+    timeline("train fit returned")
+    outcome: Outcome = result.return_value or Outcome("completed", config.train.epochs)
+    if outcome.status == "diverged":
+        raise TrainingDiverged(outcome.message)
+    best = result.get_best_checkpoint(config.checkpoint.metric, config.checkpoint.mode)
+    return TrainingResult(
+        run_path=str(result.path),
+        best_checkpoint=best.path,
+        best_metrics=checkpoint_metrics(best.path),
+        history=read_json(result.checkpoint.path, METRICS)["history"],
+        status=outcome.status,
+        epoch=outcome.epoch,
+        message=outcome.message,
+        starts=seen.starts,
+        nodes=seen.nodes,
+        in_memory=in_memory,
+    )
+
+
+def checkpoint_metrics(checkpoint: str) -> dict[str, Any]:
+    """A checkpoint's epoch metrics, without the history of the epochs before it."""
+    metrics = read_json(checkpoint, METRICS)
+    metrics.pop("history", None)
+    return metrics
+
+
+def build_trainer(
+    settings: TrainSettings,
+    datasets: dict[str, ray.data.Dataset] | None,
+    *,
+    run_name: str,
+    storage_path: str,
+    callbacks: Sequence[Any] = (),
+) -> TorchTrainer:
+    """The TorchTrainer of one run of ``settings.config``, its workers fed ``datasets``
+    (the streamed splits) besides the splits they read into memory."""
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    config = settings.config
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={SETTINGS: settings},
+        datasets=datasets,
+        scaling_config=ScalingConfig(
+            num_workers=config.scaling.num_workers,
+            use_gpu=config.scaling.use_gpu,
+            resources_per_worker=dict(config.scaling.resources_per_worker),
+            placement_strategy=config.scaling.placement_strategy,
+        ),
+        run_config=RunConfig(
+            name=run_name,
+            storage_path=storage_path,
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=config.checkpoint.keep,
+                checkpoint_score_attribute=config.checkpoint.metric,
+                checkpoint_score_order=config.checkpoint.mode,
+            ),
+            failure_config=FailureConfig(max_failures=config.failure.max_failures),
+            # Ray Train logs every report and checkpoint at INFO; trainflow logs each epoch.
+            logging_config=LoggingConfig(log_level="WARNING"),
+            callbacks=list(callbacks),
+        ),
+    )

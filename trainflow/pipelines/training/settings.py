@@ -1,0 +1,101 @@
+"""The settings a training run's workers get: one typed, frozen object built from the
+config (:meth:`TrainSettings.from_config`), and what training reads of a prepared entry
+(:class:`PreparedSplits`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainflow.config import ConfigError, PipelineConfig, TrainConfig
+from trainflow.pipelines.models import model_spec
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Everything a worker of one training run needs, each value held once.
+
+    It crosses to the Ray Train workers pickled; the values computed at run time (the
+    model spec, the preprocessor state, the split folders) must be plain JSON, as they
+    are saved in each checkpoint: anything else is refused when the settings are made,
+    naming the value, instead of failing inside a worker.
+    """
+
+    config: PipelineConfig  # the run's config: its train section drives the loop; saved with each checkpoint
+    model_spec: dict[str, Any]  # the architecture (models.model_spec)
+    preprocessor: dict[str, Any]  # the fitted preprocessing, saved with each checkpoint
+    # The splits each worker reads once into memory, by name: their prepared folders.
+    # The other train splits stream from the Datasets TorchTrainer is given.
+    memory_splits: dict[str, str] = field(default_factory=dict)
+    progress: str | None = None  # the ProgressLog the driver follows; None: nobody follows
+    placements: str | None = None  # the PlacementTracker rank 0 records its group in (sweeps)
+
+    def __post_init__(self) -> None:
+        for name in ("model_spec", "preprocessor", "memory_splits"):
+            check_plain(getattr(self, name), f"train settings: {name}")
+
+    @classmethod
+    def from_config(
+        cls,
+        config: PipelineConfig,
+        *,
+        preprocessor: dict[str, Any],
+        num_features: int,
+        num_classes: int,
+        memory_splits: Mapping[str, str] = {},
+        progress: str | None = None,
+        placements: str | None = None,
+    ) -> TrainSettings:
+        """The settings of a run of ``config`` on data of ``num_features`` inputs and
+        ``num_classes`` classes; a model that does not fit them raises ConfigError here."""
+        return cls(
+            config=config,
+            model_spec=model_spec(config.model, num_features, num_classes),
+            preprocessor=preprocessor,
+            memory_splits=dict(memory_splits),
+            progress=progress,
+            placements=placements,
+        )
+
+    @property
+    def train(self) -> TrainConfig:
+        """The train section: epochs, batch size, optimizer, schedule, seed and the rest."""
+        return self.config.train
+
+
+def check_plain(value: Any, path: str) -> None:
+    """Refuse, naming it by its ``path``, a value that is not plain JSON (str, int, finite
+    float, bool, None, and lists and string-keyed dicts of them)."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"{path}: {value} is not a finite number")
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"{path}: key {key!r} must be a string")
+            check_plain(item, f"{path}.{key}")
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_plain(item, f"{path}[{i}]")
+        return
+    raise ConfigError(
+        f"{path}: a {type(value).__name__} cannot be passed to Ray Train workers; "
+        "use str, int, float, bool, None, lists or dicts of them"
+    )
+
+
+@dataclass(frozen=True)
+class PreparedSplits:
+    """What training reads of a prepared entry: its folder (``train/`` and ``val/``
+    Parquet), its preprocessor state, and the model's input width and classes."""
+
+    path: str
+    preprocessor: dict[str, Any]
+    num_features: int
+    num_classes: int

@@ -24,11 +24,17 @@ import pytest
 
 
 def small_config(**sections) -> dict:
-    """A digits config that trains in seconds: an MLP, one epoch, two half-CPU workers."""
+    """A digits config that trains in seconds: an MLP, one epoch, one half-CPU worker.
+
+    One worker, since each worker is a process that imports torch: a test about several
+    workers (sharding, DDP, a rank other than 0) asks for them,
+    ``small_config(scaling={"num_workers": 2})``. Sections given are merged into these.
+    """
     config: dict = {
         "name": "digits-test",
         "model": {"kind": "mlp", "hidden_sizes": [32]},
         "train": {"epochs": 1, "batch_size": 32, "lr": 0.01},
+        "scaling": {"num_workers": 1},
         "registry": {"min_value": 0.0},
     }
     for key, value in sections.items():

@@ -84,12 +84,13 @@ def prepared(ray_cluster, tmp_path_factory):
 
 
 def fit(prepared, storage, run_name=None, in_memory=("train", "val"), **train):
-    """Train the small MLP the way the train task does; (outcome, history, progress, result).
-    Each split in ``in_memory`` is read by each worker from the prepared Parquet; the
-    others stream from Ray Data (the shapes config's augmented images take that path end
-    to end)."""
+    """Train the small MLP the way the train task does, on two workers (what these tests
+    are about: shards, every worker stopping together, a rank other than 0 lost);
+    (outcome, history, progress, result). Each split in ``in_memory`` is read by each
+    worker from the prepared Parquet; the others stream from Ray Data (the shapes config's
+    augmented images take that path end to end)."""
 
-    config = load_config(small_config(train=train))
+    config = load_config(small_config(train=train, scaling={"num_workers": 2}))
     spec = models.model_spec(config.model, len(prepared.preprocessor.feature_columns), 10)
     progress_log = f"test-progress-{uuid.uuid4().hex[:8]}"
     memory_splits, datasets = tr.split_inputs(prepared.path, in_memory=in_memory)
@@ -225,14 +226,25 @@ def test_streamed_epochs_give_every_row_once_each_epoch_with_the_next_started_ea
 
 
 @pytest.mark.slow
-def test_a_streamed_train_split_validates_on_the_whole_val_split_held_in_memory(prepared, tmp_path):
+def test_a_streamed_train_split_validates_on_the_whole_val_split_and_early_stopping_stops_every_worker(
+    prepared, tmp_path
+):
     # What auto picks for a large train split: train streams from Ray Data, val is read
     # once into each worker's memory. TorchTrainer gets no val Dataset, so a loop that
     # asked Ray for a val shard would fail the run.
     memory_splits, datasets = tr.split_inputs(prepared.path, in_memory=("val",))
     assert list(memory_splits) == ["val"] and list(datasets) == ["train"]
-    outcome, history, _, result = fit(prepared, tmp_path, in_memory=("val",), epochs=2)
-    assert outcome["status"] == "completed" and [m["epoch"] for m in history] == [1, 2]
+    # No epoch can beat the first by 10: the run stops after 1 + patience epochs, every
+    # worker together (a worker that trained on would wait for the others' all-reduce).
+    outcome, history, _, result = fit(
+        prepared,
+        tmp_path,
+        in_memory=("val",),
+        epochs=6,
+        early_stopping={"metric": "val_loss", "mode": "min", "patience": 2, "min_delta": 10.0},
+    )
+    assert outcome["status"] == "early_stopped" and outcome["epoch"] == 3
+    assert [m["epoch"] for m in history] == [1, 2, 3]
     # The last epoch's val metrics are its checkpoint's model scored on every val row,
     # though each of the two workers held only its own rows.
     batch = next(iter(read_split_batches(str(prepared.path / "val"), batch_size=1 << 16)))
@@ -243,19 +255,6 @@ def test_a_streamed_train_split_validates_on_the_whole_val_split_held_in_memory(
         logits = model(x)
     assert history[-1]["val_loss"] == pytest.approx(nn.functional.cross_entropy(logits, y).item(), rel=1e-5)
     assert history[-1]["val_accuracy"] == pytest.approx((logits.argmax(dim=1) == y).float().mean().item())
-
-
-@pytest.mark.slow
-def test_early_stopping_stops_every_worker_together(prepared, tmp_path):
-    # No epoch can beat the first by 10: the run stops after 1 + patience epochs.
-    outcome, history, _, _ = fit(
-        prepared,
-        tmp_path,
-        epochs=6,
-        early_stopping={"metric": "val_loss", "mode": "min", "patience": 2, "min_delta": 10.0},
-    )
-    assert outcome["status"] == "early_stopped" and outcome["epoch"] == 3
-    assert [m["epoch"] for m in history] == [1, 2, 3]
 
 
 @pytest.mark.slow

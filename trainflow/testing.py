@@ -10,13 +10,15 @@ Use them from your own ``conftest.py``::
 
 ``ray_cluster`` and ``prefect_harness`` start once per session (a Ray cluster costs
 about 10 s, a Prefect test server about 8 s); ``trainflow_home`` gives each test its
-own working folders and MLflow registry, and ``module_trainflow_home`` gives a module's
-tests one, so that data prepared by the first run is reused by the others.
+own working folders and MLflow registry (a copy of an empty one made once per session),
+and ``module_trainflow_home`` gives a module's tests one, so that data prepared by the
+first run is reused by the others.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,11 +26,17 @@ import pytest
 
 
 def small_config(**sections) -> dict:
-    """A digits config that trains in seconds: an MLP, one epoch, two half-CPU workers."""
+    """A digits config that trains in seconds: an MLP, one epoch, one half-CPU worker.
+
+    One worker, since each worker is a process that imports torch: a test about several
+    workers (sharding, DDP, a rank other than 0) asks for them,
+    ``small_config(scaling={"num_workers": 2})``. Sections given are merged into these.
+    """
     config: dict = {
         "name": "digits-test",
         "model": {"kind": "mlp", "hidden_sizes": [32]},
         "train": {"epochs": 1, "batch_size": 32, "lr": 0.01},
+        "scaling": {"num_workers": 1},
         "registry": {"min_value": 0.0},
     }
     for key, value in sections.items():
@@ -73,21 +81,43 @@ def prefect_harness() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="session")
+def empty_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An embedded MLflow registry database with its tables created and nothing in it,
+    made once per session by trainflow's own registry code. Each home below starts from a
+    copy: creating the tables is a second of CPU per database (MLflow's migrations), and a
+    copy of an empty one is the same registry."""
+    from trainflow.pipelines import registry
+    from trainflow.runtime import Workspace
+
+    ws = Workspace(tmp_path_factory.mktemp("empty-registry")).ensure()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        registry.client(ws)
+    return ws.mlflow_db
+
+
+def _new_home(home: Path, empty_registry: Path) -> Path:
+    home.mkdir(parents=True)
+    shutil.copyfile(empty_registry, home / empty_registry.name)
+    return home
+
+
 @pytest.fixture
-def trainflow_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def trainflow_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, empty_registry: Path) -> Path:
     """A fresh TRAINFLOW_HOME (cache, runs, embedded MLflow registry) for one test."""
-    home = tmp_path / "trainflow-home"
+    home = _new_home(tmp_path / "trainflow-home", empty_registry)
     monkeypatch.setenv("TRAINFLOW_HOME", str(home))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return home
 
 
 @pytest.fixture(scope="module")
-def module_trainflow_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def module_trainflow_home(tmp_path_factory: pytest.TempPathFactory, empty_registry: Path) -> Iterator[Path]:
     """One TRAINFLOW_HOME for a module's tests: the first run prepares its data's splits and
     the others find them in the cache. Give each test's model a name of its own, so that
     what one test registers does not change what another finds in the registry."""
-    home = tmp_path_factory.mktemp("module-home") / "trainflow-home"
+    home = _new_home(tmp_path_factory.mktemp("module-home") / "trainflow-home", empty_registry)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRAINFLOW_HOME", str(home))
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -3,6 +3,9 @@
 The head starts first; `trainflow run` connects through RAY_ADDRESS and its preflight
 waits for the training workers' resources, which only appear when a second node joins
 (what an autoscaler does). The workers then train on both nodes.
+
+The run reports to the session's Prefect server (``prefect_harness``) rather than starting
+a temporary one: how a run starts Prefect is tests/e2e/test_front_door.py's.
 """
 
 import os
@@ -18,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.e2e.test_cli import session_services
 from trainflow.testing import small_config
 
 pytestmark = pytest.mark.slow
@@ -70,7 +74,7 @@ def ray_node(args: list[str], env: dict[str, str], log: Path):
         proc.wait()
 
 
-def test_the_flow_waits_for_a_second_node_then_trains_on_both(tmp_path):
+def test_the_flow_waits_for_a_second_node_then_trains_on_both(prefect_harness, tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PREFECT_API_URL")}
     # A cluster with token authentication, as `ray start` makes by default; the token
@@ -80,7 +84,11 @@ def test_the_flow_waits_for_a_second_node_then_trains_on_both(tmp_path):
     config = small_config(
         train={"epochs": 1},  # where the workers run is the point, not how long they train
         data={"limit": 600},
-        scaling={"resources_per_worker": {"CPU": 0.5, "trainer": 1}, "wait_for_resources_s": 300},
+        scaling={
+            "num_workers": 2,
+            "resources_per_worker": {"CPU": 0.5, "trainer": 1},
+            "wait_for_resources_s": 300,
+        },
     )
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     run_log = tmp_path / "run.log"
@@ -92,7 +100,12 @@ def test_the_flow_waits_for_a_second_node_then_trains_on_both(tmp_path):
             run = subprocess.Popen(
                 [sys.executable, "-m", "trainflow.cli", "run", str(tmp_path / "config.yaml")],
                 cwd=REPO,
-                env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}", "TRAINFLOW_HOME": str(tmp_path / "home")},
+                env={
+                    **env,
+                    **session_services(ray_address=False),
+                    "RAY_ADDRESS": f"127.0.0.1:{port}",
+                    "TRAINFLOW_HOME": str(tmp_path / "home"),
+                },
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )

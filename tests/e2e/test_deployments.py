@@ -4,7 +4,10 @@ deployments/prefect.yaml, `prefect deployment run ... --watch`, and `trainflow s
 on an interval schedule that fires by itself.
 
 One server serves the module; each flow run the worker or `trainflow serve` starts is a
-subprocess with its own Ray cluster, as in production.
+subprocess, as in production, connecting to the session's Ray cluster (``ray_cluster``)
+through RAY_ADDRESS, as runs on a shared cluster do: what is proven here is Prefect's side
+(deployments, pull steps, schedules, workers); a run starting a local Ray cluster of its
+own is tests/e2e/test_front_door.py's.
 """
 
 import json
@@ -20,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.test_cli import trainflow_in_process
+from tests.e2e.test_cli import session_services, trainflow_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -100,7 +103,7 @@ def flow_runs(env, deployment_name: str) -> list[dict]:
 
 
 def models_show(env, model: str):
-    """`trainflow models show` on the runs' registry, in this process (tests/e2e/test_cli.py
+    """`trainflow models show` on the runs' registry, in this process (tests/e2e/test_front_door.py
     runs it as a subprocess)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRAINFLOW_HOME", env["TRAINFLOW_HOME"])
@@ -108,8 +111,9 @@ def models_show(env, model: str):
         return trainflow_in_process("models", "show", model)
 
 
-def test_deployments_run_on_a_worker_and_a_served_schedule_fires(server):
+def test_deployments_run_on_a_worker_and_a_served_schedule_fires(server, ray_cluster):
     env, tmp = server
+    runs_env = {**env, **session_services(prefect_api=False)}  # for the flow runs' processes
     assert (
         run([BIN / "prefect", "work-pool", "create", "trainflow", "--type", "process"], env).returncode == 0
     )
@@ -124,7 +128,7 @@ def test_deployments_run_on_a_worker_and_a_served_schedule_fires(server):
     ).json()[0]
     assert [s["schedule"]["cron"] for s in nightly["schedules"]] == ["0 2 * * *"]
 
-    worker = start([BIN / "prefect", "worker", "start", "--pool", "trainflow"], env, tmp / "worker.log")
+    worker = start([BIN / "prefect", "worker", "start", "--pool", "trainflow"], runs_env, tmp / "worker.log")
     served = None
     try:
         # `prefect deployment run ... --watch`: Prefect 3's way to run a deployment by hand.
@@ -145,7 +149,7 @@ def test_deployments_run_on_a_worker_and_a_served_schedule_fires(server):
         served = start(
             [BIN / "trainflow", "serve", "configs/digits.yaml", "--smoke", "--set", "name=served",
              "--name", "every-5s", "--interval", "5"],
-            env, tmp / "serve.log",
+            runs_env, tmp / "serve.log",
         )  # fmt: skip
 
         # The git deployment runs from a fresh clone of the repository: its pull step

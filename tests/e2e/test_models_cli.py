@@ -1,7 +1,7 @@
 """`trainflow models list | show | promote | rollback` against a real registry on SQLite.
 
 In-process through Click's runner (a subprocess per command costs seconds of imports);
-tests/e2e/test_cli.py runs `models show` as a subprocess.
+tests/e2e/test_front_door.py runs `models show` as a subprocess.
 """
 
 import json

@@ -6,6 +6,7 @@ import pytest
 from tests.faults import marker
 from tests.flows.test_training_pipeline import flow_logs, task_runs
 from trainflow.config import load_config
+from trainflow.flows import training
 from trainflow.flows.training import training_pipeline
 from trainflow.testing import small_config
 
@@ -41,10 +42,13 @@ def test_a_worker_killed_mid_run_resumes_and_the_model_registers(
 
 
 def test_a_retried_train_task_resumes_its_ray_run_instead_of_starting_over(
-    ray_cluster, prefect_harness, module_trainflow_home
+    ray_cluster, prefect_harness, module_trainflow_home, monkeypatch
 ):
     # No Ray-level retries: the failure after epoch 2 fails the train task, and Prefect's
-    # retry of it fits the same Ray run again, for the one epoch left.
+    # retry of it fits the same Ray run again, for the one epoch left. The task as the
+    # flow has it, but without the seconds it waits before retrying (nothing here needs
+    # them to pass: the drill fails only once).
+    monkeypatch.setattr(training, "train", training.train.with_options(retry_delay_seconds=0))
     config = load_config(
         small_config(
             name="drill-task-retry",

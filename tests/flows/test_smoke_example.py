@@ -26,4 +26,7 @@ def test_my_config_runs_end_to_end(ray_cluster, prefect_harness, trainflow_home)
     # classes (chance is 0.1); this smoke run measured 0.65 (2026-11-23), so 0.3 catches a
     # model that did not learn without failing on an unlucky small test split.
     assert result.test_metrics["accuracy"] > 0.3
-    assert (trainflow_home / "mlflow.db").is_file()
+    # The model went to the test's own registry (under TRAINFLOW_HOME) and loads from it.
+    import trainflow
+
+    assert trainflow.load_model("digits-smoke@champion").version == "1"

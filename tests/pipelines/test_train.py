@@ -147,10 +147,12 @@ def splits(prepared):
 
 
 def fit(splits, storage, run_name=None, **train):
-    """Train the small MLP as the train task does; (result, the epoch rows, every row)."""
+    """Train the small MLP as the train task does, on two workers (what these tests are
+    about: shards, every worker stopping together, a rank other than 0 lost); (result,
+    the epoch rows, every row)."""
     rows = []
     result = run_training(
-        load_config(small_config(train=train)),
+        load_config(small_config(train=train, scaling={"num_workers": 2})),
         splits,
         run_name=run_name or f"test-{uuid.uuid4().hex[:8]}",
         storage=str(storage),
@@ -321,7 +323,7 @@ def test_a_sweep_removes_the_placement_groups_its_worker_groups_recorded(ray_clu
 
 
 @pytest.mark.slow
-def test_a_streamed_train_split_validates_on_the_whole_val_split_held_in_memory(
+def test_a_streamed_train_split_validates_on_the_whole_val_split_and_early_stopping_stops_every_worker(
     prepared, splits, tmp_path, monkeypatch
 ):
     # What auto picks for a large train split: train streams from Ray Data, val is read
@@ -332,9 +334,18 @@ def test_a_streamed_train_split_validates_on_the_whole_val_split_held_in_memory(
     monkeypatch.setattr(inputs, "IN_MEMORY_BYTES", (train + val) / 4)
     memory_splits, datasets = inputs.split_inputs(prepared.path, in_memory=("val",))
     assert list(memory_splits) == ["val"] and list(datasets) == ["train"]
-    result, history, rows = fit(splits, tmp_path, epochs=2)
+    # No epoch can beat the first by 10: the run stops after 1 + patience epochs, every
+    # worker together (a worker that trained on would wait for the others' all-reduce).
+    result, history, rows = fit(
+        splits,
+        tmp_path,
+        epochs=6,
+        early_stopping={"metric": "val_loss", "mode": "min", "patience": 2, "min_delta": 10.0},
+    )
     assert (rows[0]["in_memory"], rows[0]["streamed"]) == (["val"], ["train"])
-    assert result.status == "completed" and [m["epoch"] for m in history] == [1, 2]
+    assert (result.status, result.epoch) == ("early_stopped", 3)
+    assert result.message == "val_loss did not improve for 2 epochs"
+    assert [m["epoch"] for m in history] == [1, 2, 3]
     # The best epoch's val metrics are its checkpoint's model scored on every val row,
     # though each of the two workers held only its own rows.
     batch = next(iter(read_split_batches(str(prepared.path / "val"), batch_size=1 << 16)))
@@ -344,20 +355,6 @@ def test_a_streamed_train_split_validates_on_the_whole_val_split_held_in_memory(
     best = result.best_metrics
     assert best["val_loss"] == pytest.approx(nn.functional.cross_entropy(logits, y).item(), rel=1e-5)
     assert best["val_accuracy"] == pytest.approx((logits.argmax(dim=1) == y).float().mean().item())
-
-
-@pytest.mark.slow
-def test_early_stopping_stops_every_worker_together(splits, tmp_path):
-    # No epoch can beat the first by 10: the run stops after 1 + patience epochs.
-    result, history, _ = fit(
-        splits,
-        tmp_path,
-        epochs=6,
-        early_stopping={"metric": "val_loss", "mode": "min", "patience": 2, "min_delta": 10.0},
-    )
-    assert (result.status, result.epoch) == ("early_stopped", 3)
-    assert result.message == "val_loss did not improve for 2 epochs"
-    assert [m["epoch"] for m in history] == [1, 2, 3]
 
 
 @pytest.mark.slow

@@ -1,5 +1,8 @@
 """The checks before a run: each run checks once, and a bad run fails in one line."""
 
+import subprocess
+import sys
+
 import pytest
 
 from trainflow import checks
@@ -68,3 +71,14 @@ def test_a_command_run_checks_once_and_its_flow_run_takes_the_result(
     # The command checked before it started anything; the flow run and its ingest step
     # took that result instead of looking at the source again.
     assert inspections == ["builtin:digits"]
+
+
+def test_the_checks_before_a_run_import_neither_torch_nor_ray():
+    # They run before Prefect's server and Ray start: seconds of imports here would come
+    # before everything else a command does, and before a bad config's one line.
+    code = (
+        "import sys, trainflow.checks\n"
+        "print(sorted(m for m in ('torch', 'ray', 'prefect') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel
 
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.pipelines.data import SourceInfo
-from trainflow.pipelines.predict import InputInfo
+
+if TYPE_CHECKING:
+    # Prediction imports torch (seconds): a run's checks, made before anything starts, must not.
+    from trainflow.pipelines.predict import InputInfo
 
 T = TypeVar("T")
 

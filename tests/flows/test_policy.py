@@ -53,6 +53,38 @@ def test_two_trainings_of_one_model_take_turns(prefect_harness):
     assert entered_after_release == [True]
 
 
+def test_a_slot_a_killed_run_kept_is_named_in_the_log_and_freed_by_the_command_it_gives(
+    prefect_harness, caplog
+):
+    import logging
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
+
+    # What a run killed outright leaves: the model's slot taken, nobody to release it.
+    limit = "trainflow-model-killed"
+    with get_client(sync_client=True) as client:
+        taken = GlobalConcurrencyLimitCreate(name=limit, limit=1, active_slots=1)
+        client.create_global_concurrency_limit(taken)
+    entered = threading.Event()
+
+    def next_run():
+        with one_run_per_model("killed", logging.getLogger("test-policy")):
+            entered.set()
+
+    with caplog.at_level(logging.WARNING, logger="test-policy"):
+        waiter = in_thread(next_run)
+        assert not entered.wait(1.0), "a run entered a slot that was taken"
+    (record,) = [r for r in caplog.records if r.name == "test-policy"]
+    assert f"`prefect gcl update {limit} --active-slots 0`" in record.getMessage()
+    # What the command it names does, through the same API.
+    with get_client(sync_client=True) as client:
+        client.update_global_concurrency_limit(limit, GlobalConcurrencyLimitUpdate(active_slots=0))
+    assert entered.wait(60), "the waiting run never got the freed slot"
+    waiter.join(60)
+    assert not waiter.is_alive()
+
+
 def test_flow_parameters_resolve_paths_overrides_and_smoke():
     assert resolve_config(DEFAULT_CONFIG) == DEFAULT_CONFIG
     from_path = resolve_config(str(REPO / "configs" / "digits.yaml"), ["train.epochs=3"])

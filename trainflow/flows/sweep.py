@@ -55,7 +55,7 @@ def sweep_pipeline(config: PipelineConfig | str, overrides: list[str] | None = N
         name = f"{config.name}-sweep-{str(flow_run.id or 'local')[:8]}"
         swept, timings["sweep"] = timed(sweep, config, prepared, name, max_concurrent)
         best = PipelineConfig.model_validate(swept.best_config)
-        with one_run_per_model(config.name):
+        with one_run_per_model(config.name, logger):
             # evaluate the best trial's best checkpoint on the test split
             evaluated, timings["evaluate"] = timed(evaluate, best, prepared, swept.trained)
             # register it with the best trial's config; the champion moves only if the gate passes

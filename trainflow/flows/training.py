@@ -3,6 +3,7 @@
 # No `from __future__ import annotations` here: Prefect builds the flow's parameter
 # model from these annotations, and a served run fails to when they are strings.
 
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,8 @@ from trainflow.flows.logs import one_line_expected_errors
 from trainflow.runtime import preflight, ray_session, timeline
 from trainflow.tasks import evaluate, ingest, preprocess, register, render, train
 from trainflow.tasks.results import PipelineResult
+
+log = logging.getLogger("trainflow")
 
 
 def resolve_config(
@@ -42,9 +45,10 @@ def _run_name() -> str:
 
 
 @contextmanager
-def one_run_per_model(name: str) -> Iterator[None]:
+def one_run_per_model(name: str, logger: logging.Logger | logging.LoggerAdapter = log) -> Iterator[None]:
     """Hold the model's Prefect concurrency slot: two trainings of one model never overlap,
-    whichever deployments, schedules or hands started them; the later one waits."""
+    whichever deployments, schedules or hands started them; the later one waits, and says
+    so in its log with how to free a slot that a killed run kept."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
@@ -54,12 +58,24 @@ def one_run_per_model(name: str) -> Iterator[None]:
         # Look before creating: the server logs a refused duplicate as an error with a
         # traceback, which users read as a failure of their run.
         try:
-            client.read_global_concurrency_limit_by_name(limit)
+            busy = client.read_global_concurrency_limit_by_name(limit).active_slots > 0
         except ObjectNotFound:
+            busy = False
             try:
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=limit, limit=1))
             except ObjectAlreadyExists:  # another run created it in between
                 pass
+    if busy:
+        # A run killed outright (SIGKILL, out of memory, a machine that went down) cannot
+        # release its slot; on a temporary Prefect server nothing expires it either.
+        logger.warning(
+            "waiting for another training of %s to finish (Prefect concurrency limit %s is taken); "
+            "if none is running, a killed run kept the slot: free it with "
+            "`prefect gcl update %s --active-slots 0`",
+            name,
+            limit,
+            limit,
+        )
     with concurrency(limit, occupy=1, strict=True):
         yield
 
@@ -108,7 +124,7 @@ def training_pipeline(
     # ingest: skipped (cached) when the input's fingerprint and the data config are unchanged
     source, timings["ingest"] = timed(ingest, config, checked.source, cached=cached)
 
-    with one_run_per_model(config.name):
+    with one_run_per_model(config.name, logger):
         # Ray's worker processes start beside the flow for preparing on Ray; an input
         # small enough to prepare in this process needs none
         with ray_session(config, logger, warm=checked.warm):

@@ -55,7 +55,8 @@ class Preprocessor:
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> Preprocessor:
-        """The state as :meth:`to_dict` writes it, or as trainflow 0.1.0 wrote it."""
+        """The state as :meth:`to_dict` writes it, or as trainflow 0.1.0 wrote it (before
+        ``numeric_columns``, ``offset`` and ``scale``)."""
         state = {_OLD_KEYS.get(k, k): v for k, v in state.items()}
         if not state.pop("standardize", True):
             state["offset"], state["scale"], state["scaler"] = [], [], "none"

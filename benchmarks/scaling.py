@@ -80,7 +80,7 @@ def measure(source: str, work: str) -> dict:
                 cfg,
                 preprocessor=pre.to_dict(),
                 num_features=pre.num_features,
-                num_classes=len(pre.classes),
+                num_outputs=pre.num_outputs,
                 memory_splits=memory_splits,
             )
             trainer = build_trainer(

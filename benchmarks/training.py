@@ -98,7 +98,7 @@ def run_trainflow(
     seen = len(log.read_text().splitlines()) if log.exists() else 0
     memory_splits, datasets = split_inputs(folder, in_memory=splits)
     settings = TrainSettings.from_config(
-        cfg, preprocessor={}, num_features=FEATURES, num_classes=CLASSES, memory_splits=memory_splits
+        cfg, preprocessor={}, num_features=FEATURES, num_outputs=CLASSES, memory_splits=memory_splits
     )
     trainer = build_trainer(
         settings, datasets, run_name=f"bench-{time.time_ns()}", storage_path=str(folder / "runs")

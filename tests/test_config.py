@@ -162,3 +162,48 @@ def test_a_trial_config_runs_as_is_and_hashes_as_a_plain_config():
 def test_the_sweep_example_config_loads():
     cfg = load_config(REPO / "configs" / "digits-sweep.yaml")
     assert cfg.sweep is not None and cfg.sweep.trials == 8 and cfg.sweep.scheduler.kind == "asha"
+
+
+def test_a_regression_defaults_to_its_own_loss_metrics_and_an_unbounded_gate():
+    config = load_config({"task": "regression", "data": {"source": "builtin:diabetes", "label_column": "target"}})
+    assert config.loss == "mse"
+    assert (config.checkpoint.metric, config.checkpoint.mode) == ("val_loss", "min")
+    assert config.registry.gate_metric == "rmse" and config.registry.lower_is_better
+    assert config.registry.min_value is None  # a bound only when the config sets one
+    # What the config sets wins over the task's defaults.
+    bounded = load_config(
+        {"task": "regression", "registry": {"min_value": 60.0, "gate_metric": "mae"}}
+    )
+    assert (bounded.registry.min_value, bounded.registry.gate_metric) == (60.0, "mae")
+    # A classification keeps its defaults: a floor of 0.9 on accuracy.
+    assert (PipelineConfig().registry.gate_metric, PipelineConfig().registry.min_value) == ("accuracy", 0.9)
+    assert PipelineConfig().loss == "cross_entropy"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"registry": {"gate_metric": "accuracy"}}, r"registry.gate_metric: accuracy does not measure a regression; use one of rmse, mae, r2"),
+        ({"train": {"loss": "cross_entropy"}}, r"train.loss: cross_entropy does not measure a regression; use one of mse, l1, huber"),
+        ({"checkpoint": {"metric": "val_accuracy"}}, r"checkpoint.metric: val_accuracy does not measure a regression"),
+        ({"train": {"label_smoothing": 0.1}}, r"train.label_smoothing applies to classification"),
+        ({"data": {"classes": [1, 2]}}, r"data.classes: a regression's label is a number"),
+    ],
+)
+def test_a_regression_refuses_what_only_classification_means_naming_the_field(raw, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        load_config({"task": "regression", **raw})
+    assert "\n" not in str(e.value)
+
+
+def test_a_classification_refuses_regression_metrics_and_losses():
+    with pytest.raises(ConfigError, match=r"registry.gate_metric: rmse does not measure a classification"):
+        load_config({"registry": {"gate_metric": "rmse"}})
+    with pytest.raises(ConfigError, match=r"train.loss: mse does not measure a classification"):
+        load_config({"train": {"loss": "mse"}})
+
+
+def test_the_regression_example_config_loads():
+    config = load_config(Path(__file__).parent.parent / "configs" / "diabetes-regression.yaml")
+    assert config.task == "regression" and config.data.source == "builtin:diabetes"
+    assert config.registry.min_value is None

@@ -83,7 +83,7 @@ def source(config: PipelineConfig) -> SourceInfo:
     from trainflow.pipelines.data import inspect_source
     from trainflow.runtime import workspace
 
-    return inspect_source(config.data, workspace().cache)
+    return inspect_source(config.data, workspace().cache, task=config.task)
 
 
 def cluster(config: PipelineConfig, workers: str | None, *, hold: bool = False) -> None:

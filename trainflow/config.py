@@ -23,6 +23,30 @@ class ConfigError(ValueError):
     """A config that cannot run; the message names the field and what would be valid."""
 
 
+# What a run learns to predict: a class (its label holds categories) or a number.
+TASKS = ("classification", "regression")
+# The test metrics each task is measured and gated on, and the direction that is better.
+TASK_METRICS = {
+    "classification": ("accuracy", "macro_f1", "weighted_f1"),
+    "regression": ("rmse", "mae", "r2"),
+}
+LOWER_IS_BETTER = ("rmse", "mae")
+# The losses each task trains with; the first is its default.
+TASK_LOSSES = {"classification": ("cross_entropy",), "regression": ("mse", "l1", "huber")}
+# The per-epoch metrics each task reports, by which checkpoints are ranked and training stops early.
+EPOCH_METRICS = {
+    "classification": ("val_accuracy", "val_loss", "train_loss"),
+    "regression": ("val_loss", "train_loss"),
+}
+# A regression's defaults where they differ from a classification's: checkpoints and sweeps
+# ranked by the validation loss, gated on RMSE with no bound unless one is set.
+REGRESSION_DEFAULTS = {
+    "checkpoint": {"metric": "val_loss", "mode": "min"},
+    "registry": {"gate_metric": "rmse", "min_value": None},
+    "sweep": {"metric": "val_loss", "mode": "min"},
+}
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -45,7 +69,8 @@ class SplitConfig(_Section):
 class DataConfig(_Section):
     # A Parquet, CSV, JSON lines or NumPy (.npy/.npz) file, folder or glob, as a local
     # path or a URI (file://, s3://, gs://, ...); an image folder (root/<class>/*.png);
-    # torchvision:MNIST | torchvision:FashionMNIST | torchvision:CIFAR10; builtin:digits.
+    # torchvision:MNIST | torchvision:FashionMNIST | torchvision:CIFAR10; builtin:digits,
+    # builtin:diabetes (a regression: its label_column is target).
     source: str = "builtin:digits"
     # auto: from the files' suffixes (a folder of class folders of images is "images").
     format: Literal["auto", "parquet", "csv", "json", "numpy", "images"] = "auto"
@@ -153,6 +178,14 @@ class TrainConfig(_Section):
     # Import paths ("package.module:function") called on every worker after each epoch
     # with (epoch, metrics, rank): custom logging, fault drills, extra stopping rules.
     callbacks: list[str] = []
+    # The loss: cross_entropy for classification; mse, l1 or huber for regression.
+    # None: the task's first (cross_entropy, or mse).
+    loss: Literal["cross_entropy", "mse", "l1", "huber"] | None = None
+    # Classification: the target's share spread over the other classes (cross_entropy's
+    # label_smoothing), and class weights in the loss; "balanced" weighs each class by
+    # rows / (classes * its rows in the train split), for imbalanced data.
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
+    class_weights: Literal["balanced"] | None = None
     # Read each worker's shards once, straight from the prepared Parquet, and keep them in
     # memory instead of streaming them from Ray Data every epoch. "auto" decides per
     # split: the val split when its prepared Parquet is under 1 GB per worker, the train
@@ -212,10 +245,18 @@ class EvaluationConfig(_Section):
 
 
 class RegistryConfig(_Section):
-    gate_metric: Literal["accuracy", "macro_f1", "weighted_f1"] = "accuracy"
-    # The champion alias moves when new >= champion + min_improvement and new >= min_value.
+    # A test metric of the run's task: accuracy, macro_f1, weighted_f1 (classification);
+    # rmse (a regression's default), mae, r2.
+    gate_metric: Literal["accuracy", "macro_f1", "weighted_f1", "rmse", "mae", "r2"] = "accuracy"
+    # The champion alias moves when the new model beats the champion by min_improvement
+    # (lower by it, for rmse and mae) and clears min_value: a floor, or for rmse and mae a
+    # ceiling. None: no bound (a regression's default).
     min_improvement: float = 0.0
-    min_value: float = 0.9
+    min_value: float | None = 0.9
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.gate_metric in LOWER_IS_BETTER
 
 
 class RayConfig(_Section):
@@ -329,6 +370,8 @@ class SweepConfig(_Section):
 
 class PipelineConfig(_Section):
     name: str = Field("digits", description="The registered model's name.")
+    # classification: the label holds classes; regression: a number to predict.
+    task: Literal["classification", "regression"] = "classification"
     data: DataConfig = DataConfig()
     preprocess: PreprocessConfig = PreprocessConfig()
     model: ModelConfig = ModelConfig()
@@ -353,6 +396,51 @@ class PipelineConfig(_Section):
                 f"must start with a letter or digit and hold only letters, digits, '_', '.', '-'; got {v!r}"
             )
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_defaults(cls, raw: Any) -> Any:
+        """A regression's sections start from REGRESSION_DEFAULTS; what the config sets wins."""
+        if not isinstance(raw, Mapping) or raw.get("task") != "regression":
+            return raw
+        raw = dict(raw)
+        for section, defaults in REGRESSION_DEFAULTS.items():
+            given = raw.get(section)
+            if given is None and section != "sweep":
+                raw[section] = dict(defaults)
+            elif isinstance(given, Mapping):
+                raw[section] = {**defaults, **given}
+        return raw
+
+    @model_validator(mode="after")
+    def _fits_task(self) -> PipelineConfig:
+        task, train = self.task, self.train
+        wrong = []
+        if self.registry.gate_metric not in TASK_METRICS[task]:
+            wrong.append(("registry.gate_metric", self.registry.gate_metric, TASK_METRICS[task]))
+        if train.loss is not None and train.loss not in TASK_LOSSES[task]:
+            wrong.append(("train.loss", train.loss, TASK_LOSSES[task]))
+        epoch_metrics = [("checkpoint.metric", self.checkpoint.metric)]
+        if train.early_stopping is not None:
+            epoch_metrics.append(("train.early_stopping.metric", train.early_stopping.metric))
+        if self.sweep is not None:
+            epoch_metrics.append(("sweep.metric", self.sweep.metric))
+        wrong += [(f, m, EPOCH_METRICS[task]) for f, m in epoch_metrics if m not in EPOCH_METRICS[task]]
+        if wrong:
+            field, value, valid = wrong[0]
+            raise ValueError(f"{field}: {value} does not measure a {task}; use one of {', '.join(valid)}")
+        if task == "regression":
+            for field in ("label_smoothing", "class_weights"):
+                if field in train.model_fields_set and getattr(train, field):
+                    raise ValueError(f"train.{field} applies to classification, not to a regression")
+            if self.data.classes is not None:
+                raise ValueError("data.classes: a regression's label is a number, not one of classes")
+        return self
+
+    @property
+    def loss(self) -> str:
+        """The loss training uses: train.loss, or the task's default."""
+        return self.train.loss or TASK_LOSSES[self.task][0]
 
     @model_validator(mode="after")
     def _augment_streams(self) -> PipelineConfig:
@@ -379,7 +467,7 @@ SMOKE_OVERRIDES = {
     "data": {"limit": 600},
     "train": {"epochs": 1},
     "scaling": {"num_workers": 1},
-    "registry": {"min_value": 0.0},
+    "registry": {"min_value": None},
 }
 
 

@@ -37,7 +37,7 @@ def small_config(**sections) -> dict:
         "model": {"kind": "mlp", "hidden_sizes": [32]},
         "train": {"epochs": 1, "batch_size": 32, "lr": 0.01},
         "scaling": {"num_workers": 1},
-        "registry": {"min_value": 0.0},
+        "registry": {"min_value": None},
     }
     for key, value in sections.items():
         config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value

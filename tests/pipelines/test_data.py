@@ -76,7 +76,7 @@ def test_digits_source():
         ({"source": "{tmp}/d.csv", "feature_columns": ["a", "zz"]}, r"data\.feature_columns: 'zz' not in"),
         ({"source": "{tmp}/d.csv"}, r"data\.feature_columns: city \(string\) in .* are not numeric"),
         ({"source": "{tmp}/notes.txt"}, r"data\.source .*notes\.txt: unsupported file type '\.txt'"),
-        ({"source": "builtin:iris"}, r"the only builtin source is builtin:digits"),
+        ({"source": "builtin:iris"}, r"the builtin sources are builtin:digits, builtin:diabetes"),
     ],
 )
 def test_bad_sources_fail_with_the_field_named(tmp_path, cfg, message):

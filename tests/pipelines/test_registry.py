@@ -289,3 +289,20 @@ def test_a_locked_database_is_retried_and_other_errors_are_not():
     with pytest.raises(sqlite3.OperationalError, match="no such table"):
         registry.retry_locked(broken)
     assert len(calls) == 1
+
+
+def test_decide_for_an_error_metric_wants_it_lower_and_min_value_is_its_ceiling():
+    gate = RegistryConfig(gate_metric="rmse", min_improvement=1.0, min_value=None)
+    lower = registry.decide("rmse", 52.0, 56.0, gate, champion_version="1")
+    assert lower.passed and "improvement +4.0000 (lower is better) >= 1.0" in lower.reason
+    higher = registry.decide("rmse", 57.0, 56.0, gate, champion_version="1")
+    assert not higher.passed and "improvement -1.0000 (lower is better) < 1.0" in higher.reason
+    assert not registry.decide("rmse", 55.5, 56.0, gate, champion_version="1").passed  # by less than 1.0
+    # Without a bound, the first model is champion whatever its error.
+    assert registry.decide("rmse", 1e6, None, gate).passed
+    ceiling = RegistryConfig(gate_metric="rmse", min_value=60.0)
+    refused = registry.decide("rmse", 61.0, None, ceiling)
+    assert not refused.passed and refused.reason == "rmse 61.0000 is above the ceiling min_value 60.0"
+    assert registry.decide("rmse", 59.0, None, ceiling).passed
+    # r2 is better higher, as accuracy is.
+    assert not registry.decide("r2", 0.3, 0.4, RegistryConfig(gate_metric="r2", min_value=None)).passed

@@ -33,7 +33,7 @@ def test_settings_hold_each_value_once_and_cross_to_workers_whole():
         config,
         preprocessor={"classes": [0, 1], "mean": [0.5]},
         num_features=64,
-        num_classes=10,
+        num_outputs=10,
         memory_splits={"val": "/prepared/val"},
         progress="run-progress",
     )
@@ -51,7 +51,7 @@ def test_settings_hold_each_value_once_and_cross_to_workers_whole():
 
 def test_settings_refuse_what_cannot_cross_naming_it():
     def settings(**values):
-        given = {"preprocessor": {}, "num_features": 64, "num_classes": 10, **values}
+        given = {"preprocessor": {}, "num_features": 64, "num_outputs": 10, **values}
         return TrainSettings.from_config(PipelineConfig(), **given)
 
     # A NumPy scalar from a fit is no JSON (every checkpoint saves the preprocessor as JSON).

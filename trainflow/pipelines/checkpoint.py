@@ -73,7 +73,13 @@ class Predictor:
 
     @property
     def classes(self) -> list[Any]:
+        """The classes, in the order of the model's outputs; empty for a regression."""
         return self.preprocessor.classes
+
+    @property
+    def task(self) -> str:
+        """classification or regression."""
+        return self.preprocessor.task
 
     @torch.inference_mode()
     def predict_logits(self, features: np.ndarray) -> np.ndarray:
@@ -83,13 +89,18 @@ class Predictor:
 
     def predict_proba(self, frame: pd.DataFrame) -> np.ndarray:
         """Class probabilities, one column per entry of ``classes``, for raw rows."""
+        if self.preprocessor.is_regression:
+            raise ValueError("a regression model predicts numbers, not class probabilities; use predict")
         logits = self.predict_logits(self.preprocessor.features(frame))
         return torch.softmax(torch.from_numpy(logits), dim=1).numpy()
 
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
-        """The predicted class value (as the label column holds it) for raw rows."""
-        index = self.predict_logits(self.preprocessor.features(frame)).argmax(axis=1)
-        return np.asarray(self.classes)[index]
+        """For raw rows, the predicted class value (as the label column holds it), or for a
+        regression the predicted number in the label's units."""
+        outputs = self.predict_logits(self.preprocessor.features(frame))
+        if self.preprocessor.is_regression:
+            return self.preprocessor.unscale(outputs.reshape(-1))
+        return np.asarray(self.classes)[outputs.argmax(axis=1)]
 
 
 def load_checkpoint(folder: str | Path) -> Predictor:

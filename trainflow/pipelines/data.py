@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainflow")
 
-DIGITS = "builtin:digits"
 TORCHVISION_PREFIX = "torchvision:"
 DATASET = "ray.data.Dataset"  # the source named for a Dataset handed in from Python
 IMAGE = "image"  # the image column of an image folder source
@@ -46,7 +45,7 @@ class SourceInfo:
     """What the driver learned about a source without reading its rows."""
 
     source: str
-    format: str  # "digits" | "parquet" | "csv" | "json" | "numpy" | "images" | "dataset"
+    format: str  # "builtin" | "parquet" | "csv" | "json" | "numpy" | "images" | "dataset"
     files: list[str]  # paths on the source's filesystem
     label_column: str
     input_columns: list[str]  # every feature, numeric and categorical, in the model's order
@@ -56,6 +55,7 @@ class SourceInfo:
     classes: list[Any] | None = None  # declared in the config (or the image folders)
     missing: str = "fail"
     image_mode: str = "RGB"
+    task: str = "classification"  # or regression: a numeric label, no classes
     location: str = ""  # where the files are: the source, or the torchvision Parquet folder
     bytes: int = 0  # the files' total size
     # A Dataset handed in from Python (format "dataset"): read where it is, never pickled
@@ -128,19 +128,22 @@ def _schema(listing: sources.Listing, source: str) -> pa.Schema:
     return first
 
 
-def inspect_source(cfg: DataConfig, cache_root: Path | None = None) -> SourceInfo:
-    """Check that the source exists and holds the configured columns with usable types;
-    read no rows. ``cache_root`` holds torchvision downloads (default TRAINFLOW_HOME/cache)."""
+def inspect_source(
+    cfg: DataConfig, cache_root: Path | None = None, *, task: str = "classification"
+) -> SourceInfo:
+    """Check that the source exists and holds the configured columns with usable types
+    for the ``task``'s label; read no rows. ``cache_root`` holds torchvision downloads
+    (default TRAINFLOW_HOME/cache)."""
     source, fmt, files, location, size = cfg.source, cfg.format, [], cfg.source, 0
     try:
-        if source == DIGITS:
+        if source in sources.BUILTINS:
             import sklearn
 
-            fmt = "digits"
-            schema = pa.Schema.from_pandas(sources.digits_frame().head(1), preserve_index=False)
-            fingerprint = hashlib.sha256(f"{DIGITS}|sklearn {sklearn.__version__}".encode()).hexdigest()[:16]
+            fmt = "builtin"
+            schema = pa.Schema.from_pandas(sources.BUILTINS[source]().head(1), preserve_index=False)
+            fingerprint = hashlib.sha256(f"{source}|sklearn {sklearn.__version__}".encode()).hexdigest()[:16]
         elif source.startswith("builtin:"):
-            raise DataError(f"data.source {source!r}: the only builtin source is {DIGITS}")
+            raise DataError(f"data.source {source!r}: the builtin sources are {', '.join(sources.BUILTINS)}")
         else:
             if source.startswith(TORCHVISION_PREFIX):
                 if cache_root is None:
@@ -159,8 +162,13 @@ def inspect_source(cfg: DataConfig, cache_root: Path | None = None) -> SourceInf
                 schema = _schema(listing, source)
     except SourceError as e:
         raise DataError(str(e)) from None
-    features = _check_columns(cfg, schema, source, images=fmt == "images")
+    features = _check_columns(cfg, schema, source, task, images=fmt == "images")
     classes = cfg.classes
+    if fmt == "images" and task == "regression":
+        raise DataError(
+            f"task: regression needs a numeric label column; the image folders of {source} "
+            "label each image by its folder's name (use task: classification)"
+        )
     if fmt == "images":
         found = sorted({sources.image_label(f) for f in files})
         if classes is not None:
@@ -185,12 +193,13 @@ def inspect_source(cfg: DataConfig, cache_root: Path | None = None) -> SourceInf
         classes=list(classes) if classes is not None else None,
         missing=cfg.missing,
         image_mode=cfg.image_mode,
+        task=task,
         location=location,
         bytes=size,
     )
 
 
-def inspect_dataset(ds: ray.data.Dataset, cfg: DataConfig) -> SourceInfo:
+def inspect_dataset(ds: ray.data.Dataset, cfg: DataConfig, *, task: str = "classification") -> SourceInfo:
     """A ``ray.data.Dataset`` as a source (``cfg.source`` is not read): its schema checked
     against the config as a table's is, then the Dataset materialized once into Ray's
     object store (spilled to disk when larger than it), whose blocks the engine reads.
@@ -207,7 +216,7 @@ def inspect_dataset(ds: ray.data.Dataset, cfg: DataConfig) -> SourceInfo:
         raise DataError(f"the {DATASET} source has no rows")
     types = [t if isinstance(t, pa.DataType) else pa.from_numpy_dtype(t) for t in found.types]
     schema = pa.schema(list(zip(found.names, types, strict=True)))
-    features = _check_columns(cfg, schema, DATASET, images=False)
+    features = _check_columns(cfg, schema, DATASET, task, images=False)
     ds = ds.select_columns([*features, cfg.label_column]).materialize()
     return SourceInfo(
         source=DATASET,
@@ -220,12 +229,13 @@ def inspect_dataset(ds: ray.data.Dataset, cfg: DataConfig) -> SourceInfo:
         categorical_columns=list(cfg.categorical_columns),
         classes=list(cfg.classes) if cfg.classes is not None else None,
         missing=cfg.missing,
+        task=task,
         bytes=ds.size_bytes(),
         dataset=ds,
     )
 
 
-def _check_columns(cfg: DataConfig, schema: pa.Schema, source: str, *, images: bool) -> list[str]:
+def _check_columns(cfg: DataConfig, schema: pa.Schema, source: str, task: str, *, images: bool) -> list[str]:
     """The input columns, in the model's order, after checking that the label and every
     configured column are there with usable types."""
     columns = schema.names
@@ -246,7 +256,7 @@ def _check_columns(cfg: DataConfig, schema: pa.Schema, source: str, *, images: b
     if not features:
         raise DataError(f"data.feature_columns: {source} has no column besides the label")
     if not images:
-        _check_types(cfg, schema, features, source)
+        _check_types(cfg, schema, features, source, task)
     return list(features)
 
 
@@ -254,7 +264,7 @@ def source_fingerprint(cfg: DataConfig, cache_root: Path) -> str:
     """What the input is now, without reading its schema: the files' fingerprint (the
     converted Parquet of a torchvision dataset, once there). Cheap enough to decide
     whether a cached inspection still holds."""
-    if cfg.source == DIGITS or cfg.source.startswith("builtin:"):
+    if cfg.source.startswith("builtin:"):
         import sklearn
 
         return f"{cfg.source}|sklearn {sklearn.__version__}"
@@ -269,9 +279,15 @@ def source_fingerprint(cfg: DataConfig, cache_root: Path) -> str:
         return f"unreadable: {e}"  # inspect_source raises it with the details
 
 
-def _check_types(cfg: DataConfig, schema: pa.Schema, features: list[str], source: str) -> None:
+def _check_types(cfg: DataConfig, schema: pa.Schema, features: list[str], source: str, task: str) -> None:
     label_type = schema.field(cfg.label_column).type
-    if not _is_category(label_type):
+    if task == "regression":
+        if not (pa.types.is_integer(label_type) or pa.types.is_floating(label_type)):
+            raise DataError(
+                f"data.label_column {cfg.label_column!r} in {source} is {label_type}; a regression "
+                "label must hold numbers (ints or floats), or set task: classification"
+            )
+    elif not _is_category(label_type):
         raise DataError(
             f"data.label_column {cfg.label_column!r} in {source} is {label_type}; a class label "
             "must hold integers, strings or booleans"

@@ -1,4 +1,5 @@
-"""Batch inference over a Dataset with map_batches, and the classification metrics.
+"""Batch inference over a Dataset with map_batches, and the test metrics: a classifier's
+or a regression's.
 
 The model loads once per actor of the pool (for a small split, once in the driver).
 Two predictors: :class:`BatchPredictor` reads prepared splits (features already
@@ -30,6 +31,9 @@ PREDICTION = "prediction"
 PROBABILITIES = "probabilities"
 PROBA_PREFIX = "proba_"
 MODEL_VERSION = "model_version"
+# A regression's metrics keep this many (true, predicted) pairs of the test split, drawn
+# evenly, for its scatter and residual plots.
+PLOT_POINTS = 2_000
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -39,14 +43,18 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 
 class BatchPredictor:
-    """A map_batches actor over a prepared split: class indices and probabilities per batch."""
+    """A map_batches actor over a prepared split: class indices and probabilities per
+    batch; for a regression the true and predicted numbers, in the label's units."""
 
     def __init__(self, checkpoint_dir: str):
         self.predictor = load_checkpoint(checkpoint_dir)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        logits = self.predictor.predict_logits(np.stack(batch[FEATURES]))
-        return {LABEL: batch[LABEL], PREDICTION: logits.argmax(axis=1), PROBABILITIES: _softmax(logits)}
+        outputs = self.predictor.predict_logits(np.stack(batch[FEATURES]))
+        pre = self.predictor.preprocessor
+        if pre.is_regression:
+            return {LABEL: pre.unscale(batch[LABEL]), PREDICTION: pre.unscale(outputs.reshape(-1))}
+        return {LABEL: batch[LABEL], PREDICTION: outputs.argmax(axis=1), PROBABILITIES: _softmax(outputs)}
 
 
 class RowPredictor:
@@ -66,12 +74,15 @@ class RowPredictor:
         self.keep = list(keep)
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
-        proba = self.predictor.predict_proba(batch)
-        classes = self.predictor.classes
         out = batch[self.keep].reset_index(drop=True) if self.keep else pd.DataFrame(index=range(len(batch)))
-        out[PREDICTION] = np.asarray(classes)[proba.argmax(axis=1)]
-        for i, c in enumerate(classes):
-            out[f"{PROBA_PREFIX}{c}"] = proba[:, i]
+        if self.predictor.task == "regression":
+            out[PREDICTION] = self.predictor.predict(batch)
+        else:
+            proba = self.predictor.predict_proba(batch)
+            classes = self.predictor.classes
+            out[PREDICTION] = np.asarray(classes)[proba.argmax(axis=1)]
+            for i, c in enumerate(classes):
+                out[f"{PROBA_PREFIX}{c}"] = proba[:, i]
         out[MODEL_VERSION] = self.version
         return out
 
@@ -158,15 +169,30 @@ def classification_metrics(
     return out
 
 
+def regression_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, Any]:
+    """RMSE, MAE and R² (scikit-learn's), and up to PLOT_POINTS (true, predicted) pairs
+    for the plots, in the label's units."""
+    from sklearn.metrics import mean_absolute_error, r2_score, root_mean_squared_error
+
+    keep = np.linspace(0, len(y_true) - 1, min(len(y_true), PLOT_POINTS)).astype(int)
+    return {
+        "rmse": float(root_mean_squared_error(y_true, y_pred)),
+        "mae": float(mean_absolute_error(y_true, y_pred)),
+        "r2": float(r2_score(y_true, y_pred)) if len(y_true) > 1 else float("nan"),
+        "num_examples": int(len(y_true)),
+        "points": {"true": y_true[keep].tolist(), "predicted": y_pred[keep].tolist()},
+    }
+
+
 def evaluate_checkpoint(
     checkpoint_dir: str, test: ray.data.Dataset, batch_size: int, concurrency: int = 1
 ) -> dict[str, Any]:
     """Predict the prepared test split with the checkpoint, on a Ray Data actor pool, and score it."""
-    classes = load_checkpoint(checkpoint_dir).classes
+    pre = load_checkpoint(checkpoint_dir).preprocessor
     batches = predict_dataset(test, checkpoint_dir, batch_size, concurrency).iter_batches(
         batch_size=None, batch_format="numpy"
     )
-    return _score(batches, classes)
+    return _score(batches, pre.classes, pre.is_regression)
 
 
 def evaluate_checkpoint_in_driver(checkpoint_dir: str, split_path: str, batch_size: int) -> dict[str, Any]:
@@ -175,15 +201,19 @@ def evaluate_checkpoint_in_driver(checkpoint_dir: str, split_path: str, batch_si
     execution cost seconds that a split of a few thousand rows does not repay."""
     predictor = BatchPredictor(checkpoint_dir)
     batches = (predictor(batch) for batch in read_split_batches(split_path, batch_size))
-    return _score(batches, predictor.predictor.classes)
+    pre = predictor.predictor.preprocessor
+    return _score(batches, pre.classes, pre.is_regression)
 
 
-def _score(batches: Iterable[dict[str, np.ndarray]], classes: list[Any]) -> dict[str, Any]:
+def _score(batches: Iterable[dict[str, np.ndarray]], classes: list[Any], regression: bool) -> dict[str, Any]:
     y_true, y_pred, proba = [], [], []
     for batch in batches:
         y_true.append(batch[LABEL])
         y_pred.append(batch[PREDICTION])
-        proba.append(batch[PROBABILITIES])
+        if not regression:
+            proba.append(batch[PROBABILITIES])
+    if regression:
+        return regression_metrics(np.concatenate(y_true), np.concatenate(y_pred))
     return classification_metrics(
         np.concatenate(y_true), np.concatenate(y_pred), classes, np.concatenate(proba)
     )
@@ -198,6 +228,9 @@ def evaluate_rows(
     frame = predict_rows(
         rows, checkpoint_dir, batch_size, concurrency=concurrency, keep=(label_column,)
     ).to_pandas()
+    if pre.is_regression:
+        y_true = pd.to_numeric(frame[label_column], errors="coerce").to_numpy(dtype=np.float64)
+        return regression_metrics(y_true, frame[PREDICTION].to_numpy(dtype=np.float64))
     proba = frame[[f"{PROBA_PREFIX}{c}" for c in pre.classes]].to_numpy()
     return classification_metrics(pre.labels(frame[label_column]), proba.argmax(axis=1), pre.classes, proba)
 
@@ -234,11 +267,20 @@ def score_on_raw_test_split(
 
 
 def evaluation_plots(history: list[dict[str, float]], metrics: dict[str, Any], folder: Path) -> list[Path]:
-    """The learning curve and the confusion matrix as PNGs in ``folder``."""
+    """As PNGs in ``folder``: the learning curve, then a classifier's confusion matrix, or
+    a regression's predicted-against-true scatter and residual histogram."""
     from trainflow.pipelines import reports
 
+    curve = reports.learning_curve_png(history, folder / reports.LEARNING_CURVE)
+    if "points" in metrics:
+        y_true, y_pred = metrics["points"]["true"], metrics["points"]["predicted"]
+        return [
+            curve,
+            reports.predicted_vs_true_png(y_true, y_pred, folder / reports.PREDICTED_VS_TRUE),
+            reports.residuals_png(y_true, y_pred, folder / reports.RESIDUALS),
+        ]
     return [
-        reports.learning_curve_png(history, folder / reports.LEARNING_CURVE),
+        curve,
         reports.confusion_matrix_png(
             metrics["confusion_matrix"], list(metrics["per_class"]), folder / reports.CONFUSION_MATRIX
         ),

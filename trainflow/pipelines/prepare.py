@@ -52,7 +52,7 @@ def prepares_in_driver(info: SourceInfo) -> bool:
     """Whether this input is prepared in this process rather than in Ray tasks: the
     bundled digits, or one Parquet, CSV, JSON lines or NumPy file (or a Dataset) of at
     most :data:`IN_DRIVER_BYTES`."""
-    if info.format == "digits":
+    if info.format == "builtin":
         return True
     single = info.format == "dataset" or (not info.is_images and len(info.files) == 1)
     return single and info.bytes <= IN_DRIVER_BYTES
@@ -172,7 +172,10 @@ def write_fragment(
                     # Dictionary encoding and statistics of feature tensors cost time
                     # and help no reader: splits are read whole.
                     writers[split_name] = pq.ParquetWriter(
-                        str(path), table.schema, use_dictionary=[LABEL], write_statistics=False
+                        str(path),
+                        table.schema,
+                        use_dictionary=[LABEL] if not pre.is_regression else False,
+                        write_statistics=False,
                     )
                 writers[split_name].write_table(table)
                 counts[split_name] += len(rows)
@@ -269,7 +272,8 @@ def place_rows(
     codes = sp.exact_split_codes(
         [np.concatenate(s.keys or [np.zeros(0, np.uint64)]) for s in scans],
         [np.concatenate(s.labels or [np.zeros(0)]) for s in scans],
-        split,
+        # A regression's label is a number, not a class to stratify by.
+        split if info.task == "classification" else split.model_copy(update={"stratify": False}),
     )
     return Placement(counts, list(codes), exact=True)
 

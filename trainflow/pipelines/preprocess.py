@@ -4,7 +4,8 @@ functions that apply it to raw rows.
 The state is fitted on the train split alone (:mod:`trainflow.pipelines.stats`) and
 travels inside every checkpoint, so evaluation and prediction apply exactly what
 training saw. Prepared splits hold two columns: ``features`` (a float32 tensor per
-row) and ``label`` (the class index).
+row) and ``label`` (the class index; for a regression, the label scaled as the
+numeric features are, by statistics of the train split).
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ class Preprocessor:
     categorical: dict[str, list[Any]] = field(default_factory=dict)  # column: vocabulary
     # Image folders: {"shape": [c, h, w], "mean": [...], "std": [...], "augment": bool}.
     image: dict[str, Any] | None = None
+    task: str = "classification"  # or regression: classes empty, the label a number
+    # Regression: the label is trained on as (y - label_offset) / label_scale (the train
+    # split's mean and std), and predictions are unscaled back.
+    label_offset: float = 0.0
+    label_scale: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,6 +79,19 @@ class Preprocessor:
     def input_columns(self) -> list[str]:
         """Every column the model reads from a raw row: numeric, categorical, the image."""
         return [*self.numeric_columns, *self.categorical, *([IMAGE] if self.image else [])]
+
+    @property
+    def is_regression(self) -> bool:
+        return self.task == "regression"
+
+    @property
+    def num_outputs(self) -> int:
+        """The model's outputs: one per class, or one number for a regression."""
+        return 1 if self.is_regression else len(self.classes)
+
+    def unscale(self, y: np.ndarray) -> np.ndarray:
+        """A regression's outputs (or prepared labels) in the label's own units."""
+        return np.asarray(y, dtype=np.float64) * self.label_scale + self.label_offset
 
     @property
     def num_features(self) -> int:
@@ -107,7 +126,11 @@ class Preprocessor:
         return np.ascontiguousarray(x.T)
 
     def labels(self, values: pd.Series | np.ndarray) -> np.ndarray:
-        """Class indices for raw label values; a value outside the classes is an error."""
+        """Class indices for raw label values, a value outside the classes an error; for a
+        regression, the values scaled (float32)."""
+        if self.is_regression:
+            y = np.asarray(values, dtype=np.float64)
+            return ((y - self.label_offset) / self.label_scale).astype(np.float32)
         values = pd.Series(values) if not isinstance(values, pd.Series) else values
         if values.dtype == object and self.classes and isinstance(self.classes[0], str):
             values = values.astype(str)

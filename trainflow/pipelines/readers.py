@@ -26,7 +26,7 @@ import pandas as pd
 from trainflow.pipelines import sources
 from trainflow.pipelines.data import IMAGE, PATH, UNREADABLE, DataError, SourceInfo, filesystem, unreadable
 
-TABLE_FORMATS = ("parquet", "csv", "json", "numpy", "digits", "dataset")
+TABLE_FORMATS = ("parquet", "csv", "json", "numpy", "builtin", "dataset")
 # About this many bytes of decoded rows per fragment (Parquet row groups are grouped
 # up to it); a CSV, JSON lines or NumPy file is one fragment whatever its size.
 FRAGMENT_BYTES = 64 << 20
@@ -59,9 +59,9 @@ def plan_fragments(info: SourceInfo) -> list[Fragment]:
     """The input cut into fragments, in the input's order (data.limit counts from the
     first row of the first file). Reads only Parquet footers; text files' row counts are
     unknown until read, so their data.limit is applied by :func:`limit_fragments`."""
-    if info.format == "digits":
+    if info.format == "builtin":
         # Loaded here, where inspect_source imported scikit-learn, not in a worker.
-        return [Fragment(0, max_rows=info.limit, frame=sources.digits_frame())]
+        return [Fragment(0, max_rows=info.limit, frame=sources.BUILTINS[info.source]())]
     if info.format == "dataset":
         return [Fragment(i, block=ref) for i, ref in enumerate(info.dataset.to_arrow_refs())]
     if info.is_images:

@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainflow.config import LOWER_IS_BETTER
 from trainflow.files import publishing_folder
 from trainflow.pipelines.checkpoint import Predictor, load_checkpoint
 
@@ -216,7 +217,7 @@ class GateDecision:
     champion: float | None
     champion_version: str | None
     min_improvement: float
-    min_value: float
+    min_value: float | None
     same_test_data: bool | None
     reason: str
     # True when the champion's number was measured now, on the candidate's test data.
@@ -248,7 +249,8 @@ def decide(
     champion_reevaluated: bool = False,
     champion_note: str | None = None,
 ) -> GateDecision:
-    """The promotion gate: clear min_value, and beat the champion by min_improvement.
+    """The promotion gate: clear min_value (a floor, or a ceiling for an error metric such
+    as rmse), and beat the champion by min_improvement in the metric's better direction.
 
     A champion without a number to compare (``champion`` None) leaves min_value alone to
     decide; ``champion_note`` says why, in the reason.
@@ -263,23 +265,23 @@ def decide(
         same_test_data=same_test_data,
         champion_reevaluated=champion_reevaluated,
     )
-    if candidate < gate.min_value:
-        return GateDecision(
-            False, reason=f"{metric} {candidate:.4f} is below min_value {gate.min_value}", **common
-        )
+    lower = metric in LOWER_IS_BETTER
+    bound = gate.min_value
+    if bound is not None and (candidate > bound if lower else candidate < bound):
+        where = "above the ceiling" if lower else "below"
+        return GateDecision(False, reason=f"{metric} {candidate:.4f} is {where} min_value {bound}", **common)
     if champion is None:
-        return GateDecision(
-            True,
-            reason=f"{champion_note or 'no champion yet'}; {metric} {candidate:.4f} "
-            f"clears min_value {gate.min_value}",
-            **common,
-        )
+        clears = f"; {metric} {candidate:.4f} clears min_value {bound}" if bound is not None else ""
+        return GateDecision(True, reason=f"{champion_note or 'no champion yet'}{clears}", **common)
     where = " (champion re-evaluated on this test data)" if champion_reevaluated else ""
+    # The improvement in the better direction: a fall in rmse is a positive improvement.
+    improvement = champion - candidate if lower else candidate - champion
+    direction = " (lower is better)" if lower else ""
     compared = (
         f"{metric} {candidate:.4f} vs champion v{champion_version} {champion:.4f}{where}: "
-        f"improvement {candidate - champion:+.4f}"
+        f"improvement {improvement:+.4f}{direction}"
     )
-    if candidate - champion >= gate.min_improvement:
+    if improvement >= gate.min_improvement:
         return GateDecision(True, reason=f"{compared} >= {gate.min_improvement}", **common)
     return GateDecision(False, reason=f"{compared} < {gate.min_improvement}", **common)
 
@@ -314,12 +316,14 @@ def _champion_number(
         note = None if value is not None else f"champion v{champ.version} has no test_{metric}"
         return value, same, False, note
     try:
-        value = reevaluate(local_checkpoint(ws, champ))[metric]
+        scored = reevaluate(local_checkpoint(ws, champ))
     except ValueError as e:
         # Other features or classes than the new data has (DataError), or an altered
         # checkpoint (IntegrityError): the champion cannot be compared on these rows.
         return None, same, False, f"champion v{champ.version} cannot score this test data ({e})"
-    return float(value), same, True, None
+    if metric not in scored:  # a champion of the other task
+        return None, same, False, f"champion v{champ.version} is not measured by {metric}"
+    return float(scored[metric]), same, True, None
 
 
 def register_checkpoint(

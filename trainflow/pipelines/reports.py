@@ -1,4 +1,5 @@
-"""Plots a user looks at: the learning curve and the confusion matrix, as PNG files.
+"""Plots a user looks at, as PNG files: the learning curve; the confusion matrix of a
+classifier; a regression's predicted-against-true scatter and residual histogram.
 
 Drawn with matplotlib's Agg canvas on a Figure of their own, so nothing touches pyplot's
 global state or needs a display (Prefect workers, CI, Ray nodes have none).
@@ -16,6 +17,8 @@ from trainflow.files import replacing_file
 
 LEARNING_CURVE = "learning_curve.png"
 CONFUSION_MATRIX = "confusion_matrix.png"
+PREDICTED_VS_TRUE = "predicted_vs_true.png"
+RESIDUALS = "residuals.png"
 
 
 def _save(fig, path: str | Path) -> Path:
@@ -75,6 +78,41 @@ def confusion_matrix_png(matrix: list[list[int]], classes: list[Any], path: str 
                 color = "white" if cm[i, j] > threshold else "black"
                 ax.text(j, i, str(cm[i, j]), ha="center", va="center", color=color, fontsize=8)
     ax.set_title("confusion matrix (test)")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def predicted_vs_true_png(y_true: list[float], y_pred: list[float], path: str | Path) -> Path:
+    """Each test row's prediction against its true value, with the diagonal a perfect
+    model would lie on."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.0, 5.0), dpi=100)
+    ax = fig.add_subplot()
+    ax.scatter(y_true, y_pred, s=8, alpha=0.5)
+    if len(y_true):
+        lo, hi = min(min(y_true), min(y_pred)), max(max(y_true), max(y_pred))
+        ax.plot([lo, hi], [lo, hi], "--", color="tab:gray", linewidth=1)
+    ax.set_xlabel("true")
+    ax.set_ylabel("predicted")
+    ax.grid(alpha=0.3)
+    ax.set_title("predicted vs true (test)")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def residuals_png(y_true: list[float], y_pred: list[float], path: str | Path) -> Path:
+    """The histogram of the test rows' residuals (predicted minus true)."""
+    from matplotlib.figure import Figure
+
+    residuals = np.asarray(y_pred, dtype=float) - np.asarray(y_true, dtype=float)
+    fig = Figure(figsize=(6.4, 4.0), dpi=100)
+    ax = fig.add_subplot()
+    ax.hist(residuals, bins=min(50, max(5, len(residuals) // 10)), color="tab:blue", alpha=0.8)
+    ax.axvline(0.0, color="tab:gray", linestyle="--", linewidth=1)
+    ax.set_xlabel("predicted - true")
+    ax.set_ylabel("rows")
+    ax.set_title("residuals (test)")
     fig.tight_layout()
     return _save(fig, path)
 

@@ -139,7 +139,7 @@ def list_source(source: str, format: str = "auto") -> Listing:
             raise SourceError(
                 f"data.source {source}: unsupported file type {suffix!r}; use one of "
                 f"{', '.join(sorted(SUFFIX_FORMATS))}, a folder of class folders of "
-                f"{'/'.join(IMAGE_SUFFIXES)} images, builtin:digits or torchvision:NAME"
+                f"{'/'.join(IMAGE_SUFFIXES)} images, builtin:digits, builtin:diabetes or torchvision:NAME"
             )
         if len(known) > 1:
             raise SourceError(
@@ -180,6 +180,19 @@ def digits_frame():
     )
     frame["label"] = digits.target.astype(np.int64)
     return frame
+
+
+def diabetes_frame():
+    """scikit-learn's diabetes data in its own units (442 patients: age, sex, bmi, bp and six
+    blood serum measurements s1-s6) and ``target``, the disease's progression a year later."""
+    from sklearn.datasets import load_diabetes
+
+    frame = load_diabetes(as_frame=True, scaled=False).frame
+    return frame.astype({c: np.float32 for c in frame.columns if c != "target"})
+
+
+# The inputs that ship with trainflow (through scikit-learn): read offline, in the driver.
+BUILTINS = {"builtin:digits": digits_frame, "builtin:diabetes": diabetes_frame}
 
 
 def image_label(path: str) -> str:

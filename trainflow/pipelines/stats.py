@@ -49,10 +49,12 @@ class RowCounts:
         self.missing_rows += int(missing.any(axis=1).sum())
         for c in checked:
             self.missing[c] = self.missing.get(c, 0) + int(missing[c].sum())
-        for c in [] if info.is_images else info.numeric_columns:
+        numeric = [] if info.is_images else info.numeric_columns
+        regression = info.task == "regression"
+        for c in [*numeric, info.label_column] if regression else numeric:
             values = pd.to_numeric(batch[c], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
             self.inf[c] = self.inf.get(c, 0) + int(np.isinf(values).sum())
-        if len(self.labels) <= MAX_CLASSES:
+        if not regression and len(self.labels) <= MAX_CLASSES:
             self.labels.update(
                 plain(v) for v in batch[info.label_column].dropna().unique()[: MAX_CLASSES + 1]
             )
@@ -89,6 +91,8 @@ class RowCounts:
             )
         if self.missing_rows == self.rows:
             raise DataError(f"data.source {src}: every one of its {self.rows} rows has a missing value")
+        if info.task == "regression":
+            return
         labels = self.sorted_labels()
         if info.classes is not None:
             declared = {str(c) for c in info.classes}
@@ -101,7 +105,7 @@ class RowCounts:
         elif len(labels) > MAX_CLASSES:
             raise DataError(
                 f"data.label_column {info.label_column!r} has more than {MAX_CLASSES} distinct values; "
-                "a classifier label has fewer"
+                "a classifier label has fewer (set task: regression to predict a number)"
             )
         if len(info.classes or labels) < 2:
             raise DataError(
@@ -121,9 +125,9 @@ def kept_rows(batch: pd.DataFrame, info: SourceInfo) -> pd.DataFrame:
 class FitStats:
     """What fitting needs of the train split: per numeric column the count, mean and sum
     of squared deviations (Chan's parallel update, stable where sums of squares are not)
-    or the minimum and maximum; the categories of each categorical column; and for
-    images the per-channel sums of pixels (resized to ``image_shape``, in [0, 1]) and of
-    their squares."""
+    or the minimum and maximum; the categories of each categorical column; for images
+    the per-channel sums of pixels (resized to ``image_shape``, in [0, 1]) and of their
+    squares; and for a regression the label's mean and sum of squared deviations."""
 
     rows: int = 0
     mean: np.ndarray | None = None
@@ -134,6 +138,8 @@ class FitStats:
     pixels: int = 0
     channel_sums: np.ndarray | None = None
     channel_squares: np.ndarray | None = None
+    label_mean: float = 0.0
+    label_m2: float = 0.0
 
     def add(self, frame: pd.DataFrame, info: SourceInfo, scaler: str, image_shape: list[int] | None = None):
         if not len(frame):
@@ -147,6 +153,10 @@ class FitStats:
                 values = self.categories.setdefault(c, set())
                 if len(values) <= MAX_VOCABULARY:
                     values.update(plain(v) for v in frame[c].dropna().unique()[: MAX_VOCABULARY + 1])
+        if info.task == "regression":
+            y = np.asarray(frame[info.label_column], dtype=np.float64)
+            mean = float(y.mean())
+            self._merge_label(len(y), mean, float(((y - mean) ** 2).sum()))
         self.rows += len(frame)
 
     def _add_numeric(self, frame: pd.DataFrame, numeric: list[str], scaler: str) -> None:
@@ -173,6 +183,8 @@ class FitStats:
             self._merge_channels(other.pixels, other.channel_sums, other.channel_squares)
         for c, values in other.categories.items():
             self.categories.setdefault(c, set()).update(values)
+        if other.rows:
+            self._merge_label(other.rows, other.label_mean, other.label_m2)
         self.rows += other.rows
 
     def _merge_moments(self, n: int, mean: np.ndarray, m2: np.ndarray) -> None:
@@ -183,6 +195,13 @@ class FitStats:
         delta = mean - self.mean
         self.mean = self.mean + delta * (n / total)
         self.m2 = self.m2 + m2 + delta**2 * (self.rows * n / total)
+
+    def _merge_label(self, n: int, mean: float, m2: float) -> None:
+        # Chan's update, as _merge_moments; self.rows is the rows merged so far.
+        total = self.rows + n
+        delta = mean - self.label_mean
+        self.label_mean += delta * n / total
+        self.label_m2 += m2 + delta**2 * self.rows * n / total
 
     def _merge_range(self, lo: np.ndarray, hi: np.ndarray) -> None:
         self.lo = lo if self.lo is None else np.minimum(self.lo, lo)
@@ -208,7 +227,12 @@ class FitStats:
         if self.rows == 0:
             raise DataError("the train split is empty; add rows or change data.split")
         numeric = [] if info.is_images else info.numeric_columns
-        pre = Preprocessor(list(numeric), info.label_column, list(classes), scaler=cfg.scaler)
+        pre = Preprocessor(list(numeric), info.label_column, list(classes), scaler=cfg.scaler, task=info.task)
+        if info.task == "regression":
+            # The label is always standardized: a loss over raw units (prices, say) would
+            # need a learning rate per dataset.
+            pre.label_offset = self.label_mean
+            pre.label_scale = float(np.sqrt(self.label_m2 / self.rows)) or 1.0
         if cfg.scaler != "none" and numeric:
             if cfg.scaler == "standard":
                 offset, spread = self.mean, np.sqrt(self.m2 / self.rows)

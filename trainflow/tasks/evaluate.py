@@ -21,23 +21,19 @@ def evaluate(config: PipelineConfig, prepared: Prepared, trained: Trained) -> Ev
     metrics, where = ev.evaluate_split(
         trained.best_checkpoint, test, prepared.counts["test"], config.evaluation
     )
-    get_run_logger().info(
-        "test accuracy %.4f, macro F1 %.4f on %d examples (predicted %s)",
-        metrics["accuracy"],
-        metrics["macro_f1"],
-        metrics["num_examples"],
-        where,
-    )
+    scores = ", ".join(f"{k} {metrics[k]:.4f}" for k in render.task_metrics(metrics))
+    get_run_logger().info("test %s on %d examples (predicted %s)", scores, metrics["num_examples"], where)
     plots = ev.evaluation_plots(trained.history, metrics, Path(trained.run_path) / "reports")
     key, name = render.artifact_key(config.name), config.name
-    create_table_artifact(
-        key=f"{key}-per-class",
-        table=render.per_class_table(metrics),
-        description=f"{name}: per-class test metrics",
-    )
+    if "per_class" in metrics:
+        create_table_artifact(
+            key=f"{key}-per-class",
+            table=render.per_class_table(metrics),
+            description=f"{name}: per-class test metrics",
+        )
     create_markdown_artifact(
         key=f"{key}-evaluation",
         markdown=render.evaluation_markdown(name, metrics, plots),
-        description=f"{name}: test metrics, per-class numbers, confusion matrix, learning curve",
+        description=f"{name}: test metrics and plots",
     )
     return Evaluated(checkpoint=trained.best_checkpoint, metrics=metrics, reports=[str(p) for p in plots])

@@ -24,11 +24,16 @@ CACHE_RECORDS = Path("/")
 
 
 def ingest_cache_key(context, parameters: dict[str, Any]) -> str:
-    """The data config, the input's fingerprint (file list, sizes, mtimes or content) and
-    the code that inspects it."""
+    """The data config and task, the input's fingerprint (file list, sizes, mtimes or
+    content) and the code that inspects it."""
     config: PipelineConfig = parameters["config"]
     cache = workspace().cache
-    parts = [config.data.model_dump_json(), data.source_fingerprint(config.data, cache), entry.code_version()]
+    parts = [
+        config.data.model_dump_json(),
+        config.task,
+        data.source_fingerprint(config.data, cache),
+        entry.code_version(),
+    ]
     key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
     return str(cache / "ingest" / key)
 
@@ -49,7 +54,7 @@ def preprocess_cache_key(context, parameters: dict[str, Any]) -> str:
 def ingest(config: PipelineConfig, checked: data.SourceInfo | None = None) -> data.SourceInfo:
     """Check the source and its columns and fingerprint it; runs in the driver, before Ray.
     ``checked``: the source as the run's checks (``trainflow.checks``) already found it."""
-    info = checked or data.inspect_source(config.data, workspace().cache)
+    info = checked or data.inspect_source(config.data, workspace().cache, task=config.task)
     get_run_logger().info(
         "source %s (%s, %d files): %d features, label %r, fingerprint %s",
         info.source,
@@ -81,19 +86,20 @@ def preprocess(config: PipelineConfig, source: data.SourceInfo) -> Prepared:
     pre = prepared.preprocessor
     if prepared.dropped:
         logger.warning("dropped %d rows with a missing value (data.missing=drop)", prepared.dropped)
+    target = "a number to predict" if pre.is_regression else f"{len(pre.classes)} classes"
     logger.info(
-        "%s prepared splits %s at %s: %d classes",
+        "%s prepared splits %s at %s: %s",
         "reused" if prepared.reused else "wrote",
         prepared.counts,
         prepared.path,
-        len(pre.classes),
+        target,
     )
     return Prepared(
         path=str(prepared.path),
         counts=prepared.counts,
         preprocessor=pre.to_dict(),
         num_features=pre.num_features,
-        num_classes=len(pre.classes),
+        num_outputs=pre.num_outputs,
         fingerprint=prepared.key,
         reused=prepared.reused,
         dropped=prepared.dropped,

@@ -63,7 +63,9 @@ def _rescore(
         logger.info("the champion was evaluated on other test data; scoring it on this run's test split")
         kept = sum(prepared.counts.values())
         metrics = ev.score_on_raw_test_split(champion_dir, source, config.data.split, kept, config.evaluation)
-        logger.info("champion on this test split: accuracy %.4f", metrics["accuracy"])
+        metric = config.registry.gate_metric
+        if metric in metrics:
+            logger.info("champion on this test split: %s %.4f", metric, metrics[metric])
         return metrics
 
     return rescore

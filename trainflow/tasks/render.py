@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trainflow.config import TASK_METRICS
 from trainflow.pipelines import registry, reports
 from trainflow.tasks.results import Evaluated, PipelineResult, Registered, SweepResult
 
@@ -31,6 +32,28 @@ def _line(label: str, value: str) -> str:
 
 def _metrics(metrics: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+
+
+def task_metrics(metrics: dict[str, Any], prefix: str = "") -> tuple[str, ...]:
+    """The headline metrics of the task that ``metrics`` come from: accuracy, macro_f1
+    and weighted_f1, or rmse, mae and r2 (``prefix``: as they are named there, test_)."""
+    regression = f"{prefix}rmse" in metrics
+    return TASK_METRICS["regression" if regression else "classification"]
+
+
+def lead_metric(metrics: dict[str, float]) -> str:
+    """``accuracy 0.9667`` or ``rmse 53.2101``: the task's first metric, for one-line summaries."""
+    name = task_metrics(metrics)[0]
+    return f"{name} {metrics[name]:.4f}"
+
+
+EPOCH_KEYS = ("train_loss", "val_loss", "val_accuracy")
+
+
+def epoch_metrics(row: dict[str, Any]) -> str:
+    """``train_loss 0.3120  val_loss 0.2981  val_accuracy 0.9410``: an epoch's metrics
+    that its task reports (a regression has no accuracy)."""
+    return "  ".join(f"{k} {row[k]:.4f}" for k in EPOCH_KEYS if k in row)
 
 
 # --- the run summary -----------------------------------------------------------------
@@ -70,7 +93,7 @@ def summary_line(r: PipelineResult | SweepResult) -> str:
     """The run in one line, for the flow's last log line."""
     reg = r.registered
     return (
-        f"{reg.name} v{reg.version} test accuracy {r.test_metrics['accuracy']:.4f}, "
+        f"{reg.name} v{reg.version} test {lead_metric(r.test_metrics)}, "
         f"{'now champion' if reg.champion else 'champion unchanged'}"
     )
 
@@ -116,7 +139,6 @@ def gate_markdown(reg: registry.Registration) -> str:
 
 
 def evaluation_markdown(name: str, metrics: dict[str, Any], plots: Sequence[Path | str] = ()) -> str:
-    classes = list(metrics["per_class"])
     scalars = [(k, v) for k, v in metrics.items() if isinstance(v, float)]
     lines = [
         f"# {name}: test metrics",
@@ -126,6 +148,20 @@ def evaluation_markdown(name: str, metrics: dict[str, Any], plots: Sequence[Path
         "| metric | value |",
         "|---|---|",
         *[f"| {k} | {v:.4f} |" for k, v in scalars],
+    ]
+    if "per_class" in metrics:
+        lines += _classes_markdown(metrics)
+    for plot in map(Path, plots):
+        # Embedded, so the artifact shows the plot wherever the Prefect UI runs; the
+        # file is also logged with the model version's MLflow run under reports/.
+        lines += ["", f"![{plot.stem}]({reports.data_uri(plot)})", "", f"`{plot}`"]
+    return "\n".join(lines)
+
+
+def _classes_markdown(metrics: dict[str, Any]) -> list[str]:
+    """A classifier's per-class numbers and confusion matrix."""
+    classes = list(metrics["per_class"])
+    lines = [
         "",
         "## Per class",
         "",
@@ -143,16 +179,12 @@ def evaluation_markdown(name: str, metrics: dict[str, Any], plots: Sequence[Path
     ]
     for c, row in zip(classes, metrics["confusion_matrix"], strict=True):
         lines.append(f"| **{c}** | " + " | ".join(str(v) for v in row) + " |")
-    for plot in map(Path, plots):
-        # Embedded, so the artifact shows the plot wherever the Prefect UI runs; the
-        # file is also logged with the model version's MLflow run under reports/.
-        lines += ["", f"![{plot.stem}]({reports.data_uri(plot)})", "", f"`{plot}`"]
-    return "\n".join(lines)
+    return lines
 
 
 def per_class_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
-    """The per-class test metrics as a Prefect table artifact's rows."""
-    return [{"class": c, **v} for c, v in metrics["per_class"].items()]
+    """The per-class test metrics as a Prefect table artifact's rows (none for a regression)."""
+    return [{"class": c, **v} for c, v in metrics.get("per_class", {}).items()]
 
 
 def gate_report_markdown(reg: registry.Registration, name: str, evaluated: Evaluated) -> str:
@@ -230,7 +262,7 @@ def sweep_markdown(r: SweepResult, metric: str, best_config_yaml: str) -> str:
         f"{reg.name} version {reg.version} "
         f"({'promoted to **champion**' if reg.champion else 'champion unchanged'}: "
         f"{reg.decision['reason']}); "
-        f"test accuracy {r.test_metrics['accuracy']:.4f}.\n\n"
+        f"test {lead_metric(r.test_metrics)}.\n\n"
         f"| trial | status | epochs | best {metric} | params | error |\n|---|---|---|---|---|---|\n{rows}\n\n"
         f"## The best config (`{r.best_config_path}`)\n\n```yaml\n{best_config_yaml}```\n"
     )
@@ -268,19 +300,20 @@ def _score(metrics: dict[str, float], name: str) -> str:
 
 
 def versions_lines(versions: Sequence[registry.VersionSummary]) -> list[str]:
-    """``trainflow models list``: a version per line, with aliases, test metrics and gate."""
+    """``trainflow models list``: a version per line, with aliases, test metrics (the
+    newest version's task's) and gate."""
+    names = task_metrics(versions[-1].metrics, "test_")[:2] if versions else ("accuracy", "macro_f1")
     rows = [
         (
             v.version,
             ",".join(v.aliases) or "-",
-            _score(v.metrics, "test_accuracy"),
-            _score(v.metrics, "test_macro_f1"),
+            *(_score(v.metrics, f"test_{name}") for name in names),
             {"True": "passed", "False": "failed"}.get(v.gate_passed, "-"),
             time.strftime("%Y-%m-%d %H:%M", time.gmtime(v.created_ms / 1000)),
         )
         for v in versions
     ]
-    return columns(("version", "aliases", "accuracy", "macro_f1", "gate", "created (UTC)"), rows)
+    return columns(("version", "aliases", *names, "gate", "created (UTC)"), rows)
 
 
 def version_json(details: dict[str, Any]) -> str:

@@ -17,7 +17,7 @@ class Prepared(BaseModel):
     counts: dict[str, int]
     preprocessor: dict[str, Any]
     num_features: int
-    num_classes: int
+    num_outputs: int
     fingerprint: str  # the input's fingerprint plus the split and preprocess settings
     reused: bool  # a finished entry with the same key was found and used as is
     dropped: int = 0  # rows dropped for a missing value (data.missing=drop)

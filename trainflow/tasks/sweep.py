@@ -122,14 +122,7 @@ def _log_event(logger):
             logger.info("trial %s started: %s", trial, render.trial_params(event["params"]))
         elif event["kind"] == "epoch":
             epochs[trial] = int(event.get("epoch", epochs.get(trial, 0) + 1))
-            logger.info(
-                "trial %s epoch %d  train_loss %.4f  val_loss %.4f  val_accuracy %.4f",
-                trial,
-                epochs[trial],
-                event.get("train_loss", float("nan")),
-                event.get("val_loss", float("nan")),
-                event.get("val_accuracy", float("nan")),
-            )
+            logger.info("trial %s epoch %d  %s", trial, epochs[trial], render.epoch_metrics(event))
         elif event["kind"] == "end":
             logger.info("trial %s ended after %d epochs", trial, epochs.get(trial, 0))
         else:

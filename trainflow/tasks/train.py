@@ -11,6 +11,7 @@ from trainflow.config import PipelineConfig
 from trainflow.pipelines.training.run import TrainingDiverged, TrainingResult, run_training
 from trainflow.pipelines.training.settings import PreparedSplits
 from trainflow.runtime import timeline, workspace
+from trainflow.tasks import render
 from trainflow.tasks.render import artifact_key
 from trainflow.tasks.results import Prepared, Trained
 
@@ -59,7 +60,7 @@ def _trained(run_name: str, result: TrainingResult) -> Trained:
 
 def prepared_splits(prepared: Prepared) -> PreparedSplits:
     """What training reads of the preprocess task's result."""
-    return PreparedSplits(prepared.path, prepared.preprocessor, prepared.num_features, prepared.num_classes)
+    return PreparedSplits(prepared.path, prepared.preprocessor, prepared.num_features, prepared.num_outputs)
 
 
 def _log_row(logger, config: PipelineConfig, meter: _ProgressMeter):
@@ -86,13 +87,7 @@ def _log_row(logger, config: PipelineConfig, meter: _ProgressMeter):
             logger.info("epoch %d step %d  loss %.4f", row["epoch"], row["step"], row["loss"])
         else:
             logger.info(
-                "epoch %d/%d  train_loss %.4f  val_loss %.4f  val_accuracy %.4f  lr %.3g",
-                row["epoch"],
-                epochs,
-                row["train_loss"],
-                row["val_loss"],
-                row["val_accuracy"],
-                row["lr"],
+                "epoch %d/%d  %s  lr %.3g", row["epoch"], epochs, render.epoch_metrics(row), row["lr"]
             )
             meter.update(row["epoch"])
 

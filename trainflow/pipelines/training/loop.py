@@ -157,21 +157,46 @@ def train_epoch(
     return total / max(count, 1)
 
 
+LOSSES = {"mse": nn.MSELoss, "l1": nn.L1Loss, "huber": nn.HuberLoss}
+
+
+def make_loss(loss: str, *, label_smoothing: float = 0.0, class_weights: list[float] | None = None):
+    """The loss of ``loss`` (a train.loss name) as ``loss_fn(outputs, labels)``: cross
+    entropy over class logits, or for a regression (mse, l1, huber) over the model's one
+    output per row against the scaled label."""
+    if loss == "cross_entropy":
+        weight = torch.tensor(class_weights, dtype=torch.float32) if class_weights else None
+        return nn.CrossEntropyLoss(weight=weight, label_smoothing=label_smoothing)
+    regression = LOSSES[loss]()
+
+    def loss_fn(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return regression(outputs.reshape(-1), y.to(outputs.dtype))
+
+    return loss_fn
+
+
 @torch.no_grad()
-def validate(model: nn.Module, batches, loss_fn, precision: Precision | None = None) -> tuple[float, float]:
+def validate(
+    model: nn.Module, batches, loss_fn, precision: Precision | None = None, classify: bool = True
+) -> dict[str, float]:
+    """The mean loss over every worker's examples, and the accuracy when ``classify``."""
     precision = precision or Precision("32", torch.device("cpu"))
     model.eval()
     loss_sum, correct, n = 0.0, 0, 0
     for batch in batches:
         x, y = batch[FEATURES], batch[LABEL]
         with precision.autocast():
-            logits = model(x)
-        logits = logits.float()
-        loss_sum += loss_fn(logits, y).item() * len(y)
-        correct += (logits.argmax(dim=1) == y).sum().item()
+            outputs = model(x)
+        outputs = outputs.float()
+        loss_sum += loss_fn(outputs, y).item() * len(y)
+        if classify:
+            correct += (outputs.argmax(dim=1) == y).sum().item()
         n += len(y)
     total_loss, total_correct, count = _all_sum(loss_sum, correct, n)
-    return total_loss / max(count, 1), total_correct / max(count, 1)
+    out = {"val_loss": total_loss / max(count, 1)}
+    if classify:
+        out["val_accuracy"] = total_correct / max(count, 1)
+    return out
 
 
 class EarlyStopping:
@@ -250,7 +275,12 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
     optimizer = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.weight_decay, cfg.momentum)
     scheduler = make_scheduler(optimizer, cfg)
     precision = Precision(cfg.precision, device)
-    loss_fn = nn.CrossEntropyLoss()
+    classify = settings.config.task == "classification"
+    loss_fn = make_loss(
+        settings.config.loss, label_smoothing=cfg.label_smoothing, class_weights=settings.class_weights
+    )
+    if settings.class_weights:
+        loss_fn = loss_fn.to(device)
     # The ProgressLog the driver follows (None: nobody follows this run).
     progress = ProgressLog(settings.progress, rank) if settings.progress else None
     if settings.placements and rank == 0:
@@ -322,15 +352,9 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
                 f"train loss became {train_loss} in epoch {epoch + 1}; lower train.lr "
                 f"(now {cfg.lr}) or check the data for extreme values",
             )
-        val_loss, val_accuracy = validate(model, val_batches, loss_fn, precision)
+        validated = validate(model, val_batches, loss_fn, precision, classify)
         scheduler.step()
-        metrics = {
-            "epoch": epoch + 1,
-            "train_loss": train_loss,
-            "val_loss": val_loss,
-            "val_accuracy": val_accuracy,
-            "lr": lr,
-        }
+        metrics = {"epoch": epoch + 1, "train_loss": train_loss, **validated, "lr": lr}
         history.append(metrics)
         stop = stopping.update(metrics) if stopping is not None else False
         with tempfile.TemporaryDirectory() as tmp:

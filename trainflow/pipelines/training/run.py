@@ -17,7 +17,7 @@ from trainflow.pipelines.checkpoint import METRICS, read_json
 from trainflow.pipelines.training.inputs import TRAIN_SPLITS, split_inputs, splits_in_memory
 from trainflow.pipelines.training.loop import SETTINGS, Outcome, train_loop_per_worker
 from trainflow.pipelines.training.progress import Progress, follow_progress
-from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings
+from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings, balanced_class_weights
 from trainflow.runtime import timeline
 
 if TYPE_CHECKING:
@@ -82,8 +82,13 @@ def run_training(
         config,
         preprocessor=prepared.preprocessor,
         num_features=prepared.num_features,
-        num_classes=prepared.num_classes,
+        num_outputs=prepared.num_outputs,
         memory_splits=memory_splits,
+        class_weights=(
+            balanced_class_weights(prepared.path, prepared.num_outputs)
+            if config.train.class_weights == "balanced"
+            else None
+        ),
         progress=progress,
         placements=placements,
     )

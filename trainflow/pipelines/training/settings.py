@@ -29,11 +29,13 @@ class TrainSettings:
     # The splits each worker reads once into memory, by name: their prepared folders.
     # The other train splits stream from the Datasets TorchTrainer is given.
     memory_splits: dict[str, str] = field(default_factory=dict)
+    # train.class_weights: balanced: one weight per class for the loss (None: unweighted).
+    class_weights: list[float] | None = None
     progress: str | None = None  # the ProgressLog the driver follows; None: nobody follows
     placements: str | None = None  # the PlacementTracker rank 0 records its group in (sweeps)
 
     def __post_init__(self) -> None:
-        for name in ("model_spec", "preprocessor", "memory_splits"):
+        for name in ("model_spec", "preprocessor", "memory_splits", "class_weights"):
             check_plain(getattr(self, name), f"train settings: {name}")
 
     @classmethod
@@ -43,18 +45,21 @@ class TrainSettings:
         *,
         preprocessor: dict[str, Any],
         num_features: int,
-        num_classes: int,
+        num_outputs: int,
         memory_splits: Mapping[str, str] = {},
+        class_weights: list[float] | None = None,
         progress: str | None = None,
         placements: str | None = None,
     ) -> TrainSettings:
         """The settings of a run of ``config`` on data of ``num_features`` inputs and
-        ``num_classes`` classes; a model that does not fit them raises ConfigError here."""
+        ``num_outputs`` outputs (its classes, or 1 for a regression); a model that does not
+        fit them raises ConfigError here."""
         return cls(
             config=config,
-            model_spec=model_spec(config.model, num_features, num_classes),
+            model_spec=model_spec(config.model, num_features, num_outputs),
             preprocessor=preprocessor,
             memory_splits=dict(memory_splits),
+            class_weights=class_weights,
             progress=progress,
             placements=placements,
         )
@@ -98,4 +103,19 @@ class PreparedSplits:
     path: str
     preprocessor: dict[str, Any]
     num_features: int
-    num_classes: int
+    num_outputs: int
+
+
+def balanced_class_weights(path: str, num_classes: int) -> list[float]:
+    """train.class_weights=balanced: ``rows / (classes * rows of the class)`` per class, from
+    the labels of the prepared train split at ``path`` (scikit-learn's "balanced"); a class
+    without train rows weighs 0 (it contributes no loss term anyway)."""
+    import numpy as np
+    import pyarrow.dataset as pads
+
+    from trainflow.pipelines.preprocess import LABEL
+
+    labels = pads.dataset(f"{path}/train", format="parquet").to_table(columns=[LABEL])[LABEL]
+    counts = np.bincount(labels.to_numpy(), minlength=num_classes).astype(np.float64)
+    weights = np.divide(counts.sum(), num_classes * counts, out=np.zeros_like(counts), where=counts > 0)
+    return [float(w) for w in weights]

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainflow.config import ConfigError, PipelineConfig, TrainConfig
-from trainflow.pipelines.models import model_spec
+from trainflow.pipelines.models import image_shape, model_spec
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,9 @@ class TrainSettings:
         ``num_classes`` classes; a model that does not fit them raises ConfigError here."""
         return cls(
             config=config,
-            model_spec=model_spec(config.model, num_features, num_classes),
+            model_spec=model_spec(
+                config.model, num_features, num_classes, image_shape=image_shape(preprocessor)
+            ),
             preprocessor=preprocessor,
             memory_splits=dict(memory_splits),
             progress=progress,

@@ -317,7 +317,7 @@ def freeze(model: nn.Module, prefixes: Sequence[str]) -> int:
     for prefix in prefixes:
         if not any(n == prefix or n.startswith(f"{prefix}.") for n in names):
             raise ConfigError(
-                f"model.freeze {prefix!r} names no parameter of the model; its top-level names are "
+                f"model.freeze {prefix!r} names no parameter of the model; its top-level names: "
                 + ", ".join(dict.fromkeys(n.split(".")[0] for n in names))
             )
     frozen = 0

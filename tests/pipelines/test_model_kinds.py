@@ -214,14 +214,15 @@ def test_a_checkpoint_of_a_users_model_without_its_module_fails_naming_it(tmp_pa
         metrics={},
     )
     assert isinstance(load_checkpoint(tmp_path / "ckpt").model, nn.Module)
-    code = f"from trainflow.pipelines.checkpoint import load_checkpoint\nload_checkpoint({str(tmp_path / 'ckpt')!r})"
+    folder = str(tmp_path / "ckpt")
+    code = f"from trainflow.pipelines.checkpoint import load_checkpoint\nload_checkpoint({folder!r})"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode != 0
     assert (
         out.stderr.strip()
         .splitlines()[-1]
         .endswith(
-            f"model.kind {user_module}:table: module '{user_module}' is not importable here; put it on PYTHONPATH "
-            "or run from the folder that holds it"
+            f"model.kind {user_module}:table: module '{user_module}' is not importable here; "
+            "put it on PYTHONPATH or run from the folder that holds it"
         )
     )

@@ -165,15 +165,15 @@ def test_the_sweep_example_config_loads():
 
 
 def test_a_regression_defaults_to_its_own_loss_metrics_and_an_unbounded_gate():
-    config = load_config({"task": "regression", "data": {"source": "builtin:diabetes", "label_column": "target"}})
+    config = load_config(
+        {"task": "regression", "data": {"source": "builtin:diabetes", "label_column": "target"}}
+    )
     assert config.loss == "mse"
     assert (config.checkpoint.metric, config.checkpoint.mode) == ("val_loss", "min")
     assert config.registry.gate_metric == "rmse" and config.registry.lower_is_better
     assert config.registry.min_value is None  # a bound only when the config sets one
     # What the config sets wins over the task's defaults.
-    bounded = load_config(
-        {"task": "regression", "registry": {"min_value": 60.0, "gate_metric": "mae"}}
-    )
+    bounded = load_config({"task": "regression", "registry": {"min_value": 60.0, "gate_metric": "mae"}})
     assert (bounded.registry.min_value, bounded.registry.gate_metric) == (60.0, "mae")
     # A classification keeps its defaults: a floor of 0.9 on accuracy.
     assert (PipelineConfig().registry.gate_metric, PipelineConfig().registry.min_value) == ("accuracy", 0.9)
@@ -183,9 +183,18 @@ def test_a_regression_defaults_to_its_own_loss_metrics_and_an_unbounded_gate():
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"registry": {"gate_metric": "accuracy"}}, r"registry.gate_metric: accuracy does not measure a regression; use one of rmse, mae, r2"),
-        ({"train": {"loss": "cross_entropy"}}, r"train.loss: cross_entropy does not measure a regression; use one of mse, l1, huber"),
-        ({"checkpoint": {"metric": "val_accuracy"}}, r"checkpoint.metric: val_accuracy does not measure a regression"),
+        (
+            {"registry": {"gate_metric": "accuracy"}},
+            r"registry.gate_metric: accuracy does not measure a regression; use one of rmse, mae, r2",
+        ),
+        (
+            {"train": {"loss": "cross_entropy"}},
+            r"train.loss: cross_entropy does not measure a regression; use one of mse, l1, huber",
+        ),
+        (
+            {"checkpoint": {"metric": "val_accuracy"}},
+            r"checkpoint.metric: val_accuracy does not measure a regression",
+        ),
         ({"train": {"label_smoothing": 0.1}}, r"train.label_smoothing applies to classification"),
         ({"data": {"classes": [1, 2]}}, r"data.classes: a regression's label is a number"),
     ],

@@ -1,9 +1,10 @@
 """The checks before a run starts: what can fail in seconds, in one line, before Prefect's
 server and Ray start and before any Ray worker runs.
 
-A training or sweep run checks its sweep section, its data source (columns and types;
-no rows read) and what it asks of the cluster: the local cluster it would start (GPUs,
-CPUs), or that something answers at a cluster's address. A batch prediction checks the
+A training or sweep run checks its sweep section, its model (``model.kind`` and
+``model.weights``), its data source (columns and types; no rows read) and what it asks
+of the cluster: the local cluster it would start (GPUs, CPUs), or that something answers
+at a cluster's address. A batch prediction checks the
 model reference, its input (every feature column the model needs) and output, and the
 cluster's address.
 
@@ -72,10 +73,21 @@ def _check_run(config: PipelineConfig, sweep: bool) -> RunChecks:
             f"invalid config: sweep: {config.name} has no sweep section; add one such as "
             "sweep: {space: {train.lr: {loguniform: [0.0001, 0.1]}}, trials: 8}"
         )
+    model_kind(config)
     info = source(config)
     cluster(config, workers="sweep" if sweep else "train")
     timeline("config, source and resources checked")
     return RunChecks(source=info, warm=worker_modules(info))
+
+
+def model_kind(config: PipelineConfig) -> None:
+    """The model the config names can be built: its torchvision architecture exists, the
+    user's module imports here and holds the callable, the weights file is there. Imports
+    torchvision (and torch) only for a torchvision kind or weights, the user's module only
+    for a kind of the user's own."""
+    from trainflow.pipelines.model_kinds import check_model
+
+    check_model(config.model)
 
 
 def source(config: PipelineConfig) -> SourceInfo:

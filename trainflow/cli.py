@@ -57,11 +57,12 @@ def _config(config: Path | None, overrides: list[str] | None, smoke: bool = Fals
 
 @app.command()
 def validate(config: ConfigArg = None, set_: SetOpt = None) -> None:
-    """Check a config and its data source without starting Ray or Prefect."""
+    """Check a config, its model and its data source without starting Ray or Prefect."""
     from trainflow import checks
 
     cfg = _config(config, set_)
     with _one_line_errors():
+        checks.model_kind(cfg)
         checks.source(cfg)
     typer.echo(f"ok: {cfg.name} (config hash {cfg.config_hash()}), source {cfg.data.source}")
 

@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 
 class ConfigError(ValueError):
@@ -123,14 +131,29 @@ class PreprocessConfig(_Section):
         return v
 
 
+# model.kind: mlp, cnn, torchvision:<architecture> or package.module:callable.
+MODEL_KIND = re.compile(r"mlp|cnn|torchvision:[A-Za-z_]\w*|[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
 class ModelConfig(_Section):
-    kind: Literal["mlp", "cnn"] = "cnn"
+    # mlp | cnn | torchvision:<architecture>, a classification builder of torchvision.models
+    # (torchvision:resnet18) | package.module:callable, a model of your own, called in each
+    # worker as callable(input_shape=[c, h, w] or [num_features], num_outputs=..., **args).
+    kind: str = "cnn"
     hidden_sizes: list[int] = [128]
     channels: list[int] = [32, 64]
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     # [channels, height, width] of image-shaped features for the cnn; None infers a
     # single-channel square image from the number of features (64 -> [1, 8, 8]).
     image_shape: list[int] | None = None
+    # Keyword arguments for a torchvision builder (image_size for a ViT) or your callable.
+    args: dict[str, Any] = {}
+    # Initial weights: None (random), a torchvision weights name (ResNet18_Weights.DEFAULT,
+    # read from torch's hub cache) or a state dict file. A head of another size than the
+    # data's outputs starts anew; a first convolution of other channels is adapted.
+    weights: str | None = None
+    # Parameter name prefixes kept frozen while the rest trains (conv1, layer1).
+    freeze: list[str] = []
 
     @field_validator("hidden_sizes", "channels", "image_shape")
     @classmethod
@@ -138,6 +161,34 @@ class ModelConfig(_Section):
         if v is not None and any(n < 1 for n in v):
             raise ValueError(f"every size must be a positive integer, got {v}")
         return v
+
+    @field_validator("kind")
+    @classmethod
+    def _known_form(cls, v: str) -> str:
+        if not MODEL_KIND.fullmatch(v):
+            raise ValueError(
+                "must be mlp, cnn, torchvision:<architecture> (torchvision:resnet18) or "
+                "package.module:callable (mymodels.net:build)"
+            )
+        return v
+
+    @field_validator("args")
+    @classmethod
+    def _args_need_a_builder(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        kind = info.data.get("kind")
+        if v and kind in ("mlp", "cnn"):
+            raise ValueError(
+                f"args are for torchvision and your own models; {kind} takes hidden_sizes, "
+                "channels, dropout and image_shape"
+            )
+        return v
+
+    @property
+    def user_module(self) -> str | None:
+        """The module of a ``package.module:callable`` kind; None for the others."""
+        if self.kind in ("mlp", "cnn") or self.kind.startswith("torchvision:"):
+            return None
+        return self.kind.partition(":")[0]
 
 
 class EarlyStoppingConfig(_Section):

@@ -267,7 +267,7 @@ def _connect(
     # "local" starts a cluster for this run. Ray's own default (None) would attach to
     # whichever cluster `ray start` last left on this machine: a cluster is only ever
     # shared when the config or RAY_ADDRESS says so.
-    ray.init(address=address or "local", **ray_init_kwargs())
+    ray.init(address=address or "local", **ray_init_kwargs(module_paths(config.model.user_module)))
     configure_ray_data()
     if warm:
         warm_workers(warm)
@@ -349,16 +349,62 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         ) from None
 
 
-def ray_init_kwargs() -> dict:
-    """What every ``ray.init`` of trainflow passes: quiet workers, no dashboard."""
-    return dict(
-        runtime_env={
-            "env_vars": apply_quiet_env(),
-            "worker_process_setup_hook": "trainflow.runtime.quiet_worker",
-        },
-        logging_level=logging.WARNING,
-        include_dashboard=False,
-    )
+def ray_init_kwargs(py_modules: Sequence[str] = ()) -> dict:
+    """What every ``ray.init`` of trainflow passes: quiet workers, no dashboard, and
+    ``py_modules`` (local paths, :func:`module_paths`) shipped to every worker of the job."""
+    runtime_env: dict = {
+        "env_vars": apply_quiet_env(),
+        "worker_process_setup_hook": "trainflow.runtime.quiet_worker",
+    }
+    if py_modules:
+        runtime_env["py_modules"] = list(py_modules)
+    return dict(runtime_env=runtime_env, logging_level=logging.WARNING, include_dashboard=False)
+
+
+def module_paths(module: str | None) -> list[str]:
+    """Where the top-level package (a folder) or module (a ``.py`` file) of ``module``
+    lives on this machine, for Ray's runtime_env ``py_modules``: a user's code that the
+    driver imports from the current folder or PYTHONPATH, which a cluster's workers may
+    not have. Empty for None, a module that does not import here, and an installed one
+    (site-packages, the standard library), which every node installs for itself."""
+    import importlib.util
+    import sysconfig
+
+    if not module:
+        return []
+    try:
+        spec = importlib.util.find_spec(module.split(".")[0])
+    except (ImportError, ValueError):
+        return []
+    if spec is None:
+        return []
+    locations = list(spec.submodule_search_locations or [])
+    if len(locations) > 1:
+        return []  # a namespace package spread over folders: no one folder to ship
+    if locations:
+        path = Path(locations[0]).resolve()
+    elif spec.origin and spec.origin.endswith(".py"):
+        path = Path(spec.origin).resolve()
+    else:
+        return []  # built in, frozen or compiled: installed with Python or a package
+    installed = {sysconfig.get_paths()[key] for key in ("purelib", "platlib", "stdlib", "platstdlib")}
+    if any(path.is_relative_to(Path(root).resolve()) for root in installed):
+        return []
+    return [str(path)]
+
+
+def uploaded_modules(paths: Sequence[str]) -> dict:
+    """A runtime_env whose ``py_modules`` are ``paths`` uploaded to the connected cluster
+    (``gcs://`` URIs): an actor's runtime_env takes only URIs, where ``ray.init`` takes
+    local paths. Ray Train's ``RunConfig(worker_runtime_env=...)`` ships them so to its
+    workers on any cluster the driver is connected to, one the run did not start too."""
+    import ray.util.client
+
+    if not paths or ray.util.client.ray.is_connected():
+        return {}  # through Ray Client, ray.init's runtime_env ships them to every worker
+    from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+
+    return upload_py_modules_if_needed({"py_modules": list(paths)}, include_gitignore=True)
 
 
 def configure_ray_data() -> None:

@@ -13,7 +13,7 @@ from trainflow.pipelines.preprocess import Preprocessor
 
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
 def test_models_map_features_to_class_logits(kind):
-    spec = model_spec(ModelConfig(kind=kind), num_features=64, num_classes=10)
+    spec = model_spec(ModelConfig(kind=kind), num_features=64, num_outputs=10)
     json.dumps(spec)
     assert build_model(spec)(torch.randn(5, 64)).shape == (5, 10)
 

@@ -19,7 +19,9 @@ from trainflow.pipelines.training.loop import make_loss
 
 def test_a_regression_label_must_be_numeric_and_says_so_before_reading_rows(tmp_path):
     pd.DataFrame({"x": [1.0, 2.0, 3.0], "y": ["low", "high", "low"]}).to_csv(tmp_path / "d.csv", index=False)
-    with pytest.raises(DataError, match=r"data.label_column 'y' in .*d.csv is string; a regression label must hold numbers"):
+    with pytest.raises(
+        DataError, match=r"data.label_column 'y' in .*d.csv is string; a regression label must hold numbers"
+    ):
         inspect_source(DataConfig(source=str(tmp_path / "d.csv"), label_column="y"), task="regression")
     for name in ("a", "b"):
         (tmp_path / "images" / name).mkdir(parents=True)

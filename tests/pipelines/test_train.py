@@ -41,9 +41,10 @@ def test_settings_hold_each_value_once_and_cross_to_workers_whole():
     assert settings.model_spec == {
         "kind": "mlp",
         "num_features": 64,
-        "num_classes": 10,
+        "num_outputs": 10,
         "dropout": config.model.dropout,
         "hidden_sizes": [32],
+        "parameters": {"total": 64 * 32 + 32 + 32 * 10 + 10, "trainable": 64 * 32 + 32 + 32 * 10 + 10},
     }
     assert settings.placements is None
     assert pickle.loads(pickle.dumps(settings)) == settings  # what Ray does to reach the workers

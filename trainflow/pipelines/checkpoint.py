@@ -31,8 +31,9 @@ REQUIRED = (MODEL, SPEC, PREPROCESSOR, CONFIG, METRICS)
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    # DistributedDataParallel keeps the real model in .module.
-    return model.module if hasattr(model, "module") else model
+    # DistributedDataParallel keeps the real model in .module (a user's model may have a
+    # .module of its own).
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
 def save_checkpoint(

@@ -1,28 +1,81 @@
-"""Model builders by name. A model is described by a JSON spec saved with its checkpoint,
-so loading it needs trainflow and the spec, nothing pickled."""
+"""Models by ``model.kind``: trainflow's own (``mlp``, ``cnn``), torchvision's
+architectures (``torchvision:resnet18``) and the user's own (``package.module:callable``).
+
+A model is described by a JSON spec saved with its checkpoint (``model.json``): its kind,
+builder arguments, input shape and outputs, so loading it needs trainflow, the spec and,
+for a user's model, the user's module; nothing pickled. :func:`model_spec` builds the
+model once in the driver, so a model that does not fit the data fails there, in one
+line, before any worker starts; each worker builds it from the spec with
+:func:`initial_model` (the initial weights and frozen parameters); a checkpoint
+rebuilds the architecture alone with :func:`build_model`.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from trainflow.config import ConfigError, ModelConfig
+from trainflow.pipelines import model_kinds
+from trainflow.pipelines.model_kinds import OWN, TORCHVISION
+
+# A dry forward pass in the driver runs on a batch this big (BatchNorm needs two rows).
+_DRY_BATCH = 2
 
 
-def model_spec(cfg: ModelConfig, num_features: int, num_classes: int) -> dict[str, Any]:
-    """The full architecture, from the config plus what the data says."""
+def model_spec(
+    cfg: ModelConfig,
+    num_features: int,
+    num_outputs: int,
+    *,
+    image_shape: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """The full architecture, from the config plus what the data says: ``num_features``
+    flat inputs per row, ``num_outputs`` outputs (the classes), and the ``image_shape``
+    [c, h, w] of an image source (the preprocessor's). Builds the model here, runs a
+    batch through it and counts its parameters: a kind, weights or freeze list that does
+    not fit fails now with a ConfigError naming the field."""
     spec: dict[str, Any] = {
         "kind": cfg.kind,
         "num_features": num_features,
-        "num_classes": num_classes,
+        "num_outputs": num_outputs,
         "dropout": cfg.dropout,
     }
     if cfg.kind == "mlp":
         spec["hidden_sizes"] = list(cfg.hidden_sizes)
-        return spec
-    shape = cfg.image_shape
+    elif cfg.kind == "cnn":
+        spec["image_shape"] = _image_shape(cfg, num_features, image_shape)
+        spec["channels"] = list(cfg.channels)
+        spec["hidden_sizes"] = list(cfg.hidden_sizes)
+    else:
+        if cfg.kind.startswith(TORCHVISION):
+            shape = _image_shape(cfg, num_features, image_shape)
+        else:
+            shape = list(cfg.image_shape or image_shape or [num_features])
+            _fits(shape, num_features)
+        spec.update(input_shape=shape, args=dict(cfg.args))
+        del spec["dropout"]
+    if cfg.weights is not None:
+        spec["weights"] = cfg.weights  # provenance: a checkpoint never loads them again
+        spec["weights_file"] = str(model_kinds.weights_file(cfg.weights))
+    if cfg.freeze:
+        spec["freeze"] = list(cfg.freeze)
+    model = initial_model(spec)
+    _dry_run(model, spec)
+    spec["parameters"] = {
+        "total": sum(p.numel() for p in model.parameters()),
+        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+    }
+    return spec
+
+
+def _image_shape(cfg: ModelConfig, num_features: int, image_shape: Sequence[int] | None) -> list[int]:
+    """[c, h, w]: model.image_shape, else the image source's, else a square of one channel."""
+    shape = cfg.image_shape or (list(image_shape) if image_shape else None)
     if shape is None:
         side = math.isqrt(num_features)
         if side * side != num_features:
@@ -31,15 +84,22 @@ def model_spec(cfg: ModelConfig, num_features: int, num_classes: int) -> dict[st
                 "set model.image_shape to [channels, height, width] or use model.kind=mlp"
             )
         shape = [1, side, side]
-    if len(shape) != 3 or math.prod(shape) != num_features:
+    if len(shape) != 3:
+        raise ConfigError(f"model.image_shape {shape}: needs [channels, height, width]")
+    _fits(shape, num_features)
+    return list(shape)
+
+
+def _fits(shape: Sequence[int], num_features: int) -> None:
+    if math.prod(shape) != num_features:
         raise ConfigError(
-            f"model.image_shape {shape}: needs [channels, height, width] whose product is "
-            f"the number of features, {num_features}"
+            f"model.image_shape {list(shape)}: its product must be the number of features, {num_features}"
         )
-    spec["image_shape"] = list(shape)
-    spec["channels"] = list(cfg.channels)
-    spec["hidden_sizes"] = list(cfg.hidden_sizes)
-    return spec
+
+
+def image_shape(preprocessor: dict[str, Any]) -> list[int] | None:
+    """The [c, h, w] of an image source's prepared rows, from its preprocessor state."""
+    return (preprocessor.get("image") or {}).get("shape")
 
 
 def _mlp(in_features: int, hidden: list[int], out: int, dropout: float) -> list[nn.Module]:
@@ -75,14 +135,226 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x.view(-1, *self.image_shape)))
 
 
+class Reshaped(nn.Module):
+    """A torchvision or user's model behind trainflow's rows, which reach every model flat
+    (``num_features`` floats): views each batch as [N, *input_shape] for the model
+    inside, ``net``, whose names (``net.conv1.weight``) the checkpoint's state dict holds."""
+
+    def __init__(self, net: nn.Module, input_shape: Sequence[int]):
+        super().__init__()
+        self.net = net
+        self.input_shape = tuple(input_shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.reshape(-1, *self.input_shape))
+
+
+def _outputs(spec: dict[str, Any]) -> int:
+    # Specs written before num_outputs (trainflow 0.1.0) name it num_classes.
+    return spec["num_outputs"] if "num_outputs" in spec else spec["num_classes"]
+
+
 def build_model(spec: dict[str, Any]) -> nn.Module:
-    kind = spec["kind"]
+    """The architecture ``spec`` describes, with fresh weights: what a checkpoint's state
+    dict loads into. A user's model needs its module importable here (ConfigError)."""
+    kind, outputs = spec["kind"], _outputs(spec)
     if kind == "mlp":
-        return nn.Sequential(
-            *_mlp(spec["num_features"], spec["hidden_sizes"], spec["num_classes"], spec["dropout"])
-        )
+        return nn.Sequential(*_mlp(spec["num_features"], spec["hidden_sizes"], outputs, spec["dropout"]))
     if kind == "cnn":
-        return SmallCNN(
-            spec["image_shape"], spec["channels"], spec["hidden_sizes"], spec["num_classes"], spec["dropout"]
+        return SmallCNN(spec["image_shape"], spec["channels"], spec["hidden_sizes"], outputs, spec["dropout"])
+    shape, args = spec["input_shape"], spec.get("args", {})
+    make = model_kinds.builder(kind)
+    if kind.startswith(TORCHVISION):
+        net = _call(kind, make, weights=None, num_classes=outputs, **args)
+        if shape[0] != 3:
+            replace_first_conv(net, shape[0], kind)
+    else:
+        net = _call(kind, make, input_shape=list(shape), num_outputs=outputs, **args)
+    return Reshaped(net, shape)
+
+
+def _call(kind: str, make, **kwargs) -> nn.Module:
+    shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    name = getattr(make, "__name__", "the builder")
+    try:
+        net = make(**kwargs)
+    except Exception as e:
+        raise ConfigError(
+            f"model.kind {kind}: {name}({shown}) raised {type(e).__name__}: {_first_line(e)}"
+        ) from None
+    if not isinstance(net, nn.Module):
+        raise ConfigError(
+            f"model.kind {kind}: {name}({shown}) returned a {type(net).__name__}, not a torch.nn.Module"
         )
-    raise ValueError(f"model.kind {kind!r}: use mlp or cnn")
+    return net
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0]
+
+
+def initial_model(spec: dict[str, Any]) -> nn.Module:
+    """The model a training run starts from: the architecture, its initial weights
+    (``weights_file``, adapted to the data: see :func:`load_weights`) and its frozen
+    parameters (``freeze``). Each worker builds it from the spec; the file must be on its
+    node (torch's hub cache or the path given), as it is on a single machine."""
+    model = build_model(spec)
+    inner = inner_model(model)
+    if spec.get("weights_file"):
+        state = _read_weights(spec["weights_file"], spec["weights"])
+        load_weights(inner, state, spec["weights"], _outputs(spec))
+    if spec.get("freeze"):
+        freeze(inner, spec["freeze"])
+    return model
+
+
+def inner_model(model: nn.Module) -> nn.Module:
+    """The model that names the parameters ``model.freeze`` and weights files speak of."""
+    return model.net if isinstance(model, Reshaped) else model
+
+
+def _read_weights(path: str, weights: str) -> dict[str, torch.Tensor]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ConfigError(
+            f"model.weights {weights}: {path} is not a state dict torch can load: {_first_line(e)}"
+        ) from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConfigError(f"model.weights {weights}: {path} holds no state dict (names to tensors)")
+    # A trainflow checkpoint's model.pt names the model inside Reshaped "net.".
+    if state and all(k.startswith("net.") for k in state):
+        state = {k.removeprefix("net."): v for k, v in state.items()}
+    return state
+
+
+def head(model: nn.Module, outputs: int) -> str | None:
+    """The name of the final classifier: the last Linear (or 1x1 Conv2d, as SqueezeNet's)
+    that gives ``outputs`` values; None when there is none."""
+    found = None
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and module.out_features == outputs:
+            found = name
+        elif (
+            isinstance(module, nn.Conv2d) and module.out_channels == outputs and module.kernel_size == (1, 1)
+        ):
+            found = name
+    return found
+
+
+def first_conv(model: nn.Module) -> tuple[str, nn.Conv2d] | None:
+    """The first Conv2d a model registers (resnet's conv1, a ViT's conv_proj, the stem of
+    mobilenet, efficientnet, convnext...): the one that reads the image."""
+    return next(((n, m) for n, m in model.named_modules() if isinstance(m, nn.Conv2d)), None)
+
+
+def replace_first_conv(model: nn.Module, channels: int, kind: str) -> None:
+    """Replace the first convolution by one that takes ``channels`` channels, with the
+    same hyperparameters (fresh weights; :func:`load_weights` adapts pretrained ones)."""
+    found = first_conv(model)
+    if found is None or found[1].groups != 1:
+        raise ConfigError(
+            f"model.kind {kind}: takes 3-channel images and has no plain first convolution to "
+            f"replace for the data's {channels}; convert the images (data.image_mode: RGB)"
+        )
+    name, old = found
+    new = nn.Conv2d(
+        channels,
+        old.out_channels,
+        kernel_size=old.kernel_size,
+        stride=old.stride,
+        padding=old.padding,
+        dilation=old.dilation,
+        bias=old.bias is not None,
+        padding_mode=old.padding_mode,
+    )
+    parent_name, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent_name), attr, new)
+
+
+def load_weights(model: nn.Module, state: dict[str, torch.Tensor], weights: str, outputs: int) -> None:
+    """Load ``state`` into ``model`` by name. The final classifier of another size than
+    the model's keeps its fresh weights (a pretrained head of 1,000 ImageNet classes,
+    re-initialised for the data's); a first convolution of other channels is adapted
+    (the pretrained filters averaged over their channels). Any other difference fails,
+    naming the parameter."""
+    own = model.state_dict()
+    head_name = head(model, outputs)
+    conv = first_conv(model)
+    loaded: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if key not in own:
+            raise ConfigError(f"model.weights {weights}: {key} is not a parameter of the model")
+        want = own[key]
+        if value.shape == want.shape:
+            loaded[key] = value
+        elif head_name is not None and key.startswith(f"{head_name}."):
+            continue  # the data's classes: the head starts anew
+        elif conv is not None and key == f"{conv[0]}.weight" and _same_but_channels(value, want):
+            # Each filter's mean over the file's channels, for every channel of the data's.
+            loaded[key] = value.mean(dim=1, keepdim=True).expand_as(want) * (value.shape[1] / want.shape[1])
+        else:
+            raise ConfigError(
+                f"model.weights {weights}: {key} has shape {list(value.shape)} there and "
+                f"{list(want.shape)} in the model"
+            )
+    missing = [k for k in own if k not in state and not k.endswith("num_batches_tracked")]
+    if missing:
+        raise ConfigError(
+            f"model.weights {weights}: holds no {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"
+        )
+    model.load_state_dict(loaded, strict=False)
+
+
+def _same_but_channels(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dim() == b.dim() == 4 and a.shape[0] == b.shape[0] and a.shape[2:] == b.shape[2:]
+
+
+def freeze(model: nn.Module, prefixes: Sequence[str]) -> int:
+    """Keep the parameters under each name prefix (``conv1``, ``layer1``) frozen; returns
+    how many values stay frozen. A prefix that names no parameter fails."""
+    names = [name for name, _ in model.named_parameters()]
+    for prefix in prefixes:
+        if not any(n == prefix or n.startswith(f"{prefix}.") for n in names):
+            raise ConfigError(
+                f"model.freeze {prefix!r} names no parameter of the model; its top-level names: "
+                + ", ".join(dict.fromkeys(n.split(".")[0] for n in names))
+            )
+    frozen = 0
+    for name, param in model.named_parameters():
+        if any(name == p or name.startswith(f"{p}.") for p in prefixes):
+            param.requires_grad_(False)
+            frozen += param.numel()
+    return frozen
+
+
+def _dry_run(model: nn.Module, spec: dict[str, Any]) -> None:
+    """One batch through the model in the driver, as training runs it (train mode), so a
+    model that cannot take the data's shape or gives the wrong outputs fails here."""
+    kind, outputs = spec["kind"], _outputs(spec)
+    if kind in OWN:
+        return
+    shape = spec["input_shape"]
+    x = torch.zeros(_DRY_BATCH, spec["num_features"])
+    what = f"{shape[0]}-channel images of {shape[1]}x{shape[2]}" if len(shape) == 3 else f"inputs of {shape}"
+    try:
+        with torch.no_grad():
+            y = model.train()(x)
+    except Exception as e:
+        raise ConfigError(
+            f"model.kind {kind}: does not take {what}: {type(e).__name__}: {_first_line(e)}"
+        ) from None
+    if not isinstance(y, torch.Tensor) or tuple(y.shape) != (_DRY_BATCH, outputs):
+        got = list(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+        raise ConfigError(
+            f"model.kind {kind}: gives {got} for a batch of {_DRY_BATCH}, not [{_DRY_BATCH}, {outputs}] "
+            "(a tensor of one row of outputs per input)"
+        )
+
+
+def describe_parameters(spec: dict[str, Any]) -> str | None:
+    """``11,172,810 of 11,181,642 parameters train``, from the spec's counts."""
+    counts = spec.get("parameters")
+    if not counts:
+        return None
+    return f"{counts['trainable']:,} of {counts['total']:,} parameters train"

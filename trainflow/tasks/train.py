@@ -7,7 +7,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from trainflow.config import PipelineConfig
+from trainflow.config import ConfigError, PipelineConfig
 from trainflow.pipelines.training.run import TrainingDiverged, TrainingResult, run_training
 from trainflow.pipelines.training.settings import PreparedSplits
 from trainflow.runtime import timeline, workspace
@@ -17,8 +17,9 @@ from trainflow.tasks.results import Prepared, Trained
 
 
 def _retry_unless_diverged(task, task_run, state) -> bool:
-    # A diverged loss comes back on every retry; anything else (a lost node) may not.
-    return not isinstance(state.result(raise_on_failure=False), TrainingDiverged)
+    # A diverged loss, or a model that does not fit the data (ConfigError), comes back on
+    # every retry; anything else (a lost node) may not.
+    return not isinstance(state.result(raise_on_failure=False), (TrainingDiverged, ConfigError))
 
 
 @task(
@@ -70,8 +71,9 @@ def _log_row(logger, config: PipelineConfig, meter: _ProgressMeter):
     def on_row(row: dict[str, Any]) -> None:
         if row["kind"] == "plan":
             logger.info(
-                "training %s for %d epochs on %d workers (%s each), %s; Ray run %s",
+                "training %s (%s) for %d epochs on %d workers (%s each), %s; Ray run %s",
                 config.model.kind,
+                row["parameters"],
                 epochs,
                 s.num_workers,
                 s.resources_per_worker,

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainflow.pipelines.checkpoint import MODEL, TRAIN_STATE, save_checkpoint
-from trainflow.pipelines.models import build_model
+from trainflow.pipelines.models import initial_model
 from trainflow.pipelines.preprocess import FEATURES, LABEL
 from trainflow.pipelines.training.inputs import (
     STREAM_CHUNK_BATCHES,
@@ -271,7 +271,7 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
     device = ray.train.torch.get_device()
-    model = ray.train.torch.prepare_model(build_model(settings.model_spec))
+    model = ray.train.torch.prepare_model(initial_model(settings.model_spec))
     optimizer = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.weight_decay, cfg.momentum)
     scheduler = make_scheduler(optimizer, cfg)
     precision = Precision(cfg.precision, device)

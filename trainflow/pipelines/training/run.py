@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from trainflow.config import PipelineConfig
 from trainflow.pipelines.checkpoint import METRICS, read_json
+from trainflow.pipelines.models import describe_parameters
 from trainflow.pipelines.training.inputs import TRAIN_SPLITS, split_inputs, splits_in_memory
 from trainflow.pipelines.training.loop import SETTINGS, Outcome, train_loop_per_worker
 from trainflow.pipelines.training.progress import Progress, follow_progress
 from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings, balanced_class_weights
-from trainflow.runtime import timeline
+from trainflow.runtime import module_paths, timeline, uploaded_modules
 
 if TYPE_CHECKING:
     import ray.data
@@ -101,6 +102,7 @@ def run_training(
                 "in_memory": list(in_memory),
                 "streamed": streamed,
                 "run_path": f"{storage}/{run_name}",
+                "parameters": describe_parameters(settings.model_spec),
             }
         )
     timeline("train fit start")
@@ -141,7 +143,8 @@ def build_trainer(
     callbacks: Sequence[Any] = (),
 ) -> TorchTrainer:
     """The TorchTrainer of one run of ``settings.config``, its workers fed ``datasets``
-    (the streamed splits) besides the splits they read into memory."""
+    (the streamed splits) besides the splits they read into memory, and the module of a
+    user's model (``model.kind: package.module:callable``) shipped to them."""
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -168,5 +171,8 @@ def build_trainer(
             # Ray Train logs every report and checkpoint at INFO; trainflow logs each epoch.
             logging_config=LoggingConfig(log_level="WARNING"),
             callbacks=list(callbacks),
+            # A user's model module, shipped to the workers: they import it to build the
+            # model, on a cluster whose nodes do not have it (one started elsewhere too).
+            worker_runtime_env=uploaded_modules(module_paths(config.model.user_module)),
         ),
     )

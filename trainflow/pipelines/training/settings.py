@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainflow.config import ConfigError, PipelineConfig, TrainConfig
-from trainflow.pipelines.models import model_spec
+from trainflow.pipelines.models import image_shape, model_spec
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,9 @@ class TrainSettings:
         fit them raises ConfigError here."""
         return cls(
             config=config,
-            model_spec=model_spec(config.model, num_features, num_outputs),
+            model_spec=model_spec(
+                config.model, num_features, num_outputs, image_shape=image_shape(preprocessor)
+            ),
             preprocessor=preprocessor,
             memory_splits=dict(memory_splits),
             class_weights=class_weights,

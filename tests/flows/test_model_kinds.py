@@ -1,0 +1,146 @@
+"""Training flows with torchvision architectures and a user's own model, on the session's
+Ray cluster and Prefect server: trained, registered, loaded and predicting."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import trainflow
+from tests.flows.test_training_pipeline import flow_logs
+from tests.pipelines.test_sources import write_mnist_raw
+from trainflow.config import load_config
+from trainflow.flows.training import training_pipeline
+from trainflow.pipelines.models import initial_model
+from trainflow.testing import small_config
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+def grey_folder(root: Path, per_class=12, size=32) -> Path:
+    """Three classes of grayscale images told apart by brightness."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for k, name in enumerate(["dark", "mid", "light"]):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = np.clip(rng.normal(40 + 80 * k, 15, size=(size, size)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels, mode="L").save(root / name / f"{i}.png")
+    return root
+
+
+def test_a_torchvision_resnet18_fine_tunes_on_grey_images_registers_and_predicts_folder_names(
+    tmp_path, ray_cluster, prefect_harness, trainflow_home
+):
+    root = grey_folder(tmp_path / "grey")
+    torch.manual_seed(0)
+    weights = tmp_path / "resnet18-imagenet-shaped.pt"  # 3 channels, 1,000 classes, as the hub's
+    torch.save(__import__("torchvision.models").models.resnet18().state_dict(), weights)
+    config = load_config(
+        small_config(
+            name="grey-resnet",
+            data={"source": str(root), "image_mode": "L", "split": {"val": 0.25, "test": 0.25}},
+            preprocess={"image_size": [32, 32]},
+            model={"kind": "torchvision:resnet18", "weights": str(weights), "freeze": ["conv1", "layer1"]},
+            train={"epochs": 1, "batch_size": 8, "lr": 0.01},
+        )
+    )
+    state = training_pipeline(config=config, return_state=True)
+    assert state.is_completed(), state.message
+    result = state.result()
+    assert result.registered.version == "1"
+
+    predictor = trainflow.load_model("grey-resnet@champion")
+    spec = predictor.spec
+    assert spec["kind"] == "torchvision:resnet18" and spec["input_shape"] == [1, 32, 32]
+    assert predictor.model.net.conv1.in_channels == 1 and predictor.model.net.fc.out_features == 3
+    # The frozen parameters left training bit-identical; the rest moved.
+    start = initial_model(spec)
+    trained = dict(predictor.model.named_parameters())
+    frozen = [n for n, p in start.named_parameters() if not p.requires_grad]
+    assert frozen and all(n.startswith(("net.conv1.", "net.layer1.")) for n in frozen)
+    for name, param in start.named_parameters():
+        assert torch.equal(trained[name], param) == (name in frozen), name
+    counts = spec["parameters"]
+    line = f"{counts['trainable']:,} of {counts['total']:,} parameters train"
+    assert counts["trainable"] < counts["total"]
+    assert any(line in log for log in flow_logs(state.state_details.flow_run_id))
+
+    from PIL import Image
+
+    images = [np.asarray(Image.open(root / name / "0.png")) for name in ("dark", "light")]
+    answers = predictor.predict(pd.DataFrame({"image": images}))
+    assert set(answers) <= {"dark", "mid", "light"} and len(answers) == 2
+
+
+def test_the_fashion_mnist_resnet18_config_runs_on_a_small_slice(
+    ray_cluster, prefect_harness, trainflow_home
+):
+    write_mnist_raw(trainflow_home / "cache" / "torchvision" / "FashionMNIST" / "raw", n_train=60, n_test=20)
+    config = load_config(
+        REPO / "configs" / "fashion-mnist-resnet18.yaml",
+        ["data.limit=60", "train.epochs=1", "scaling.num_workers=1", "registry.min_value=0"],
+    )
+    state = training_pipeline(config=config, return_state=True)
+    assert state.is_completed(), state.message
+    predictor = trainflow.load_model("fashion-mnist-resnet18/1")
+    assert predictor.model.net.conv1.in_channels == 1 and predictor.spec["input_shape"] == [1, 28, 28]
+
+
+USER_MODULE = """
+    from torch import nn
+
+    def build(input_shape, num_outputs, width=16):
+        return nn.Sequential(nn.Linear(input_shape[0], width), nn.ReLU(), nn.Linear(width, num_outputs))
+"""
+
+
+def test_a_users_module_trains_on_workers_that_lack_it_and_loading_needs_it(
+    tmp_path, ray_cluster, prefect_harness, trainflow_home, monkeypatch
+):
+    import ray
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "kinds_flow_net.py").write_text(textwrap.dedent(USER_MODULE))
+    monkeypatch.syspath_prepend(str(code))  # the driver's path only: the cluster started before
+
+    @ray.remote(num_cpus=0)
+    def importable() -> bool:
+        import importlib.util
+
+        return importlib.util.find_spec("kinds_flow_net") is not None
+
+    assert not ray.get(importable.remote())  # the session's workers do not have it by themselves
+    config = load_config(
+        small_config(
+            name="digits-own",
+            data={"limit": 300},
+            model={"kind": "kinds_flow_net:build", "args": {"width": 12}},
+        )
+    )
+    state = training_pipeline(config=config, return_state=True)
+    assert state.is_completed(), state.message
+    assert state.result().test_metrics["accuracy"] > 0.3
+    predictor = trainflow.load_model("digits-own/1")
+    assert predictor.spec["args"] == {"width": 12} and predictor.model.net[0].out_features == 12
+
+    # Where the module is missing, loading the model fails in one line naming it.
+    load = "import trainflow; trainflow.load_model('digits-own/1')"
+    out = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode != 0
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            "model.kind kinds_flow_net:build: module 'kinds_flow_net' is not importable here; put it on "
+            "PYTHONPATH or run from the folder that holds it"
+        )
+    )

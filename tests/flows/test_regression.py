@@ -1,0 +1,79 @@
+"""A regression for real: scikit-learn's diabetes data through the training flow and a
+sweep of two trials, on the session's Ray cluster, the Prefect test server and MLflow."""
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from trainflow.config import load_config
+from trainflow.flows.sweep import sweep_pipeline
+from trainflow.flows.training import training_pipeline
+from trainflow.pipelines import registry
+from trainflow.pipelines.evaluate import MODEL_VERSION, PREDICTION, RowPredictor
+from trainflow.pipelines.preprocess import FEATURES, LABEL
+from trainflow.pipelines.sources import diabetes_frame
+from trainflow.runtime import workspace
+from trainflow.tasks import render
+
+pytestmark = pytest.mark.slow
+
+CONFIG = "configs/diabetes-regression.yaml"
+
+
+def test_a_regression_trains_is_gated_on_rmse_and_predicts_numbers(ray_cluster, prefect_harness, trainflow_home):
+    # A model that has barely trained becomes the first champion: no bound by default.
+    weak = training_pipeline(
+        config=load_config(CONFIG, ["name=diabetes-test", "train.epochs=1", "train.lr=0.0001"])
+    )
+    assert weak.registered.champion and weak.registered.version == "1"
+    assert set(weak.test_metrics) == {"rmse", "mae", "r2"}
+    # The summary's test line names a regression's metrics.
+    test_line = next(line for line in render.summary_lines(weak) if line.startswith("test"))
+    assert "rmse" in test_line and "mae" in test_line and "r2" in test_line and "accuracy" not in test_line
+
+    # A sweep of two trials (ranked by val_loss, the regression's default) registers its
+    # best, which the gate promotes for its lower rmse.
+    sweep = load_config(
+        CONFIG,
+        [
+            "name=diabetes-test",
+            "train.epochs=20",
+            "sweep.space={train.lr: {grid: [0.01, 0.003]}}",
+            "sweep.trials=1",
+            "sweep.max_concurrent=2",
+            "sweep.scheduler.kind=fifo",
+        ],
+    )
+    assert (sweep.sweep.metric, sweep.sweep.mode) == ("val_loss", "min")
+    state = sweep_pipeline(config=sweep, return_state=True)
+    assert state.is_completed(), state.message
+    result = state.result()
+    assert len(result.trials) == 2 and all(t["status"] == "completed" for t in result.trials)
+    reg = result.registered
+    assert reg.champion and reg.version == "2", reg.decision["reason"]
+    assert "(lower is better)" in reg.decision["reason"]
+    assert result.test_metrics["rmse"] < weak.test_metrics["rmse"]
+    assert result.test_metrics["r2"] >= 0.35
+
+    # The test metrics are scikit-learn's, on the champion's predictions of the test split.
+    from sklearn.metrics import mean_absolute_error, r2_score, root_mean_squared_error
+
+    model = registry.load_model("diabetes-test@champion", workspace())
+    assert model.task == "regression" and model.version == "2"
+    entry = model.preprocessor
+    prepared = next(p for p in workspace().cache.glob("*/test") if (p.parent / "preprocessor.json").is_file())
+    test = pq.read_table(prepared).to_pandas()
+    y_true = entry.unscale(test[LABEL].to_numpy())
+    y_pred = entry.unscale(model.predict_logits(np.stack(test[FEATURES].to_numpy())).reshape(-1))
+    assert result.test_metrics["rmse"] == pytest.approx(root_mean_squared_error(y_true, y_pred), rel=1e-5)
+    assert result.test_metrics["mae"] == pytest.approx(mean_absolute_error(y_true, y_pred), rel=1e-5)
+    assert result.test_metrics["r2"] == pytest.approx(r2_score(y_true, y_pred), rel=1e-5)
+
+    # Raw rows in, numbers in the label's units out; batch prediction writes the
+    # prediction and the version, no class probabilities.
+    rows = diabetes_frame().head(5)
+    predicted = model.predict(rows)
+    assert predicted.dtype == np.float64 and np.all((predicted > 0) & (predicted < 400))
+    out = RowPredictor(str(model.path), version="2")(rows)
+    assert list(out.columns) == [PREDICTION, MODEL_VERSION]
+    np.testing.assert_allclose(out[PREDICTION], predicted, rtol=1e-6)

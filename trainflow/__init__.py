@@ -1,6 +1,6 @@
 """trainflow: Prefect flows that train, evaluate and register PyTorch models on Ray."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 from trainflow.config import ConfigError, PipelineConfig, load_config  # noqa: E402
 

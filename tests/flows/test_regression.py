@@ -20,7 +20,9 @@ pytestmark = pytest.mark.slow
 CONFIG = "configs/diabetes-regression.yaml"
 
 
-def test_a_regression_trains_is_gated_on_rmse_and_predicts_numbers(ray_cluster, prefect_harness, trainflow_home):
+def test_a_regression_trains_is_gated_on_rmse_and_predicts_numbers(
+    ray_cluster, prefect_harness, trainflow_home
+):
     # A model that has barely trained becomes the first champion: no bound by default.
     weak = training_pipeline(
         config=load_config(CONFIG, ["name=diabetes-test", "train.epochs=1", "train.lr=0.0001"])

@@ -6,6 +6,7 @@ and whether the gate, comparing both on the same test rows, moved the champion.
 """
 
 import asyncio
+import re
 import shutil
 from pathlib import Path
 
@@ -50,10 +51,21 @@ def test_churn_runs_twice_and_the_second_run_skips_ingest_and_preprocess_but_a_c
 ):
     csv = tmp_path / "churn.csv"
     shutil.copy(REPO / "configs" / "data" / "churn.csv", csv)
-    overrides = [f"data.source={csv}", "train.epochs=1", "scaling.num_workers=1", "registry.min_value=0.0"]
+    overrides = [
+        f"data.source={csv}",
+        "train.epochs=1",
+        "scaling.num_workers=1",
+        "registry.min_value=0.0",
+        # Churn's classes are imbalanced (about one in four leaves).
+        "train.class_weights=balanced",
+        "train.label_smoothing=0.1",
+    ]
     config = load_config(REPO / "configs" / "churn.yaml", overrides)
     state = training_pipeline(config=config, return_state=True)
     first = state.result()
+    weights = next(line for line in flow_logs(state.state_details.flow_run_id) if line.startswith("loss "))
+    stayed, left = (float(w) for w in re.findall(r"(?:stayed|left) ([\d.]+)", weights))
+    assert weights.startswith("loss cross_entropy, class weights (balanced): stayed") and left > 1.5 * stayed
     assert first.registered.name == "churn" and first.registered.version == "1"
     assert first.cached == [] and not first.prepared_reused
     first_source = ingest(config)  # outside a flow: the same cache record answers

@@ -379,3 +379,21 @@ def test_a_run_that_lost_a_worker_resumes_exactly_where_it_stopped(splits, tmp_p
     for m in straight:
         for key in ("train_loss", "val_loss", "val_accuracy", "lr"):
             assert by_epoch[m["epoch"]][key] == pytest.approx(m[key], rel=1e-5), (m["epoch"], key)
+
+
+def test_balanced_class_weights_are_scikit_learns_from_the_prepared_train_labels(tmp_path):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from sklearn.utils.class_weight import compute_class_weight
+
+    from trainflow.pipelines.training.settings import balanced_class_weights
+
+    labels = np.array([0, 0, 0, 0, 0, 0, 1, 1, 2])
+    (tmp_path / "train").mkdir()
+    pq.write_table(pa.table({"label": labels[:5]}), tmp_path / "train" / "a.parquet")
+    pq.write_table(pa.table({"label": labels[5:]}), tmp_path / "train" / "b.parquet")
+    weights = balanced_class_weights(str(tmp_path), 4)  # class 3 has no train rows
+    expected = compute_class_weight("balanced", classes=np.arange(3), y=labels) * 3 / 4
+    np.testing.assert_allclose(weights[:3], expected)
+    assert weights[3] == 0.0

@@ -64,6 +64,15 @@ def prepared_splits(prepared: Prepared) -> PreparedSplits:
     return PreparedSplits(prepared.path, prepared.preprocessor, prepared.num_features, prepared.num_outputs)
 
 
+def _describe_weights(weights: list[float] | None, config: PipelineConfig) -> str:
+    """``, class weights (balanced): stayed 0.64, left 2.28``, or nothing when unweighted."""
+    if not weights:
+        return ""
+    classes = config.data.classes or range(len(weights))
+    pairs = ", ".join(f"{c} {w:.3g}" for c, w in zip(classes, weights, strict=False))
+    return f", class weights ({config.train.class_weights}): {pairs}"
+
+
 def _log_row(logger, config: PipelineConfig, meter: _ProgressMeter):
     """Log each row of the run's progress as it arrives (run_training's ``on_row``)."""
     epochs, s = config.train.epochs, config.scaling
@@ -80,6 +89,7 @@ def _log_row(logger, config: PipelineConfig, meter: _ProgressMeter):
                 _describe_splits(row["in_memory"], row["streamed"]),
                 row["run_path"],
             )
+            logger.info("loss %s%s", row["loss"], _describe_weights(row["class_weights"], config))
             return
         timeline(f"train worker row {row['kind']} epoch {row.get('epoch', row.get('start_epoch'))}")
         if row["kind"] == "start":

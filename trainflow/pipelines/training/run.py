@@ -65,7 +65,8 @@ def run_training(
     A run of the same name and storage that has checkpoints resumes from its latest (a
     retry of the caller, for instance). ``on_row`` is called, in the caller's thread for
     the first and a follower thread for the others, with ``{"kind": "plan", "in_memory":
-    [...], "streamed": [...], "run_path": ...}`` before the workers start, then each row
+    [...], "streamed": [...], "run_path": ..., "parameters": ..., "loss": ...,
+    "class_weights": ...}`` before the workers start, then each row
     the workers write (``start``, ``epoch``, ``step``: see progress.ProgressLog). Without
     ``on_row`` the workers write no rows, and the result has no ``starts`` and ``nodes``.
     ``callbacks``: Ray Train callbacks, such as Ray Tune's TuneReportCallback in a sweep;
@@ -103,6 +104,8 @@ def run_training(
                 "streamed": streamed,
                 "run_path": f"{storage}/{run_name}",
                 "parameters": describe_parameters(settings.model_spec),
+                "loss": config.loss,
+                "class_weights": settings.class_weights,
             }
         )
     timeline("train fit start")

@@ -340,3 +340,38 @@ def test_missing_values_are_dropped_and_counted_when_asked(tmp_path, ray_cluster
     )
     entry = prepare(info, SplitConfig(), PreprocessConfig(), tmp_path / "cache")
     assert entry.dropped == 3 and sum(entry.counts.values()) == 57
+
+
+def test_large_jpegs_are_read_transformed_and_written_in_bounded_pieces(tmp_path, ray_cluster, monkeypatch):
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from trainflow.pipelines import readers
+    from trainflow.pipelines.entry import split_files
+    from trainflow.pipelines.preprocess import image_chunk_rows
+    from trainflow.pipelines.training import inputs
+
+    rng = np.random.default_rng(0)
+    for i in range(100):
+        (tmp_path / "jpegs" / ("a" if i % 2 else "b")).mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, size=(224, 224, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(tmp_path / "jpegs" / ("a" if i % 2 else "b") / f"{i}.jpg")
+    info = inspect_source(DataConfig(source=str(tmp_path / "jpegs")))
+    # A worker decodes images until their pixels pass IMAGE_BATCH_BYTES, not a fixed count.
+    monkeypatch.setattr(readers, "IMAGE_BATCH_BYTES", 1 << 20)
+    sizes = [len(b) for f in plan_fragments(info) for b in fragment_batches(info, f)]
+    assert sum(sizes) == 100 and max(sizes) == -(-(1 << 20) // (224 * 224 * 3))
+    monkeypatch.undo()
+    # The float32 rows are made and written a chunk of image_chunk_rows at a time.
+    entry = prepare(
+        info, SplitConfig(val=0.1, test=0.1), PreprocessConfig(image_size=[224, 224]), tmp_path / "c"
+    )
+    chunk = image_chunk_rows([3, 224, 224])
+    groups = [pq.ParquetFile(p).metadata for p in split_files(entry.path / "train")]
+    assert chunk < entry.counts["train"] and sum(g.num_rows for g in groups) == entry.counts["train"]
+    assert sum(g.num_row_groups for g in groups) >= 2
+    assert all(g.row_group(i).num_rows <= chunk for g in groups for i in range(g.num_row_groups))
+    # A streamed train split of such rows arrives in chunks of whole batches under STREAM_CHUNK_BYTES.
+    rows = inputs.stream_chunk_rows(32, entry.preprocessor.num_features)
+    assert rows % 32 == 0 and rows >= 32 and rows * 4 * 3 * 224 * 224 <= inputs.STREAM_CHUNK_BYTES
+    assert inputs.stream_chunk_rows(64, 64) == 64 * inputs.STREAM_CHUNK_BATCHES

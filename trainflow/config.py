@@ -93,8 +93,9 @@ class DataConfig(_Section):
     classes: list[int | str] | None = None
     # Rows with a null or NaN feature or label: fail, or drop them (counted and logged).
     missing: Literal["fail", "drop"] = "fail"
-    # How image folders are read: RGB (3 channels) or L (grayscale, 1 channel).
-    image_mode: Literal["RGB", "L"] = "RGB"
+    # How images are read: RGB (3 channels) or L (grayscale, 1 channel); None: the
+    # source's own (RGB for image folders; L for MNIST and FashionMNIST, RGB for CIFAR10).
+    image_mode: Literal["RGB", "L"] | None = None
     # Read only the first N rows (smoke runs, quick trials); None reads everything.
     limit: int | None = Field(None, ge=1)
     split: SplitConfig = SplitConfig()
@@ -116,10 +117,10 @@ class PreprocessConfig(_Section):
     # Numeric features, fitted on the train split: standard (mean 0, std 1), minmax
     # (into [0, 1]) or none.
     scaler: Literal["standard", "minmax", "none"] = "standard"
-    # Image folders: [height, width] every image is resized to; None: the size of the
-    # first image of the train split.
+    # Images (image folders, torchvision datasets): [height, width] every image is
+    # resized to; None: the size of the input's first image.
     image_size: list[int] | None = None
-    # Image folders: a random crop (4-pixel padding at 32 px) and horizontal flip of the
+    # Images: a random crop (4-pixel padding at 32 px) and horizontal flip of the
     # train split, drawn anew every epoch; evaluation and prediction never augment.
     augment: bool = False
 

@@ -92,6 +92,15 @@ def test_the_fashion_mnist_resnet18_config_runs_on_a_small_slice(
     assert state.is_completed(), state.message
     predictor = trainflow.load_model("fashion-mnist-resnet18/1")
     assert predictor.model.net.conv1.in_channels == 1 and predictor.spec["input_shape"] == [1, 28, 28]
+    assert predictor.preprocessor.input_columns == ["image"] and predictor.preprocessor.image["shape"] == [
+        1,
+        28,
+        28,
+    ]
+    # The dataset's own class names, in its order: what predictions answer.
+    assert predictor.classes[:2] == ["T-shirt/top", "Trouser"] and len(predictor.classes) == 10
+    answers = predictor.predict(pd.DataFrame({"image": list(np.zeros((2, 28, 28), np.uint8))}))
+    assert set(answers) <= set(predictor.classes) and len(answers) == 2
 
 
 USER_MODULE = """

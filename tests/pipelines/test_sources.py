@@ -156,19 +156,75 @@ def write_mnist_raw(folder, n_train=30, n_test=12):
         (folder / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">ii", 2049, n) + labels.tobytes())
 
 
-def test_torchvision_mnist_is_read_by_torchvision_and_converted_once(tmp_path, ray_cluster):
+MNIST_CLASSES = ["0 - zero", "1 - one", "2 - two", "3 - three", "4 - four"]
+
+
+def test_torchvision_mnist_is_read_by_torchvision_and_converted_once_to_images(tmp_path, ray_cluster):
     cache = tmp_path / "cache"
     write_mnist_raw(cache / "torchvision" / "MNIST" / "raw")
     info = inspect_source(DataConfig(source="torchvision:MNIST"), cache_root=cache)
-    assert info.format == "parquet" and len(info.input_columns) == 784
+    assert info.format == "image_parquet" and info.is_images and info.input_columns == ["image"]
+    assert info.image_mode == "L" and info.classes[:5] == MNIST_CLASSES and len(info.classes) == 10
     converted = cache / "torchvision" / "MNIST.parquet"
     assert sorted(p.name for p in converted.iterdir()) == ["_done.json", "part-0.parquet", "part-1.parquet"]
     mtime = (converted / "part-0.parquet").stat().st_mtime_ns
     rows = read_all(info)
-    assert len(rows) == 42 and sorted(rows["label"].unique()) == list(range(10))
+    # Each row: the image as torchvision gives it, its class name and its index (train rows first).
+    assert len(rows) == 42 and rows["index"].tolist() == list(range(42))
+    assert rows["label"].tolist()[:3] == MNIST_CLASSES[:3] and rows["image"][0].shape == (28, 28)
+    import torchvision
+
+    first = np.asarray(torchvision.datasets.MNIST(str(cache / "torchvision"), train=True).data[0])
+    np.testing.assert_array_equal(rows["image"][0], first)
     again = inspect_source(DataConfig(source="torchvision:MNIST"), cache_root=cache)
     assert again.fingerprint == info.fingerprint
     assert (converted / "part-0.parquet").stat().st_mtime_ns == mtime  # not converted again
+
+
+def test_a_conversion_by_an_older_trainflow_is_converted_again(tmp_path, ray_cluster):
+    cache = tmp_path / "cache"
+    write_mnist_raw(cache / "torchvision" / "MNIST" / "raw")
+    old = cache / "torchvision" / "MNIST.parquet"  # one column per pixel, as 0.3.0 wrote it
+    old.mkdir()
+    pd.DataFrame({"pixel_0": np.zeros(3, np.uint8), "label": [0, 1, 2]}).to_parquet(old / "part-0.parquet")
+    (old / "_done.json").write_text('{"rows": 3, "classes": ["0 - zero"]}')
+    info = inspect_source(DataConfig(source="torchvision:MNIST"), cache_root=cache)
+    assert info.format == "image_parquet" and len(read_all(info)) == 42
+
+
+def test_a_torchvision_dataset_prepares_through_the_image_path(tmp_path, ray_cluster):
+    cache = tmp_path / "cache"
+    write_mnist_raw(cache / "torchvision" / "FashionMNIST" / "raw", n_train=40, n_test=20)
+    cfg = DataConfig(source="torchvision:FashionMNIST", image_mode="RGB", limit=50)
+    info = inspect_source(cfg, cache_root=cache)
+    entry = prepare(
+        info, SplitConfig(val=0.2, test=0.2), PreprocessConfig(image_size=[16, 20], augment=True), cache
+    )
+    pre = entry.preprocessor
+    assert pre.classes[:2] == ["T-shirt/top", "Trouser"] and pre.input_columns == ["image"]
+    assert pre.image["shape"] == [3, 16, 20] and pre.image["augment"] and len(pre.image["mean"]) == 3
+    assert sum(entry.counts.values()) == 50
+    import ray.data
+
+    train = ray.data.read_parquet(str(entry.path / "train")).take_batch(100)
+    assert train[FEATURES].shape == (entry.counts["train"], 3 * 16 * 20)
+    assert abs(float(train[FEATURES].mean())) < 0.2  # normalized with the train split's statistics
+    # The split hashes each image's index: another seed places other rows.
+    other = prepare(
+        info, SplitConfig(val=0.2, test=0.2, seed=1), PreprocessConfig(image_size=[16, 20]), cache
+    )
+    assert other.key != entry.key
+    # A raw image predicts through the same preprocessing: an array, or a PNG file's bytes.
+    import io
+
+    from PIL import Image
+
+    image = read_all(info)["image"][0]  # in data.image_mode: grey MNIST pixels as RGB
+    assert image.shape == (28, 28, 3)
+    png = io.BytesIO()
+    Image.fromarray(image[:, :, 0]).save(png, format="PNG")  # a grey PNG, converted to RGB
+    x = pre.features(pd.DataFrame({"image": [image, png.getvalue()]}))
+    np.testing.assert_allclose(x[0], x[1], atol=1e-6)
 
 
 def test_torchvision_without_files_or_network_says_where_to_put_them(tmp_path, monkeypatch):
@@ -284,3 +340,38 @@ def test_missing_values_are_dropped_and_counted_when_asked(tmp_path, ray_cluster
     )
     entry = prepare(info, SplitConfig(), PreprocessConfig(), tmp_path / "cache")
     assert entry.dropped == 3 and sum(entry.counts.values()) == 57
+
+
+def test_large_jpegs_are_read_transformed_and_written_in_bounded_pieces(tmp_path, ray_cluster, monkeypatch):
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from trainflow.pipelines import readers
+    from trainflow.pipelines.entry import split_files
+    from trainflow.pipelines.preprocess import image_chunk_rows
+    from trainflow.pipelines.training import inputs
+
+    rng = np.random.default_rng(0)
+    for i in range(100):
+        (tmp_path / "jpegs" / ("a" if i % 2 else "b")).mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, size=(224, 224, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(tmp_path / "jpegs" / ("a" if i % 2 else "b") / f"{i}.jpg")
+    info = inspect_source(DataConfig(source=str(tmp_path / "jpegs")))
+    # A worker decodes images until their pixels pass IMAGE_BATCH_BYTES, not a fixed count.
+    monkeypatch.setattr(readers, "IMAGE_BATCH_BYTES", 1 << 20)
+    sizes = [len(b) for f in plan_fragments(info) for b in fragment_batches(info, f)]
+    assert sum(sizes) == 100 and max(sizes) == -(-(1 << 20) // (224 * 224 * 3))
+    monkeypatch.undo()
+    # The float32 rows are made and written a chunk of image_chunk_rows at a time.
+    entry = prepare(
+        info, SplitConfig(val=0.1, test=0.1), PreprocessConfig(image_size=[224, 224]), tmp_path / "c"
+    )
+    chunk = image_chunk_rows([3, 224, 224])
+    groups = [pq.ParquetFile(p).metadata for p in split_files(entry.path / "train")]
+    assert chunk < entry.counts["train"] and sum(g.num_rows for g in groups) == entry.counts["train"]
+    assert sum(g.num_row_groups for g in groups) >= 2
+    assert all(g.row_group(i).num_rows <= chunk for g in groups for i in range(g.num_row_groups))
+    # A streamed train split of such rows arrives in chunks of whole batches under STREAM_CHUNK_BYTES.
+    rows = inputs.stream_chunk_rows(32, entry.preprocessor.num_features)
+    assert rows % 32 == 0 and rows >= 32 and rows * 4 * 3 * 224 * 224 <= inputs.STREAM_CHUNK_BYTES
+    assert inputs.stream_chunk_rows(64, 64) == 64 * inputs.STREAM_CHUNK_BATCHES

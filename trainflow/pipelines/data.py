@@ -32,8 +32,12 @@ log = logging.getLogger("trainflow")
 
 TORCHVISION_PREFIX = "torchvision:"
 DATASET = "ray.data.Dataset"  # the source named for a Dataset handed in from Python
-IMAGE = "image"  # the image column of an image folder source
-PATH = "path"  # each image's path: what the split hashes
+IMAGE = "image"  # the image column of an image source
+PATH = "path"  # an image folder's: each image's path, what the split hashes
+INDEX = sources.TORCHVISION_INDEX  # a torchvision dataset's: each image's index, what the split hashes
+# The formats whose rows are images: an image folder, and the Parquet a torchvision
+# dataset is converted to (an image tensor, class name and index per row).
+IMAGE_FORMATS = ("images", "image_parquet")
 
 
 class DataError(SourceError):
@@ -45,16 +49,17 @@ class SourceInfo:
     """What the driver learned about a source without reading its rows."""
 
     source: str
-    format: str  # "builtin" | "parquet" | "csv" | "json" | "numpy" | "images" | "dataset"
+    # "builtin" | "parquet" | "csv" | "json" | "numpy" | "images" | "image_parquet" | "dataset"
+    format: str
     files: list[str]  # paths on the source's filesystem
     label_column: str
     input_columns: list[str]  # every feature, numeric and categorical, in the model's order
     fingerprint: str
     limit: int | None = None  # read only the first N rows
     categorical_columns: list[str] = field(default_factory=list)
-    classes: list[Any] | None = None  # declared in the config (or the image folders)
+    classes: list[Any] | None = None  # declared in the config (or the image folders, the dataset's)
     missing: str = "fail"
-    image_mode: str = "RGB"
+    image_mode: str = "RGB"  # images: RGB or L, data.image_mode or the source's own
     task: str = "classification"  # or regression: a numeric label, no classes
     location: str = ""  # where the files are: the source, or the torchvision Parquet folder
     bytes: int = 0  # the files' total size
@@ -68,7 +73,7 @@ class SourceInfo:
 
     @property
     def is_images(self) -> bool:
-        return self.format == "images"
+        return self.format in IMAGE_FORMATS
 
 
 def _is_numeric(t: pa.DataType) -> bool:
@@ -135,6 +140,7 @@ def inspect_source(
     for the ``task``'s label; read no rows. ``cache_root`` holds torchvision downloads
     (default TRAINFLOW_HOME/cache)."""
     source, fmt, files, location, size = cfg.source, cfg.format, [], cfg.source, 0
+    found, image_mode = None, cfg.image_mode or "RGB"  # an image source's own classes and mode
     try:
         if source in sources.BUILTINS:
             import sklearn
@@ -156,27 +162,32 @@ def inspect_source(
             listing = sources.list_source(location, fmt)
             fmt, files, size = listing.format, listing.files, sum(listing.sizes)
             fingerprint = sources.fingerprint(listing)
-            if fmt == "images":
+            if source.startswith(TORCHVISION_PREFIX):
+                meta = sources.converted_meta(location)
+                fmt, found, image_mode = "image_parquet", meta["classes"], cfg.image_mode or meta["mode"]
+            elif fmt == "images":
+                found = sorted({sources.image_label(f) for f in files})
+            if fmt in IMAGE_FORMATS:
                 schema = pa.schema([(IMAGE, pa.binary()), (cfg.label_column, pa.string())])
             else:
                 schema = _schema(listing, source)
     except SourceError as e:
         raise DataError(str(e)) from None
-    features = _check_columns(cfg, schema, source, task, images=fmt == "images")
+    images = fmt in IMAGE_FORMATS
+    features = _check_columns(cfg, schema, source, task, images=images)
     classes = cfg.classes
-    if fmt == "images" and task == "regression":
+    what = "the image folders" if fmt == "images" else "the classes"
+    if images and task == "regression":
         raise DataError(
-            f"task: regression needs a numeric label column; the image folders of {source} "
-            "label each image by its folder's name (use task: classification)"
+            f"task: regression needs a numeric label column; {what} of {source} "
+            "label each image by its class name (use task: classification)"
         )
-    if fmt == "images":
-        found = sorted({sources.image_label(f) for f in files})
+    if images:
         if classes is not None:
             outside = [c for c in found if c not in map(str, classes)]
             if outside:
                 raise DataError(
-                    f"data.classes: the image folders {outside} of {source} are not among "
-                    f"the declared classes {classes}"
+                    f"data.classes: {what} {outside} of {source} are not among the declared classes {classes}"
                 )
             classes = [str(c) for c in classes]
         else:
@@ -192,7 +203,7 @@ def inspect_source(
         categorical_columns=list(cfg.categorical_columns),
         classes=list(classes) if classes is not None else None,
         missing=cfg.missing,
-        image_mode=cfg.image_mode,
+        image_mode=image_mode,
         task=task,
         location=location,
         bytes=size,
@@ -271,7 +282,7 @@ def source_fingerprint(cfg: DataConfig, cache_root: Path) -> str:
     location = cfg.source
     if cfg.source.startswith(TORCHVISION_PREFIX):
         location = str(cache_root / "torchvision" / f"{cfg.source.removeprefix(TORCHVISION_PREFIX)}.parquet")
-        if not (Path(location) / "_done.json").is_file():
+        if sources.converted_meta(location) is None:
             return "torchvision: not converted yet"
     try:
         return sources.fingerprint(sources.list_source(location, cfg.format))

@@ -1,6 +1,6 @@
 """Preparing an input: check its rows, split, fit on train, transform and write every
 split into a cache entry; one engine for tables, image folders, torchvision datasets
-(converted to Parquet) and ``ray.data.Dataset`` sources.
+(converted to Parquet of images) and ``ray.data.Dataset`` sources.
 
 The passes are plain functions of one fragment (:mod:`trainflow.pipelines.readers`),
 run by :mod:`trainflow.pipelines.runner` as one Ray task per fragment, or in the driver
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trainflow.config import PreprocessConfig, SplitConfig
-from trainflow.pipelines import readers, runner
+from trainflow.pipelines import readers, runner, sources
 from trainflow.pipelines import split as sp
 from trainflow.pipelines.data import DataError, SourceInfo, filesystem
 from trainflow.pipelines.entry import PreparedEntry, cache_key, finish_entry, finished_entry, staging
@@ -137,11 +137,10 @@ def write_fragment(
     name: str,
 ) -> dict[str, int]:
     """Transform the fragment's kept rows and write each split's (``codes``: each kept
-    row's split) to ``folder/<split>/<name>``; the train rows of each batch in a seeded
-    random order. Returns the rows per split."""
-    import pyarrow as pa
+    row's split) to ``folder/<split>/<name>``; the train rows of each batch (for images,
+    of each chunk of :attr:`Preprocessor.chunk_rows`) in a seeded random order. Returns
+    the rows per split."""
     import pyarrow.parquet as pq
-    from ray.data.extensions import ArrowTensorArray
 
     pre = Preprocessor.from_dict(state)
     rng = np.random.default_rng([split.seed, fragment.index])
@@ -156,33 +155,51 @@ def write_fragment(
             n = len(kept[info.label_column])
             where = codes[offset : offset + n]
             offset += n
-            if not n:
-                continue
-            x, y = pre.features(kept), pre.labels(kept[info.label_column])
-            for i, split_name in enumerate(sp.SPLIT_NAMES):
-                rows = np.flatnonzero(where == i)
-                if split_name == "train":
-                    rows = rng.permutation(rows)
-                if not len(rows):
-                    continue
-                table = pa.table({FEATURES: ArrowTensorArray.from_numpy(x[rows]), LABEL: y[rows]})
-                if split_name not in writers:
-                    path = Path(folder) / split_name / name
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    # Dictionary encoding and statistics of feature tensors cost time
-                    # and help no reader: splits are read whole.
-                    writers[split_name] = pq.ParquetWriter(
-                        str(path),
-                        table.schema,
-                        use_dictionary=[LABEL] if not pre.is_regression else False,
-                        write_statistics=False,
-                    )
-                writers[split_name].write_table(table)
-                counts[split_name] += len(rows)
+            step = pre.chunk_rows or max(n, 1)
+            for start in range(0, n, step):
+                part = _rows(kept, slice(start, start + step))
+                x, y = pre.features(part), pre.labels(part[info.label_column])
+                for i, split_name in enumerate(sp.SPLIT_NAMES):
+                    rows = np.flatnonzero(where[start : start + step] == i)
+                    if split_name == "train":
+                        rows = rng.permutation(rows)
+                    if len(rows):
+                        path = Path(folder) / split_name / name
+                        _write(writers, split_name, path, _table(x[rows], y[rows]), pre)
+                        counts[split_name] += len(rows)
     finally:
         for writer in writers.values():
             writer.close()
     return counts
+
+
+def _rows(batch, rows: slice):
+    """Some rows of a batch: a DataFrame, or a dict of column arrays."""
+    return batch.iloc[rows] if hasattr(batch, "iloc") else {c: v[rows] for c, v in batch.items()}
+
+
+def _table(x: np.ndarray, y: np.ndarray):
+    import pyarrow as pa
+    from ray.data.extensions import ArrowTensorArray
+
+    return pa.table({FEATURES: ArrowTensorArray.from_numpy(x), LABEL: y})
+
+
+def _write(writers: dict, split_name: str, path: Path, table, pre: Preprocessor) -> None:
+    """Append ``table`` to the split's file of this fragment, opened on its first rows."""
+    import pyarrow.parquet as pq
+
+    if split_name not in writers:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Dictionary encoding and statistics of feature tensors cost time and help no
+        # reader: splits are read whole.
+        writers[split_name] = pq.ParquetWriter(
+            str(path),
+            table.schema,
+            use_dictionary=[LABEL] if not pre.is_regression else False,
+            write_statistics=False,
+        )
+    writers[split_name].write_table(table)
 
 
 def select_fragment(info: SourceInfo, fragment: Fragment, split: SplitConfig, codes, code: int):
@@ -219,12 +236,15 @@ def plan(info: SourceInfo, in_driver: bool) -> list[Fragment]:
 
 def image_shape(info: SourceInfo, cfg: PreprocessConfig) -> list[int] | None:
     """[channels, height, width] every image is resized to: data.image_size, else the
-    size of the input's first image (read from its header)."""
+    size of the input's first image (read from its header; a torchvision dataset's, from
+    its conversion)."""
     if not info.is_images:
         return None
     channels = 3 if info.image_mode == "RGB" else 1
     if cfg.image_size is not None:
         return [channels, *cfg.image_size]
+    if info.format == "image_parquet":
+        return [channels, *sources.converted_meta(info.location)["shape"][:2]]
     from PIL import Image
 
     with filesystem(info).open_input_file(info.files[0]) as f:

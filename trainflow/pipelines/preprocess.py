@@ -32,14 +32,18 @@ MAX_VOCABULARY = 10_000
 # the numeric columns, and the scaler's offset (mean, or minimum under minmax) and
 # scale (std, or range).
 _OLD_KEYS = {"feature_columns": "numeric_columns", "mean": "offset", "std": "scale"}
+# Images are transformed this many bytes of float32 output at a time (a few hundred
+# 28x28 images, about fifty of 224x224x3), so a batch of large images never needs
+# its whole float copy at once.
+IMAGE_CHUNK_BYTES = 32 << 20
 
 
 @dataclass
 class Preprocessor:
     """The fitted state, plain JSON. The model's input for a row is: the numeric columns
     scaled (``(x - offset) / scale``), then each categorical column one-hot (an unknown
-    category: all zeros); for an image folder, the image resized, scaled to [0, 1],
-    normalized per channel, flat."""
+    category: all zeros); for images (an image folder, a torchvision dataset), the image
+    resized, scaled to [0, 1], normalized per channel, flat."""
 
     numeric_columns: list[str]  # in the model's order; the categorical columns follow
     label_column: str
@@ -48,7 +52,7 @@ class Preprocessor:
     scale: list[float] = field(default_factory=list)  # per numeric column: std, or max - min (minmax)
     scaler: str = "standard"  # standard | minmax | none (offset and scale empty)
     categorical: dict[str, list[Any]] = field(default_factory=dict)  # column: vocabulary
-    # Image folders: {"shape": [c, h, w], "mean": [...], "std": [...], "augment": bool}.
+    # Images: {"shape": [c, h, w], "mean": [...], "std": [...], "augment": bool}.
     image: dict[str, Any] | None = None
     task: str = "classification"  # or regression: classes empty, the label a number
     # Regression: the label is trained on as (y - label_offset) / label_scale (the train
@@ -92,6 +96,11 @@ class Preprocessor:
     def unscale(self, y: np.ndarray) -> np.ndarray:
         """A regression's outputs (or prepared labels) in the label's own units."""
         return np.asarray(y, dtype=np.float64) * self.label_scale + self.label_offset
+
+    @property
+    def chunk_rows(self) -> int | None:
+        """Rows transformed at a time: for images, IMAGE_CHUNK_BYTES of output; else all."""
+        return image_chunk_rows(self.image["shape"]) if self.image else None
 
     @property
     def num_features(self) -> int:
@@ -166,24 +175,56 @@ def _image_pipeline(image: dict[str, Any]):
     )
 
 
-def _as_chw(img: np.ndarray):
+def image_chunk_rows(shape: list[int]) -> int:
+    """Images transformed at once into ``shape``: IMAGE_CHUNK_BYTES of float32 output."""
+    return max(1, IMAGE_CHUNK_BYTES // (4 * int(np.prod(shape))))
+
+
+def _as_chw(img, channels: int):
+    """One image as a [C, H, W] uint8 tensor: an HxW or HxWxC array, or a PNG or JPEG
+    file's bytes (decoded, in the mode of ``channels``: L for 1, RGB for 3)."""
     import torch
 
-    t = torch.from_numpy(np.array(img))  # a copy: Ray hands over read-only arrays
-    return t.unsqueeze(0) if t.ndim == 2 else t.permute(2, 0, 1)
+    if isinstance(img, (bytes, bytearray, memoryview)):
+        import io
+
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            img = Image.open(io.BytesIO(img)).convert("L" if channels == 1 else "RGB")
+        except (UnidentifiedImageError, OSError) as e:
+            raise DataError(f"an image's bytes are not an image PIL reads: {e}") from None
+    t = torch.from_numpy(np.array(img, dtype=np.uint8))  # a copy: Ray hands over read-only arrays
+    if t.ndim not in (2, 3):
+        raise DataError(
+            f"an image has shape {list(t.shape)}; give [H, W] or [H, W, C] pixels, or a file's bytes"
+        )
+    t = t.unsqueeze(0) if t.ndim == 2 else t.permute(2, 0, 1)
+    if t.shape[0] != channels:
+        raise DataError(f"an image has {t.shape[0]} channels, the model was trained on {channels}")
+    return t
 
 
 def image_features(images, image: dict[str, Any]) -> np.ndarray:
-    """Images (HxWxC or HxW uint8 arrays) resized, scaled, normalized and flattened."""
+    """Images (HxWxC or HxW uint8 arrays, or encoded PNG/JPEG bytes) resized, scaled,
+    normalized and flattened; images of one size are transformed together, at most
+    :func:`image_chunk_rows` at a time."""
+    import torch
+
     transform = _image_pipeline(image)
-    channels = image["shape"][0]
-    out = []
+    channels, chunk = image["shape"][0], image_chunk_rows(image["shape"])
+    out = np.empty((len(images), int(np.prod(image["shape"]))), dtype=np.float32)
+    run: list[torch.Tensor] = []  # consecutive images of one size, not yet transformed
+    done = 0
     for img in images:
-        t = _as_chw(np.asarray(img))
-        if t.shape[0] != channels:
-            raise DataError(f"an image has {t.shape[0]} channels, the model was trained on {channels}")
-        out.append(transform(t).reshape(-1).numpy())
-    return np.stack(out) if out else np.zeros((0, int(np.prod(image["shape"]))), dtype=np.float32)
+        t = _as_chw(img, channels)
+        if run and (t.shape != run[0].shape or len(run) == chunk):
+            out[done : done + len(run)] = transform(torch.stack(run)).reshape(len(run), -1).numpy()
+            done, run = done + len(run), []
+        run.append(t)
+    if run:
+        out[done:] = transform(torch.stack(run)).reshape(len(run), -1).numpy()
+    return out
 
 
 def augment_batch(batch: dict[str, np.ndarray], *, shape: list[int]) -> dict[str, np.ndarray]:

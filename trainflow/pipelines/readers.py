@@ -6,6 +6,8 @@ A fragment is a slice of the input that one worker reads on its own:
   JSON lines or NumPy file, or the bundled digits;
 - image folders: IMAGE_FRAGMENT_FILES image files, decoded as ``ray.data.read_images``
   decodes them, each with its label (its folder's name) and its path;
+- a converted torchvision dataset: one Parquet row group of images, each with its class
+  name and its index;
 - a ``ray.data.Dataset``: one of its materialized blocks.
 
 :func:`plan_fragments` cuts the input in the driver (reading only Parquet footers);
@@ -24,7 +26,16 @@ import numpy as np
 import pandas as pd
 
 from trainflow.pipelines import sources
-from trainflow.pipelines.data import IMAGE, PATH, UNREADABLE, DataError, SourceInfo, filesystem, unreadable
+from trainflow.pipelines.data import (
+    IMAGE,
+    INDEX,
+    PATH,
+    UNREADABLE,
+    DataError,
+    SourceInfo,
+    filesystem,
+    unreadable,
+)
 
 TABLE_FORMATS = ("parquet", "csv", "json", "numpy", "builtin", "dataset")
 # About this many bytes of decoded rows per fragment (Parquet row groups are grouped
@@ -35,7 +46,10 @@ FRAGMENT_BYTES = 64 << 20
 BATCH_ROWS = 65_536
 BATCH_BYTES = 64 << 20
 IMAGE_FRAGMENT_FILES = 1024
+# Images a worker decodes at once: up to IMAGE_BATCH, fewer when their decoded pixels
+# pass IMAGE_BATCH_BYTES (a batch of 224x224 RGB images holds about 100).
 IMAGE_BATCH = 256
+IMAGE_BATCH_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -64,11 +78,11 @@ def plan_fragments(info: SourceInfo) -> list[Fragment]:
         return [Fragment(0, max_rows=info.limit, frame=sources.BUILTINS[info.source]())]
     if info.format == "dataset":
         return [Fragment(i, block=ref) for i, ref in enumerate(info.dataset.to_arrow_refs())]
-    if info.is_images:
+    if info.format == "images":
         files = info.files[: info.limit] if info.limit else info.files
         chunks = range(0, len(files), IMAGE_FRAGMENT_FILES)
         return [Fragment(i, files=tuple(files[s : s + IMAGE_FRAGMENT_FILES])) for i, s in enumerate(chunks)]
-    if info.format != "parquet":
+    if info.format not in ("parquet", "image_parquet"):
         return [Fragment(i, path) for i, path in enumerate(info.files)]
     import pyarrow.parquet as pq
 
@@ -88,7 +102,8 @@ def plan_fragments(info: SourceInfo) -> list[Fragment]:
             rows, size = rows + group.num_rows, size + group.total_byte_size
             if left is not None:
                 left -= group.num_rows
-            if size >= FRAGMENT_BYTES:
+            # Images: a row group each (their transform, not their reading, takes the time).
+            if size >= FRAGMENT_BYTES or info.is_images:
                 fragments.append(_parquet_fragment(len(fragments), path, groups, rows, left))
                 groups, rows, size = [], 0, 0
         if groups:
@@ -160,9 +175,10 @@ def _read(info: SourceInfo, fragment: Fragment) -> Iterator[Any]:
         yield from ray.get(fragment.block).select(columns).to_batches(max_chunksize=rows)
         return
     fs = filesystem(info)
-    if info.is_images:
-        for start in range(0, len(fragment.files), rows):
-            yield _images(info, fs, fragment.files[start : start + rows])
+    if info.format == "images":
+        yield from _image_files(info, fs, fragment.files)
+    elif info.format == "image_parquet":
+        yield from _image_rows(info, fs, fragment)
     elif info.format == "parquet":
         import pyarrow.parquet as pq
 
@@ -208,23 +224,73 @@ def _read(info: SourceInfo, fragment: Fragment) -> Iterator[Any]:
         )
 
 
-def _images(info: SourceInfo, fs, paths: tuple[str, ...]) -> pd.DataFrame:
+def _image_files(info: SourceInfo, fs, paths: tuple[str, ...]) -> Iterator[pd.DataFrame]:
     """Images decoded as ``ray.data.read_images(mode=...)`` decodes them, with their
-    labels and paths; a file PIL cannot read is a DataError naming it."""
+    labels and paths, in batches of at most IMAGE_BATCH images and about IMAGE_BATCH_BYTES
+    of pixels; a file PIL cannot read is a DataError naming it."""
     from PIL import Image, UnidentifiedImageError
 
-    images = np.empty(len(paths), dtype=object)
-    for i, path in enumerate(paths):
+    images, held, size = [], [], 0
+    for path in paths:
         with fs.open_input_file(path) as f:
             data = f.read()
         try:
             image = Image.open(io.BytesIO(data))
             if image.mode != info.image_mode:
                 image = image.convert(info.image_mode)
-            images[i] = np.asarray(image)
+            images.append(np.asarray(image))
         except (UnidentifiedImageError, OSError) as e:
             raise unreadable(info.source, path, "an image", e) from None
-    return image_labels(pd.DataFrame({IMAGE: images, PATH: list(paths)}), label_column=info.label_column)
+        held.append(path)
+        size += images[-1].nbytes
+        if len(images) >= IMAGE_BATCH or size >= IMAGE_BATCH_BYTES:
+            yield _image_frame(images, {PATH: held}, info)
+            images, held, size = [], [], 0
+    if images:
+        yield _image_frame(images, {PATH: held}, info)
+
+
+def _image_frame(images: list[np.ndarray], columns: dict[str, Any], info: SourceInfo) -> pd.DataFrame:
+    column = np.empty(len(images), dtype=object)  # one array per row, whatever their shapes
+    for i, image in enumerate(images):
+        column[i] = image
+    frame = pd.DataFrame({IMAGE: column, **columns})
+    return image_labels(frame, label_column=info.label_column) if PATH in columns else frame
+
+
+def _image_rows(info: SourceInfo, fs, fragment: Fragment) -> Iterator[pd.DataFrame]:
+    """A converted torchvision dataset's rows (:func:`sources.torchvision_parquet`): each
+    image as a uint8 array in ``data.image_mode``, its class name and its index."""
+    import pyarrow.parquet as pq
+    import ray.data  # noqa: F401  registers Ray's tensor type, the image column's type
+
+    columns = [sources.TORCHVISION_IMAGE, sources.TORCHVISION_LABEL, INDEX]
+    with fs.open_input_file(fragment.path) as f:
+        parquet = pq.ParquetFile(f)
+        shape = parquet.schema_arrow.field(sources.TORCHVISION_IMAGE).type.shape
+        rows = max(1, min(IMAGE_BATCH, IMAGE_BATCH_BYTES // max(1, int(np.prod(shape)))))
+        for batch in parquet.iter_batches(
+            batch_size=rows, row_groups=list(fragment.row_groups), columns=columns
+        ):
+            images = batch.column(sources.TORCHVISION_IMAGE).to_numpy(zero_copy_only=False)
+            yield _image_frame(
+                [_in_mode(image, info.image_mode) for image in images],
+                {
+                    INDEX: batch.column(INDEX).to_numpy(),
+                    info.label_column: batch.column(sources.TORCHVISION_LABEL).to_numpy(zero_copy_only=False),
+                },
+                info,
+            )
+
+
+def _in_mode(image: np.ndarray, mode: str) -> np.ndarray:
+    """A dataset's image (grayscale [H, W] or RGB [H, W, 3]) in ``mode``, converted as PIL
+    converts a file's."""
+    if (image.ndim == 2) == (mode == "L"):
+        return image
+    from PIL import Image
+
+    return np.asarray(Image.fromarray(image).convert(mode))
 
 
 def image_labels(batch: pd.DataFrame, *, label_column: str) -> pd.DataFrame:

@@ -274,7 +274,27 @@ def numpy_frame(data: bytes, path: str) -> dict[str, np.ndarray]:
 
 
 # torchvision datasets: downloaded with torchvision's own code on first use, then
-# converted once to Parquet (one uint8 column per pixel, and the label).
+# converted once to Parquet that the image path reads: one row per image, its pixels as
+# a uint8 tensor ([H, W] grayscale, [H, W, C] colour), its class name and its index.
+
+TORCHVISION_IMAGE = "image"
+TORCHVISION_LABEL = "label"
+TORCHVISION_INDEX = "index"  # the row's place in the converted dataset: train rows first
+# What _done.json calls the converted form; a folder of another (or no) version is an
+# older trainflow's conversion and is converted again.
+TORCHVISION_VERSION = 2
+TORCHVISION_DONE = "_done.json"
+_TORCHVISION_ROW_GROUP = 10_000
+
+
+def converted_meta(folder: str | Path) -> dict | None:
+    """What a finished conversion says about itself (rows, classes, the images' shape and
+    mode), or None when the folder holds no conversion of this version."""
+    done = Path(folder) / TORCHVISION_DONE
+    if not done.is_file():
+        return None
+    meta = json.loads(done.read_text())
+    return meta if meta.get("version") == TORCHVISION_VERSION else None
 
 
 def torchvision_parquet(name: str, root: Path) -> Path:
@@ -286,7 +306,7 @@ def torchvision_parquet(name: str, root: Path) -> Path:
     if name not in TORCHVISION:
         raise SourceError(f"data.source torchvision:{name}: use one of {', '.join(TORCHVISION)}")
     out = root / f"{name}.parquet"
-    if (out / "_done.json").is_file():
+    if converted_meta(out) is not None:
         return out
     import torchvision.datasets as tvd
 
@@ -303,24 +323,45 @@ def torchvision_parquet(name: str, root: Path) -> Path:
                     f"data.source torchvision:{name}: not in {root} and the download failed ({e}); "
                     f"put torchvision's files for {name} under {root}"
                 ) from None
-    import pyarrow.parquet as pq
-
-    with publishing_folder(out, finished=lambda path: (path / "_done.json").is_file()) as tmp:
+    with publishing_folder(out, finished=lambda path: converted_meta(path) is not None) as tmp:
         rows = 0
         for i, part in enumerate(parts):
-            pixels = np.asarray(part.data).reshape(len(part.data), -1)
-            if pixels.dtype != np.uint8:  # MNIST keeps a uint8 tensor, CIFAR10 a uint8 array
-                pixels = pixels.astype(np.uint8)
-            labels = np.asarray(part.targets, dtype=np.int64)
-            with pq.ParquetWriter(tmp / f"part-{i}.parquet", _pixel_schema(pixels.shape[1])) as w:
-                for start in range(0, len(labels), 10_000):
-                    chunk = slice(start, start + 10_000)
-                    cols = [pa.array(pixels[chunk, j]) for j in range(pixels.shape[1])]
-                    w.write_table(pa.Table.from_arrays([*cols, pa.array(labels[chunk])], schema=w.schema))
-            rows += len(labels)
-        (tmp / "_done.json").write_text(json.dumps({"rows": rows, "classes": list(parts[0].classes)}))
+            images = np.asarray(part.data, dtype=np.uint8)  # MNIST keeps a tensor, CIFAR10 an array
+            labels = np.asarray(part.classes, dtype=object)[np.asarray(part.targets, dtype=np.int64)]
+            _write_images(tmp / f"part-{i}.parquet", images, labels, first_index=rows)
+            rows += len(images)
+        shape = list(images.shape[1:])
+        meta = {
+            "version": TORCHVISION_VERSION,
+            "rows": rows,
+            "classes": list(parts[0].classes),
+            "shape": shape,
+            "mode": "L" if len(shape) == 2 else "RGB",
+        }
+        (tmp / TORCHVISION_DONE).write_text(json.dumps(meta))
     return out
 
 
-def _pixel_schema(n: int) -> pa.Schema:
-    return pa.schema([*(pa.field(f"pixel_{j}", pa.uint8()) for j in range(n)), pa.field("label", pa.int64())])
+def _write_images(path: Path, images: np.ndarray, labels: np.ndarray, first_index: int) -> None:
+    import pyarrow.parquet as pq
+    from ray.data.extensions import ArrowTensorArray
+
+    writer = None
+    try:
+        for start in range(0, len(images), _TORCHVISION_ROW_GROUP):
+            chunk = slice(start, start + _TORCHVISION_ROW_GROUP)
+            table = pa.table(
+                {
+                    TORCHVISION_IMAGE: ArrowTensorArray.from_numpy(images[chunk]),
+                    TORCHVISION_LABEL: pa.array(labels[chunk].tolist(), pa.string()),
+                    TORCHVISION_INDEX: np.arange(
+                        first_index + start, first_index + start + len(labels[chunk])
+                    ),
+                }
+            )
+            if writer is None:
+                writer = pq.ParquetWriter(path, table.schema, write_statistics=False)
+            writer.write_table(table)
+    finally:
+        if writer is not None:
+            writer.close()

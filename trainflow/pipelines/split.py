@@ -2,10 +2,11 @@
 whatever order the rows are read.
 
 Every kept row gets a seeded 64-bit hash of its content (:func:`row_keys`; an image by
-its path). Small inputs are split exactly per class: the driver ranks each class's
-hashes and the lowest go to test, the next to val (:func:`exact_split_codes`). Larger
-inputs place each row by its own hash (:func:`hash_split_codes`), which streams in
-bounded memory and is stratified in expectation. Preparing an input and rebuilding one
+its path, or by its index in a converted torchvision dataset). Small inputs are split
+exactly per class: the driver ranks each class's hashes and the lowest go to test, the
+next to val (:func:`exact_split_codes`). Larger inputs place each row by its own hash
+(:func:`hash_split_codes`), which streams in bounded memory and is stratified in
+expectation. Preparing an input and rebuilding one
 of its splits later (the champion's re-score) both go through these functions.
 """
 
@@ -15,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from trainflow.config import SplitConfig
-from trainflow.pipelines.data import PATH, SourceInfo
+from trainflow.pipelines.data import INDEX, PATH, SourceInfo
 
 SPLIT_NAMES = ("train", "val", "test")  # a split's code is its index here
 # Up to this many kept rows the split is exact per class (their hashes are ranked in the
@@ -26,8 +27,11 @@ SMALL_INPUT_BYTES = 256 << 20
 
 
 def key_columns(info: SourceInfo) -> list[str]:
-    """The columns a row's hash is taken over: an image's path; a table row's columns."""
-    return [PATH] if info.is_images else [*info.input_columns, info.label_column]
+    """The columns a row's hash is taken over: an image's path (its index in a converted
+    torchvision dataset); a table row's columns."""
+    if info.is_images:
+        return [PATH] if info.format == "images" else [INDEX]
+    return [*info.input_columns, info.label_column]
 
 
 def row_keys(batch: pd.DataFrame, info: SourceInfo, seed: int) -> np.ndarray:

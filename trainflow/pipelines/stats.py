@@ -16,7 +16,7 @@ import pandas as pd
 
 from trainflow.config import PreprocessConfig
 from trainflow.pipelines.data import IMAGE, DataError, SourceInfo
-from trainflow.pipelines.preprocess import MAX_VOCABULARY, Preprocessor, image_features
+from trainflow.pipelines.preprocess import MAX_VOCABULARY, Preprocessor, image_chunk_rows, image_features
 
 # A label with more distinct values than this is almost surely a regression target.
 MAX_CLASSES = 1000
@@ -171,8 +171,12 @@ class FitStats:
 
     def _add_images(self, images, shape: list[int]) -> None:
         raw = {"shape": shape, "mean": [0.0] * shape[0], "std": [1.0] * shape[0]}
-        x = image_features(images, raw).reshape(len(images), shape[0], -1).astype(np.float64)
-        self._merge_channels(x.shape[0] * x.shape[2], x.sum(axis=(0, 2)), (x**2).sum(axis=(0, 2)))
+        images, step = list(images), image_chunk_rows(shape)
+        for start in range(0, len(images), step):
+            x = image_features(images[start : start + step], raw).reshape(-1, shape[0], np.prod(shape[1:]))
+            sums = x.sum(axis=(0, 2), dtype=np.float64)
+            squares = np.square(x, out=x).sum(axis=(0, 2), dtype=np.float64)
+            self._merge_channels(x.shape[0] * x.shape[2], sums, squares)
 
     def merge(self, other: FitStats) -> None:
         if other.mean is not None:

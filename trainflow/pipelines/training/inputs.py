@@ -27,8 +27,11 @@ if TYPE_CHECKING:
 
 # The prepared splits the train loop reads: it trains on the first and validates on the second.
 TRAIN_SPLITS = ("train", "val")
-# A streamed train split arrives from Ray Data in chunks of this many batches.
+# A streamed train split arrives from Ray Data in chunks of this many batches, fewer
+# when their features pass STREAM_CHUNK_BYTES (a chunk of 224x224 RGB images holds
+# about 200 rows).
 STREAM_CHUNK_BATCHES = 32
+STREAM_CHUNK_BYTES = 128 << 20
 # A prepared split under this size per worker is read once into each worker's memory
 # (train.in_memory: auto).
 IN_MEMORY_BYTES = 1 << 30
@@ -58,6 +61,13 @@ def in_memory_splits(
         for name in TRAIN_SPLITS
         if split_bytes[name] / max(workers, 1) < IN_MEMORY_BYTES and not (name == "train" and augment)
     )
+
+
+def stream_chunk_rows(batch_size: int, num_features: int) -> int:
+    """Rows per chunk of a streamed train split: STREAM_CHUNK_BATCHES batches, or as many
+    whole batches as STREAM_CHUNK_BYTES of float32 features hold; at least one batch."""
+    rows = min(batch_size * STREAM_CHUNK_BATCHES, STREAM_CHUNK_BYTES // (4 * max(num_features, 1)))
+    return max(batch_size, rows // batch_size * batch_size)
 
 
 def prepared_bytes(path: str | Path) -> int:

@@ -24,10 +24,10 @@ from trainflow.pipelines.checkpoint import MODEL, TRAIN_STATE, save_checkpoint
 from trainflow.pipelines.models import initial_model
 from trainflow.pipelines.preprocess import FEATURES, LABEL
 from trainflow.pipelines.training.inputs import (
-    STREAM_CHUNK_BATCHES,
     StreamedEpochs,
     chunk_batches,
     split_source,
+    stream_chunk_rows,
     tensor_batches,
 )
 from trainflow.pipelines.training.placements import record_placement
@@ -313,7 +313,8 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
     val = split_source("val", settings.memory_splits, rank, world_size, device)
     pin_memory = device.type == "cuda"
     if not isinstance(train, tuple):
-        train = StreamedEpochs(train, batch_size * STREAM_CHUNK_BATCHES, device, pin_memory)
+        chunk_rows = stream_chunk_rows(batch_size, settings.model_spec["num_features"])
+        train = StreamedEpochs(train, chunk_rows, device, pin_memory)
 
     outcome = Outcome("completed", epochs)
     for epoch in range(start_epoch, epochs):
@@ -322,7 +323,7 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
         if isinstance(train, tuple):
             train_batches = tensor_batches(*train, batch_size, torch.Generator().manual_seed(this_seed))
         else:
-            # Chunks of STREAM_CHUNK_BATCHES batches from Ray Data, each shuffled and cut
+            # Chunks of whole batches from Ray Data (stream_chunk_rows), each shuffled and cut
             # into batches here.
             chunks = train.epoch(more=epoch + 1 < epochs)
             train_batches = chunk_batches(chunks, batch_size, torch.Generator().manual_seed(this_seed))

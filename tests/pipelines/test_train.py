@@ -173,6 +173,9 @@ def test_run_training_trains_reports_its_progress_and_picks_the_best_checkpoint(
         "in_memory": ["train", "val"],  # what auto picks for splits this small
         "streamed": [],
         "run_path": f"{tmp_path}/direct",
+        "parameters": "2,410 of 2,410 parameters train",
+        "loss": "cross_entropy",
+        "class_weights": None,
     }
     assert [(r["kind"], r.get("epoch")) for r in rows[1:]] == [("start", None), ("epoch", 1), ("epoch", 2)]
     assert (result.status, result.epoch, result.message) == ("completed", 2, "")

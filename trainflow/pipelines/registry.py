@@ -676,6 +676,15 @@ def resolve(ws: Workspace, uri: str) -> ModelVersion:
     return mv
 
 
+def followed_alias(uri: str) -> str | None:
+    """The alias a model URI follows (``champion`` for a bare name); None for a pinned
+    ``NAME/VERSION``, which never moves."""
+    m = _URI.match(uri)
+    if not m:
+        raise RegistryError(f"model {uri!r}: use NAME@ALIAS, NAME/VERSION or models:/NAME@ALIAS")
+    return None if m["version"] else (m["alias"] or CHAMPION)
+
+
 def local_checkpoint(ws: Workspace, mv: ModelVersion) -> Path:
     """The version's checkpoint folder on this machine, downloaded once, checked every time."""
     from mlflow.artifacts import download_artifacts

@@ -368,7 +368,10 @@ def models_serve(
             f"serving {model} at {url} (POST {url}/predict, GET {url}/model, docs {url}/docs); Ctrl-C stops"
         )
 
-    serving.serve_until_stopped(application, host=host, port=port, on_ready=ready)
+    try:
+        serving.serve_until_stopped(application, host=host, port=port, on_ready=ready)
+    except KeyboardInterrupt:  # Ctrl-C while Ray was still starting
+        raise typer.Exit(130) from None
     typer.echo("stopped")
 
 

@@ -126,7 +126,7 @@ def test_model_healthz_and_docs(server):
     info = httpx.get(f"{server}/toy/model").json()
     assert info["name"] == "toy" and info["alias"] == "champion" and info["task"] == "classification"
     assert info["input_columns"] == ["a", "c"] and info["classes"] == ["no", "yes"]
-    assert info["gate"]["passed"] == "True" and info["metrics"]["test_accuracy"] == 0.8
+    assert info["gate"]["passed"] is True and info["metrics"]["test_accuracy"] == 0.8
     assert info["limits"] == {"max_rows": 100, "max_body_bytes": 64 << 10}
     assert info["poll_interval_s"] == POLL_S and info["follow_error"] is None
     pinned = httpx.get(f"{server}/pinned/model").json()

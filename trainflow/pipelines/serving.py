@@ -74,6 +74,10 @@ MAX_IMAGE_PIXELS = 4096 * 4096
 # that arrive within BATCH_WAIT_S of the first. At least MAX_ROWS, so a full request fits.
 BATCH_MAX_ROWS = 1024
 BATCH_WAIT_S = 0.002
+# Requests a replica holds at once (in its batch queue and in the model): above the
+# clients a batch gathers from (32 concurrent), so they queue in the replica, where they
+# batch, rather than in Serve's proxy. Serve's default, 5, would cap a batch at 5 requests.
+MAX_ONGOING_REQUESTS = 64
 # How often a replica asks the registry where its alias points.
 POLL_INTERVAL_S = 2.0
 APP_NAME = "trainflow"
@@ -177,15 +181,14 @@ def _check_count(n: int, name: str, max_rows: int) -> None:
 
 def _column_mismatch(names, pre: Preprocessor, where: str) -> RequestError:
     expected = pre.input_columns
+    shown = ", ".join(expected[:10])
+    if len(expected) > 10:
+        shown += f", ... ({len(expected)} columns; GET /model lists them)"
     missing = [c for c in expected if c not in names]
     if missing:
-        return RequestError(
-            422, f"{where}.{missing[0]}", f"missing; the model reads the columns {', '.join(expected)}"
-        )
+        return RequestError(422, f"{where}.{missing[0]}", f"missing; the model reads the columns {shown}")
     extra = next(c for c in names if c not in expected)
-    return RequestError(
-        422, f"{where}.{extra}", f"not a column of the model; its columns are {', '.join(expected)}"
-    )
+    return RequestError(422, f"{where}.{extra}", f"not a column of the model; its columns are {shown}")
 
 
 def _from_rows(rows: Any, pre: Preprocessor, max_rows: int) -> Inputs:
@@ -335,7 +338,7 @@ class Served:
     predictor: Predictor
     name: str
     version: str
-    gate: dict[str, str]
+    gate: dict[str, Any]
     metrics: dict[str, float]
     loaded_at: str
 
@@ -345,7 +348,18 @@ class Served:
         mv = registry.resolve(ws, f"{name}/{version}")
         predictor = load_checkpoint(registry.local_checkpoint(ws, mv))
         predictor.version = version
-        return cls(predictor, name, version, details["gate"], details["metrics"], _now())
+        gate = {key: _tag_value(value) for key, value in details["gate"].items()}
+        return cls(predictor, name, version, gate, details["metrics"], _now())
+
+
+def _tag_value(text: str) -> Any:
+    """A gate tag as the JSON value it was written from: MLflow keeps tags as strings."""
+    if text in ("True", "False", "None"):
+        return {"True": True, "False": False, "None": None}[text]
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def _now() -> str:
@@ -393,6 +407,11 @@ def answer(served: Served, batch: list[Inputs]) -> list[dict[str, Any] | Request
     return out
 
 
+class _NoBatchSizeWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is larger than `max_ongoing_requests`" not in record.getMessage()
+
+
 def _rows_in(batch: list[Inputs]) -> int:
     return sum(inputs.rows for inputs in batch)
 
@@ -432,6 +451,9 @@ class ModelServer:
     """A replica: one loaded version, swapped for the alias's new version when it moves."""
 
     def __init__(self, uri: str, home: str, tracking_uri: str | None, settings: ServeSettings):
+        # Serve compares the batch's size, counted here in rows, with max_ongoing_requests,
+        # counted in requests, and warns that batches stay below it: they do not.
+        logging.getLogger("ray.serve").addFilter(_NoBatchSizeWarning())
         # The registry the driver reads, whatever this worker's environment says.
         if tracking_uri:
             os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
@@ -543,9 +565,11 @@ def app(
         raise ValueError(f"replicas must be at least 1, got {replicas}")
     ws = ws or workspace()
     registry.resolve(ws, model)
-    return ModelServer.options(num_replicas=replicas, ray_actor_options={"num_cpus": cpus_per_replica}).bind(
-        model, str(ws.home), os.environ.get("MLFLOW_TRACKING_URI"), settings or ServeSettings()
-    )
+    return ModelServer.options(
+        num_replicas=replicas,
+        ray_actor_options={"num_cpus": cpus_per_replica},
+        max_ongoing_requests=MAX_ONGOING_REQUESTS,
+    ).bind(model, str(ws.home), os.environ.get("MLFLOW_TRACKING_URI"), settings or ServeSettings())
 
 
 # --- the command's checks and its serving loop ---------------------------------------
@@ -591,14 +615,12 @@ def serve_until_stopped(
     from trainflow.config import PipelineConfig
     from trainflow.runtime import ray_session
 
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
-    own_cluster = not os.environ.get("RAY_ADDRESS")
-    try:
-        with ray_session(PipelineConfig()):
-            if stop.is_set():
-                return
+    with ray_session(PipelineConfig()):
+        # Installed after ray.init, whose own SIGTERM handler would abort the process.
+        stop = threading.Event()
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
             serve.start(http_options={"host": host, "port": port}, logging_config=QUIET_LOGS)
             try:
                 serve.run(application, name=APP_NAME, route_prefix="/", logging_config=QUIET_LOGS)
@@ -606,12 +628,13 @@ def serve_until_stopped(
                 while not stop.wait(0.5):
                     pass
             finally:
+                # The application drains (requests in flight are answered) and stops; a
+                # cluster elsewhere keeps Serve for its other applications, a local one
+                # ends with the session, Serve's controller and proxy with it.
                 serve.delete(APP_NAME)
-                if own_cluster:
-                    serve.shutdown()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def _url_host(host: str) -> str:

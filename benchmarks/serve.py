@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import signal
 import socket
@@ -33,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import add_results_arg, load1, ratio, write_section
+from common import add_results_arg, load1, ratio, smoke_model_env, write_section
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -242,14 +241,7 @@ def main() -> None:
     py = sys.executable
     with tempfile.TemporaryDirectory(prefix="trainflow-bench-serve-") as tmp:
         home = Path(tmp)
-        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PREFECT_API_URL")}
-        env["TRAINFLOW_HOME"] = str(home / "home")
-        setup = subprocess.run(
-            [py, "-m", "trainflow.cli", "run", "--smoke"], cwd=REPO, env=env, capture_output=True, text=True
-        )
-        if setup.returncode != 0:
-            sys.stderr.write(setup.stdout[-3000:] + setup.stderr[-3000:])
-            raise SystemExit("setup failed: `trainflow run --smoke` registers the model served")
+        env = smoke_model_env(home, "served")
         body_file = home / "body.json"
         digits_body(body_file)
         apps = {

@@ -14,11 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.pipelines.test_registry import register
-from trainflow.config import ModelConfig, PipelineConfig
+from tests.pipelines.test_registry import make_checkpoint, register
 from trainflow.pipelines import registry
-from trainflow.pipelines.checkpoint import save_checkpoint
-from trainflow.pipelines.models import build_model, model_spec
 from trainflow.pipelines.preprocess import Preprocessor
 from trainflow.runtime import workspace
 
@@ -26,22 +23,6 @@ pytestmark = pytest.mark.slow  # Ray Serve's controller, proxy and replicas
 
 POLL_S = 0.5  # the test apps' poll interval; the default is serving.POLL_INTERVAL_S
 IMAGE = {"shape": [1, 8, 8], "mean": [0.5], "std": [0.25], "augment": False}
-
-
-def _checkpoint(folder, pre: Preprocessor, seed: int) -> str:
-    import torch
-
-    torch.manual_seed(seed)
-    spec = model_spec(ModelConfig(kind="mlp", hidden_sizes=[8]), pre.num_features, pre.num_outputs)
-    save_checkpoint(
-        folder,
-        model=build_model(spec),
-        spec=spec,
-        preprocessor=pre.to_dict(),
-        config=PipelineConfig().model_dump(mode="json"),
-        metrics={"epoch": 1},
-    )
-    return str(folder)
 
 
 def _free_port() -> int:
@@ -62,12 +43,12 @@ def server(ray_cluster, module_trainflow_home, tmp_path_factory):
     ws = workspace()
     tmp = tmp_path_factory.mktemp("serving")
     toy = Preprocessor(["a"], "label", ["no", "yes"], scaler="none", categorical={"c": ["x", "y"]})
-    register(ws, _checkpoint(tmp / "t1", toy, seed=1), 0.8)  # v1: champion
-    register(ws, _checkpoint(tmp / "t2", toy, seed=2), 0.7)  # v2: challenger
+    register(ws, make_checkpoint(tmp / "t1", seed=1, pre=toy), 0.8)  # v1: champion
+    register(ws, make_checkpoint(tmp / "t2", seed=2, pre=toy), 0.7)  # v2: challenger
     img = Preprocessor([], "label", ["circle", "square"], scaler="none", image=IMAGE)
-    register(ws, _checkpoint(tmp / "i1", img, seed=3), 0.8, name="shapes")
+    register(ws, make_checkpoint(tmp / "i1", seed=3, pre=img), 0.8, name="shapes")
     reg = Preprocessor(["a", "b"], "target", [], scaler="none", task="regression", label_offset=150.0)
-    register(ws, _checkpoint(tmp / "r1", reg, seed=4), 0.8, name="diabetes")
+    register(ws, make_checkpoint(tmp / "r1", seed=4, pre=reg), 0.8, name="diabetes")
 
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=QUIET_LOGS)
@@ -182,6 +163,7 @@ BAD = [
     ("toy", {"rows": [{"a": "1.5", "c": "x"}]}, 422, "rows[0].a"),
     ("toy", {"rows": [{"a": True, "c": "x"}]}, 422, "rows[0].a"),
     ("toy", {"rows": [{"a": None, "c": "x"}]}, 422, "rows[0].a"),
+    ("toy", {"rows": [{"a": 1.0, "c": "x"}, {"a": 10**400, "c": "x"}]}, 422, "rows[1].a"),
     ("toy", {"rows": [{"a": 1.0, "c": ["x"]}]}, 422, "rows[0].c"),
     ("toy", {"rows": ["a row"]}, 422, "rows[0]"),
     ("toy", {"rows": []}, 422, "rows"),

@@ -42,6 +42,7 @@ import binascii
 import io
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -237,7 +238,10 @@ def _typed(columns: dict[str, list], pre: Preprocessor, where: Callable[[str, in
         for i, v in enumerate(values):
             if type(v) not in _NUMBERS:  # bool is a subclass of int, and no number here
                 raise RequestError(422, where(c, i), f"expected a number, got {json.dumps(v)[:40]}")
-        out[c] = arr = np.asarray(values, dtype=np.float64)
+        try:
+            out[c] = arr = np.asarray(values, dtype=np.float64)
+        except OverflowError:  # an integer past float64's range
+            arr = np.asarray([float(v) if abs(v) < 1e308 else math.inf for v in values])
         if not np.isfinite(arr).all():
             i = int(np.flatnonzero(~np.isfinite(arr))[0])
             raise RequestError(422, where(c, i), f"expected a finite number, got {values[i]}")
@@ -617,9 +621,14 @@ def serve_until_stopped(
 
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     with ray_session(PipelineConfig()):
-        # Installed after ray.init, whose own SIGTERM handler would abort the process.
+        # Installed after ray.init, whose own SIGTERM handler would abort the process; only
+        # the main thread may install them (elsewhere, the caller's own handling stands).
         stop = threading.Event()
-        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            previous = {
+                sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+            }
         try:
             serve.start(http_options={"host": host, "port": port}, logging_config=QUIET_LOGS)
             try:

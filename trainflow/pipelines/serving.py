@@ -15,8 +15,10 @@ a FastAPI ingress:
 
 Requests are batched on each replica (``@serve.batch``): the rows of the requests that
 arrive within ``batch_wait_s`` (2 ms) of the first go through the model in one pass,
-up to ``batch_max_rows`` (1024) rows. Waiting costs a lone request those 2 ms at most;
-under load the queue fills a batch before the wait ends. A request holds at most
+up to ``batch_max_rows`` (1024) rows; a replica takes up to MAX_ONGOING_REQUESTS (64)
+requests at once, so that under load they queue there, where they batch. Waiting costs
+a lone request those 2 ms at most; under load the queue fills a batch before the wait
+ends. A request holds at most
 ``max_rows`` (1024) rows or images and ``max_body_bytes`` (8 MiB) of body: more is a
 413. Every malformed request is a 4xx whose JSON names the field (``{"error": ...,
 "field": "rows[3].a"}``); the replica goes on serving.

@@ -19,14 +19,12 @@ measured as in overhead.py. Writes benchmarks/results/batch_predict.json and .md
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from common import add_results_arg, load1, ratio, run_measured, write_section
+from common import add_results_arg, load1, ratio, run_measured, smoke_model_env, write_section
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -104,14 +102,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {"trainflow": [], "baseline": []}
     with tempfile.TemporaryDirectory(prefix="trainflow-bench-predict-") as tmp:
         home = Path(tmp)
-        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PREFECT_API_URL")}
-        env["TRAINFLOW_HOME"] = str(home / "home")
-        setup = subprocess.run(
-            [py, "-m", "trainflow.cli", "run", "--smoke"], cwd=REPO, env=env, capture_output=True, text=True
-        )
-        if setup.returncode != 0:
-            sys.stderr.write(setup.stdout[-3000:] + setup.stderr[-3000:])
-            raise SystemExit("setup failed: `trainflow run --smoke` registers the model predicted with")
+        env = smoke_model_env(home, "predicted with")
         source = home / "input.parquet"
         digits_rows(args.rows, source)
         for i in range(args.rounds):

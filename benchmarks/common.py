@@ -105,6 +105,25 @@ def write_section(section: str, figures: dict[str, Any], markdown: str, results:
     return results / f"{section}.md"
 
 
+def smoke_model_env(home: Path, what: str) -> dict[str, str]:
+    """The environment of a fresh TRAINFLOW_HOME under ``home`` in which `trainflow run
+    --smoke` registered `digits-smoke/1` (trainflow's cnn on the 64 digits pixels): the
+    model a benchmark then uses, ``what`` saying for what if the setup fails."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PREFECT_API_URL")}
+    env["TRAINFLOW_HOME"] = str(home / "home")
+    setup = subprocess.run(
+        [sys.executable, "-m", "trainflow.cli", "run", "--smoke"],
+        cwd=HERE.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if setup.returncode != 0:
+        sys.stderr.write(setup.stdout[-3000:] + setup.stderr[-3000:])
+        raise SystemExit(f"setup failed: `trainflow run --smoke` registers the model {what}")
+    return env
+
+
 def start_ray(num_cpus: int = 2, object_store_mb: int | None = None, **extra) -> None:
     """A local Ray cluster of this process's own, set up as trainflow sets up its own."""
     import ray

@@ -25,6 +25,7 @@ SECTIONS = (
     "large_prepare",
     "engine",
     "batch_predict",
+    "serve",
     "gpu",
     "sweep",
 )

@@ -1,7 +1,7 @@
 """The import direction that docs/architecture.md states, checked on the source.
 
 Layers, from the bottom: ``config`` and ``files``; ``runtime`` and ``prefect_server``;
-``pipelines``; ``tasks``; ``flows``; ``cli`` and ``testing``. A module imports only from
+``pipelines`` and ``serving``; ``tasks``; ``flows``; ``cli`` and ``testing``. A module imports only from
 its own layer or below, wherever the import statement sits (a lazy import inside a
 function is a dependency too). Prefect is imported only from the orchestration layers,
 never by ``pipelines`` or the bottom layer. And no module depends on itself through
@@ -25,6 +25,7 @@ LAYERS = {
     "runtime": 1,
     "prefect_server": 1,
     "pipelines": 2,
+    "serving": 2,  # the facade of pipelines.serving for users: trainflow.serving.app
     "tasks": 3,
     "flows": 4,
     "cli": 5,

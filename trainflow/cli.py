@@ -19,7 +19,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-models_app = typer.Typer(help="Look at registered models, promote and roll back.", no_args_is_help=True)
+models_app = typer.Typer(
+    help="Look at registered models, promote and roll back, serve one over HTTP.", no_args_is_help=True
+)
 app.add_typer(models_app, name="models")
 
 ConfigArg = Annotated[
@@ -336,6 +338,41 @@ def models_rollback(name: NameArg) -> None:
     with _registry_errors():
         move = registry.rollback(ws, name)
     typer.echo(_render().move_line(name, move))
+
+
+@models_app.command("serve")
+def models_serve(
+    model: ModelArg,
+    host: Annotated[
+        str, typer.Option(help="The address to listen on; 127.0.0.1 keeps it on this machine.")
+    ] = ("127.0.0.1"),
+    port: Annotated[int, typer.Option(min=1, max=65535, help="The HTTP port.")] = 8000,
+    replicas: Annotated[int, typer.Option(min=1, help="Replicas, each holding the model once.")] = 1,
+    cpus_per_replica: Annotated[float, typer.Option(min=0.01, help="CPUs Ray reserves per replica.")] = 1.0,
+) -> None:
+    """Serve MODEL over HTTP on Ray Serve until Ctrl-C: POST /predict, GET /model, /docs.
+
+    A model by alias (NAME, NAME@ALIAS) follows the alias as it moves; NAME/VERSION stays.
+    """
+    _, ws = _registry()
+    from trainflow.pipelines import serving
+
+    # The model, the port and the replicas' CPUs are checked here, before Ray starts.
+    with _registry_errors(), _one_line_errors():
+        application = serving.app(model, replicas=replicas, cpus_per_replica=cpus_per_replica, ws=ws)
+        serving.check_port(host, port)
+        serving.check_fits(replicas, cpus_per_replica)
+
+    def ready(url: str) -> None:
+        typer.echo(
+            f"serving {model} at {url} (POST {url}/predict, GET {url}/model, docs {url}/docs); Ctrl-C stops"
+        )
+
+    try:
+        serving.serve_until_stopped(application, host=host, port=port, on_ready=ready)
+    except KeyboardInterrupt:  # Ctrl-C while Ray was still starting
+        raise typer.Exit(130) from None
+    typer.echo("stopped")
 
 
 def main() -> None:

@@ -19,16 +19,18 @@ from trainflow.runtime import workspace
 FRAME = pd.DataFrame({"a": [0.1, -2.0, 3.0], "b": [1.0, 0.0, -1.0]})
 
 
-def make_checkpoint(folder, seed=0):
+def make_checkpoint(folder, seed=0, pre=None):
+    """A checkpoint of an untrained MLP; by default of two numeric columns a and b, two classes."""
     import torch
 
     torch.manual_seed(seed)
-    spec = model_spec(ModelConfig(kind="mlp", hidden_sizes=[4]), 2, 2)
+    pre = pre or Preprocessor(["a", "b"], "label", [0, 1], scaler="none")
+    spec = model_spec(ModelConfig(kind="mlp", hidden_sizes=[4]), pre.num_features, pre.num_outputs)
     save_checkpoint(
         folder,
         model=build_model(spec),
         spec=spec,
-        preprocessor=Preprocessor(["a", "b"], "label", [0, 1], scaler="none").to_dict(),
+        preprocessor=pre.to_dict(),
         config=PipelineConfig().model_dump(mode="json"),
         metrics={"epoch": 1},
     )

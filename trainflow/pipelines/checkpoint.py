@@ -98,7 +98,19 @@ class Predictor:
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
         """For raw rows, the predicted class value (as the label column holds it), or for a
         regression the predicted number in the label's units."""
+        return self._predictions(self.predict_logits(self.preprocessor.features(frame)))
+
+    def predict_with_proba(
+        self, frame: pd.DataFrame | dict[str, Any]
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """``predict`` and ``predict_proba`` from one pass of the model (None for a
+        regression's probabilities): what an online answer needs, computed once."""
         outputs = self.predict_logits(self.preprocessor.features(frame))
+        if self.preprocessor.is_regression:
+            return self._predictions(outputs), None
+        return self._predictions(outputs), torch.softmax(torch.from_numpy(outputs), dim=1).numpy()
+
+    def _predictions(self, outputs: np.ndarray) -> np.ndarray:
         if self.preprocessor.is_regression:
             return self.preprocessor.unscale(outputs.reshape(-1))
         return np.asarray(self.classes)[outputs.argmax(axis=1)]

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from trainflow.config import LOWER_IS_BETTER
 from trainflow.files import publishing_folder
 from trainflow.pipelines.checkpoint import Predictor, load_checkpoint
+from trainflow.pipelines.pyfunc import write_flavor
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -413,7 +414,8 @@ def register_checkpoint(
 
 
 def _log_checkpoint(c: MlflowClient, run_id: str, checkpoint_dir: str) -> dict[str, str]:
-    """Log the checkpoint folder with a hashes.json beside its files; return the hashes."""
+    """Log the checkpoint folder, with MLflow's python_function flavor (``pyfunc.py``) and
+    a hashes.json beside its files; return the hashes."""
     hashes = file_hashes(checkpoint_dir)
     # A private copy (the run folder may be shared or read-only): Ray prunes its
     # checkpoints, and what is registered must be what was hashed.
@@ -422,6 +424,8 @@ def _log_checkpoint(c: MlflowClient, run_id: str, checkpoint_dir: str) -> dict[s
     try:
         shutil.copytree(checkpoint_dir, staged)
         verify_files(staged, hashes, f"checkpoint {checkpoint_dir}")
+        write_flavor(staged)
+        hashes = file_hashes(staged)
         (staged / HASHES_FILE).write_text(json.dumps(hashes, indent=2))
         c.log_artifacts(run_id, str(staged), artifact_path="checkpoint")
     finally:
@@ -674,6 +678,15 @@ def resolve(ws: Workspace, uri: str) -> ModelVersion:
         aliases = sorted(c.get_registered_model(name).aliases)
         raise RegistryError(f"{name} has no alias {alias!r}; its aliases: {', '.join(aliases) or 'none'}")
     return mv
+
+
+def followed_alias(uri: str) -> str | None:
+    """The alias a model URI follows (``champion`` for a bare name); None for a pinned
+    ``NAME/VERSION``, which never moves."""
+    m = _URI.match(uri)
+    if not m:
+        raise RegistryError(f"model {uri!r}: use NAME@ALIAS, NAME/VERSION or models:/NAME@ALIAS")
+    return None if m["version"] else (m["alias"] or CHAMPION)
 
 
 def local_checkpoint(ws: Workspace, mv: ModelVersion) -> Path:

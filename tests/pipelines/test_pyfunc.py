@@ -1,0 +1,53 @@
+"""Every registered version loads through MLflow's own API, as trainflow loads it."""
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.pipelines.test_registry import FRAME, make_checkpoint, register
+from trainflow.pipelines import registry
+from trainflow.runtime import workspace
+
+
+@pytest.fixture
+def mlflow_registry(trainflow_home):
+    ws = workspace()
+    previous = mlflow.get_registry_uri()
+    mlflow.set_registry_uri(registry.tracking_uri(ws))
+    yield ws
+    mlflow.set_registry_uri(previous)
+
+
+def test_pyfunc_load_model_predicts_as_trainflow_does(mlflow_registry, tmp_path):
+    ws = mlflow_registry
+    register(ws, make_checkpoint(tmp_path / "c1", seed=1), 0.8)
+    model = mlflow.pyfunc.load_model("models:/toy@champion")
+    expected = registry.load_model("toy@champion").predict(FRAME)
+    np.testing.assert_array_equal(model.predict(FRAME), expected)
+    inputs = model.metadata.get_input_schema()
+    assert inputs.input_names() == ["a", "b"] and inputs.input_types()[0].name == "double"
+    # The signature says double: MLflow refuses integer columns (it will not narrow
+    # int64 to float64 silently) and takes them cast.
+    ints = pd.DataFrame({"a": [0, -2, 3], "b": [1, 0, -1]})
+    with pytest.raises(mlflow.exceptions.MlflowException, match="column a"):
+        model.predict(ints)
+    np.testing.assert_array_equal(
+        model.predict(ints.astype(float)), registry.load_model("toy/1").predict(ints)
+    )
+    # A frame without a column the model reads is refused by MLflow, naming it.
+    with pytest.raises(mlflow.exceptions.MlflowException, match="b"):
+        model.predict(FRAME[["a"]])
+
+
+def test_the_flavor_files_are_registered_and_hashed(mlflow_registry, tmp_path):
+    ws = mlflow_registry
+    register(ws, make_checkpoint(tmp_path / "c1"), 0.8)
+    folder = registry.local_checkpoint(ws, registry.resolve(ws, "toy/1"))
+    requirements = (folder / "requirements.txt").read_text().splitlines()
+    assert any(r.startswith("trainflow==") for r in requirements)
+    assert any(r.startswith("torch==") for r in requirements)
+    assert "python_function" in (folder / "MLmodel").read_text()
+    (folder / "MLmodel").write_text("altered")
+    with pytest.raises(registry.IntegrityError, match="MLmodel"):
+        registry.local_checkpoint(ws, registry.resolve(ws, "toy/1"))

@@ -1,0 +1,247 @@
+"""The HTTP endpoint on Ray Serve, for real: the session's Ray cluster, Serve on loopback,
+HTTP requests, models registered in a module's registry (checkpoints written directly,
+no training). One Serve start for the module; each model an application of its own."""
+
+import base64
+import io
+import json
+import socket
+import threading
+import time
+
+import httpx
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.pipelines.test_registry import make_checkpoint, register
+from trainflow.pipelines import registry
+from trainflow.pipelines.preprocess import Preprocessor
+from trainflow.runtime import workspace
+
+pytestmark = pytest.mark.slow  # Ray Serve's controller, proxy and replicas
+
+POLL_S = 0.5  # the test apps' poll interval; the default is serving.POLL_INTERVAL_S
+IMAGE = {"shape": [1, 8, 8], "mean": [0.5], "std": [0.25], "augment": False}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(ray_cluster, module_trainflow_home, tmp_path_factory):
+    """Serve's URL with four applications: /toy follows toy's champion (a table of a
+    numeric column a and a categorical column c), /pinned serves toy/1, /img an image
+    model, /reg a regression."""
+    from ray import serve
+
+    from trainflow.pipelines.serving import QUIET_LOGS, ServeSettings, app
+
+    ws = workspace()
+    tmp = tmp_path_factory.mktemp("serving")
+    toy = Preprocessor(["a"], "label", ["no", "yes"], scaler="none", categorical={"c": ["x", "y"]})
+    register(ws, make_checkpoint(tmp / "t1", seed=1, pre=toy), 0.8)  # v1: champion
+    register(ws, make_checkpoint(tmp / "t2", seed=2, pre=toy), 0.7)  # v2: challenger
+    img = Preprocessor([], "label", ["circle", "square"], scaler="none", image=IMAGE)
+    register(ws, make_checkpoint(tmp / "i1", seed=3, pre=img), 0.8, name="shapes")
+    reg = Preprocessor(["a", "b"], "target", [], scaler="none", task="regression", label_offset=150.0)
+    register(ws, make_checkpoint(tmp / "r1", seed=4, pre=reg), 0.8, name="diabetes")
+
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=QUIET_LOGS)
+    small = ServeSettings(max_rows=100, max_body_bytes=64 << 10, poll_interval_s=POLL_S)
+    apps = [("toy", "toy"), ("pinned", "toy/1"), ("img", "shapes"), ("reg", "diabetes")]
+    serve.run_many(  # side by side: one deployment's start-up is seconds
+        [
+            serve.RunTarget(app(model, cpus_per_replica=0.25, settings=small), name, f"/{name}", QUIET_LOGS)
+            for name, model in apps
+        ]
+    )
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+
+
+ROWS = [{"a": 0.5, "c": "x"}, {"a": -3.0, "c": "y"}, {"a": 10.0, "c": "never seen"}, {"a": 2, "c": None}]
+
+
+def test_rows_and_columns_answer_as_load_model_does(server):
+    r = httpx.post(f"{server}/toy/predict", json={"rows": ROWS})
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["model"] == "toy" and answer["classes"] == ["no", "yes"]
+    model = registry.load_model(f"toy/{answer['version']}")
+    frame = pd.DataFrame(ROWS)
+    assert answer["predictions"] == model.predict(frame).tolist()
+    np.testing.assert_allclose(answer["probabilities"], model.predict_proba(frame), rtol=1e-5)
+
+    columns = {"a": [r["a"] for r in ROWS], "c": [r["c"] for r in ROWS]}
+    by_columns = httpx.post(f"{server}/toy/predict", json={"columns": columns}).json()
+    assert by_columns["predictions"] == answer["predictions"]
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(server):
+    """Requests that arrive together go through the model in one pass; each answer holds
+    the predictions for its own rows, in its own order."""
+    model = registry.load_model("toy/1")
+    rows = [{"a": float(i) - 20, "c": "xy"[i % 2]} for i in range(40)]
+    expected = model.predict(pd.DataFrame(rows)).tolist()
+    results = {}
+
+    def ask(i):
+        results[i] = httpx.post(f"{server}/pinned/predict", json={"rows": rows[i : i + 2]}).json()
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(0, 40, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [p for i in sorted(results) for p in results[i]["predictions"]] == expected
+
+
+def test_model_healthz_and_docs(server):
+    info = httpx.get(f"{server}/toy/model").json()
+    assert info["name"] == "toy" and info["alias"] == "champion" and info["task"] == "classification"
+    assert info["input_columns"] == ["a", "c"] and info["classes"] == ["no", "yes"]
+    assert info["gate"]["passed"] is True and info["metrics"]["test_accuracy"] == 0.8
+    assert info["limits"] == {"max_rows": 100, "max_body_bytes": 64 << 10}
+    assert info["poll_interval_s"] == POLL_S and info["follow_error"] is None
+    pinned = httpx.get(f"{server}/pinned/model").json()
+    assert pinned["alias"] is None and pinned["version"] == "1" and pinned["poll_interval_s"] is None
+    assert httpx.get(f"{server}/img/model").json()["image"] == {"shape": [1, 8, 8], "input": "images"}
+    assert httpx.get(f"{server}/toy/healthz").json()["status"] == "ok"
+    assert httpx.get(f"{server}/toy/docs").status_code == 200
+    assert "/predict" in httpx.get(f"{server}/toy/openapi.json").json()["paths"]
+
+
+def test_a_regression_answers_numbers(server):
+    rows = [{"a": 1.0, "b": 2.0}, {"a": -1.5, "b": 0.25}]
+    answer = httpx.post(f"{server}/reg/predict", json={"rows": rows}).json()
+    assert set(answer) == {"model", "version", "predictions"}
+    assert all(isinstance(p, float) for p in answer["predictions"])
+    expected = registry.load_model("diabetes/1").predict(pd.DataFrame(rows))
+    np.testing.assert_allclose(answer["predictions"], expected, rtol=1e-5)
+
+
+def _png(pixels: np.ndarray) -> str:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return base64.b64encode(out.getvalue()).decode()
+
+
+def test_images_as_png_and_as_arrays_answer_as_load_model_does(server):
+    rng = np.random.default_rng(0)
+    gray = rng.integers(0, 256, (8, 8), dtype=np.uint8)
+    larger = rng.integers(0, 256, (16, 12), dtype=np.uint8)  # resized as the folder's images were
+    rgb = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)  # converted to L as the folder's were
+    images = [_png(gray), gray.tolist(), _png(larger), _png(rgb)]
+    answer = httpx.post(f"{server}/img/predict", json={"images": images}).json()
+    from PIL import Image
+
+    as_read = [gray, gray, larger, np.asarray(Image.fromarray(rgb).convert("L"))]
+    model = registry.load_model("shapes/1")
+    frame = {"image": as_read}
+    assert answer["predictions"] == model.predict(frame).tolist()
+    np.testing.assert_allclose(answer["probabilities"], model.predict_proba(frame), rtol=1e-5)
+
+
+GOOD = {"rows": [{"a": 1.0, "c": "x"}]}
+BAD = [
+    ("toy", b"", 400, "body"),
+    ("toy", b"{not json", 400, "body"),
+    ("toy", b"[1, 2]", 400, "body"),
+    ("toy", b'{"rows": [{"a": NaN, "c": "x"}]}', 400, "body"),
+    ("toy", {}, 422, "body"),
+    ("toy", {"rows": [{"a": 1.0}]}, 422, "rows[0].c"),
+    ("toy", {"rows": [{"a": 1.0, "c": "x"}, {"a": 1.0, "c": "x", "d": 3}]}, 422, "rows[1].d"),
+    ("toy", {"rows": [{"a": "1.5", "c": "x"}]}, 422, "rows[0].a"),
+    ("toy", {"rows": [{"a": True, "c": "x"}]}, 422, "rows[0].a"),
+    ("toy", {"rows": [{"a": None, "c": "x"}]}, 422, "rows[0].a"),
+    ("toy", {"rows": [{"a": 1.0, "c": "x"}, {"a": 10**400, "c": "x"}]}, 422, "rows[1].a"),
+    ("toy", {"rows": [{"a": 1.0, "c": ["x"]}]}, 422, "rows[0].c"),
+    ("toy", {"rows": ["a row"]}, 422, "rows[0]"),
+    ("toy", {"rows": []}, 422, "rows"),
+    ("toy", {"rows": {"a": 1}}, 422, "rows"),
+    ("toy", {"columns": {"a": [1.0, 2.0], "c": ["x"]}}, 422, "columns.c"),
+    ("toy", {"columns": {"a": [1.0, "two"], "c": ["x", "y"]}}, 422, "columns.a[1]"),
+    ("toy", {"columns": {"a": [1.0]}}, 422, "columns.c"),
+    ("toy", {**GOOD, "model": "other"}, 422, "model"),
+    ("toy", {**GOOD, "columns": {"a": [1.0], "c": ["x"]}}, 422, "body"),
+    ("toy", {"images": [[[0]]]}, 422, "images"),
+    ("toy", {"rows": [{"a": 1.0, "c": "x"}] * 101}, 413, "rows"),
+    ("toy", {"rows": [{"a": 1.0, "c": "x" * (70 << 10)}]}, 413, "body"),
+    ("img", {"images": ["not base64!"]}, 422, "images[0]"),
+    ("img", {"images": [base64.b64encode(b"no image here").decode()]}, 422, "images[0]"),
+    ("img", {"images": [[[1, 2], [3]]]}, 422, "images[0]"),
+    ("img", {"images": [[[300, 0], [0, 0]]]}, 422, "images[0]"),
+    ("img", {"images": [[[1.5, 0], [0, 0]]]}, 422, "images[0]"),
+    ("img", {"images": [np.zeros((2, 2, 3), dtype=int).tolist()]}, 422, "images[0]"),
+    ("img", {"images": [42]}, 422, "images[0]"),
+    ("img", GOOD, 422, "rows"),
+    ("reg", {"rows": [{"a": 1.0, "b": float("inf")}]}, 400, "body"),  # Infinity is not JSON
+]
+
+
+@pytest.mark.parametrize("app_name,body,status,field", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
+def test_each_bad_request_gets_its_4xx_naming_the_field(server, app_name, body, status, field):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(
+        f"{server}/{app_name}/predict", content=content, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == status, r.text
+    error = r.json()
+    assert error["field"] == field and error["error"].startswith(f"{field}: "), error
+    # The replica lives on and answers.
+    assert httpx.post(f"{server}/toy/predict", json=GOOD).status_code == 200
+
+
+def test_the_app_follows_champion_as_it_moves_without_dropping_a_request(server):
+    """A bounded client loop runs while toy's champion moves to v2 (promote) and back to
+    v1 (rollback): every request answered, versions switching within a poll interval plus
+    the load, in order; the pinned app stays on v1."""
+    ws = workspace()
+    assert httpx.get(f"{server}/toy/model").json()["version"] == "1"
+    answers: list[tuple[float, int, str | None]] = []  # (time, status, version)
+    moved: dict[str, float] = {}
+
+    def client(n):
+        with httpx.Client(timeout=30) as c:
+            for _ in range(n):
+                r = c.post(f"{server}/toy/predict", json=GOOD)
+                answers.append((time.monotonic(), r.status_code, r.json().get("version")))
+
+    threads = [threading.Thread(target=client, args=(100,)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    moved["promote"] = time.monotonic()
+    registry.promote(ws, "toy", "2")
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{server}/toy/model").json()["version"] != "2" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    moved["rollback"] = time.monotonic()
+    registry.rollback(ws, "toy")
+    for t in threads:
+        t.join()
+
+    assert len(answers) == 300 and {status for _, status, _ in answers} == {200}
+    versions = [v for _, _, v in sorted(answers)]
+    # In order: v1, then v2, then v1 again if the rollback was followed before the loop's end.
+    runs = [v for i, v in enumerate(versions) if i == 0 or versions[i - 1] != v]
+    assert runs in (["1", "2"], ["1", "2", "1"]), runs
+    first_v2 = min(t for t, _, v in answers if v == "2")
+    assert first_v2 - moved["promote"] < POLL_S + 2.0
+    # The rollback's switch may come after the loop's last request: /model says it.
+    deadline = time.monotonic() + POLL_S + 3.0
+    while httpx.get(f"{server}/toy/model").json()["version"] != "1":
+        assert time.monotonic() < deadline, "the rollback was not followed"
+        time.sleep(0.1)
+    assert httpx.post(f"{server}/pinned/predict", json=GOOD).json()["version"] == "1"
+    predicted = httpx.post(f"{server}/toy/predict", json={"rows": ROWS}).json()
+    assert predicted["predictions"] == registry.load_model("toy/1").predict(pd.DataFrame(ROWS)).tolist()

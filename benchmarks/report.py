@@ -21,6 +21,7 @@ SECTIONS = (
     "overhead_phases",
     "ingest",
     "training",
+    "resnet",
     "scaling",
     "large_prepare",
     "engine",

@@ -104,9 +104,11 @@ def test_resnet_quick_runs_trainflow_and_plain_pytorch_on_the_same_rows_and_thre
     t, p = round_["trainflow"], round_["plain"]
     assert t["in_memory"] == ["train", "val"]  # what train.in_memory: auto picks for splits this small
     assert t["threads"] == [p["threads"]] == [1]  # the worker's one CPU, and the baseline set to match
+    assert t["nice"] == [p["nice"]]  # Ray's niceness for its workers, the baseline's set to match
     assert f"{p['parameters']:,} of" in t["parameters"]  # the same model on both sides
     assert len(t["epoch_s"]) == len(p["epoch_s"]) == doc["epochs"] - 1 == 1  # epoch 1 left out
     assert t["samples_per_s"] > 0 and p["samples_per_s"] > 0 and t["startup_s"] > 0
+    assert t["samples_per_cpu_s"] > 0 and p["samples_per_cpu_s"] > 0
     assert doc["ratio"] == round(t["samples_per_s"] / p["samples_per_s"], 3)
     assert doc["met"] is (doc["ratio"] >= 0.9)
     assert "ResNet-18 on 32x32 images (quick run)" in (tmp_path / "resnet.md").read_text()

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -352,12 +353,16 @@ def main() -> None:
         args.rows, args.epochs, args.rounds = 1_000, 2, 1
     if args.epochs < 2:
         parser.error("--epochs must be at least 2: the first epoch is left out")
+    if args.rows < 100 or args.rounds < 1 or args.cpus <= 0:
+        parser.error(
+            "--rows must be at least 100 (10 per class and split), --rounds at least 1, --cpus above 0"
+        )
 
     work = Path(tempfile.mkdtemp(prefix="trainflow-bench-resnet-"))
     try:
         workers_import_here()
         os.environ[EPOCH_LOG] = str(work / "epochs.jsonl")  # the workers inherit it
-        start_ray(num_cpus=2)
+        start_ray(num_cpus=max(2, math.ceil(args.cpus)))
         prepared, counts = prepare_images(work, args.rows)
         rounds = []
         for i in range(args.rounds):

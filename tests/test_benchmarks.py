@@ -114,6 +114,17 @@ def test_resnet_quick_runs_trainflow_and_plain_pytorch_on_the_same_rows_and_thre
     assert "ResNet-18 on 32x32 images (quick run)" in (tmp_path / "resnet.md").read_text()
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--epochs", "1"], "--epochs must be at least 2"), (["--rows", "50"], "--rows must be at least 100")],
+)
+def test_resnet_refuses_sizes_it_cannot_measure_before_starting_ray(args: list[str], message: str):
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "resnet.py"), *args], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2 and message in out.stderr.splitlines()[-1]
+
+
 def test_overhead_phases_read_only_timeline_lines(bench_modules):
     import overhead
 

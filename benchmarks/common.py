@@ -299,7 +299,14 @@ EPOCH_LOG = "TRAINFLOW_BENCH_EPOCH_LOG"
 def epoch_done(epoch: int, metrics: dict, rank: int) -> None:
     import torch
 
-    row = {"epoch": epoch, "rank": rank, "time": time.time(), "threads": torch.get_num_threads()}
+    row = {
+        "epoch": epoch,
+        "rank": rank,
+        "time": time.time(),
+        "threads": torch.get_num_threads(),
+        "nice": os.nice(0),  # Ray starts its workers at a niceness of its own
+        "cpu": time.process_time(),  # the worker process's CPU seconds so far: robust to others' load
+    }
     with open(os.environ[EPOCH_LOG], "a") as f:
         f.write(json.dumps(row) + "\n")
 

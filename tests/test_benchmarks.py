@@ -50,8 +50,8 @@ def test_report_assembles_present_sections_in_order(bench_modules, tmp_path: Pat
     assert text.startswith("# Benchmarks")
     assert text.index("## Overhead") < text.index("### Where the time goes") < text.index("## Scaling")
     assert (
-        "Not measured yet: overhead_phases, ingest, training, large_prepare, engine, batch_predict, "
-        "serve, gpu, sweep." in text
+        "Not measured yet: overhead_phases, ingest, training, resnet, large_prepare, engine, "
+        "image_memory, batch_predict, serve, gpu, sweep." in text
     )
     assert "- overhead: " in text and "CPUs" in text  # when, where, under what load, by what command
     doc = json.loads(js.read_text())
@@ -93,6 +93,36 @@ def test_ingest_quick_measures_trainflow_and_the_floor_on_the_same_rows(tmp_path
         (run,) = size["runs"][kind]
         assert run["rows"] == size["rows"] == sum(run["counts"].values())
         assert set(run["counts"]) == {"train", "val", "test"}
+
+
+@pytest.mark.slow  # prepares images and trains a ResNet-18 twice, with Ray (and torch)
+def test_resnet_quick_runs_trainflow_and_plain_pytorch_on_the_same_rows_and_threads(tmp_path: Path):
+    doc = run_script("resnet", "--quick", results=tmp_path)
+
+    assert sum(doc["counts"].values()) == doc["rows"] == 1_000
+    (round_,) = doc["rounds"]
+    t, p = round_["trainflow"], round_["plain"]
+    assert t["in_memory"] == ["train", "val"]  # what train.in_memory: auto picks for splits this small
+    assert t["threads"] == [p["threads"]] == [1]  # the worker's one CPU, and the baseline set to match
+    assert t["nice"] == [p["nice"]]  # Ray's niceness for its workers, the baseline's set to match
+    assert f"{p['parameters']:,} of" in t["parameters"]  # the same model on both sides
+    assert len(t["epoch_s"]) == len(p["epoch_s"]) == doc["epochs"] - 1 == 1  # epoch 1 left out
+    assert t["samples_per_s"] > 0 and p["samples_per_s"] > 0 and t["startup_s"] > 0
+    assert t["samples_per_cpu_s"] > 0 and p["samples_per_cpu_s"] > 0
+    assert doc["ratio"] == round(t["samples_per_s"] / p["samples_per_s"], 3)
+    assert doc["met"] is (doc["ratio"] >= 0.9)
+    assert "ResNet-18 on 32x32 images (quick run)" in (tmp_path / "resnet.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--epochs", "1"], "--epochs must be at least 2"), (["--rows", "50"], "--rows must be at least 100")],
+)
+def test_resnet_refuses_sizes_it_cannot_measure_before_starting_ray(args: list[str], message: str):
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "resnet.py"), *args], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2 and message in out.stderr.splitlines()[-1]
 
 
 def test_overhead_phases_read_only_timeline_lines(bench_modules):

@@ -3,7 +3,6 @@ Ray cluster and Prefect server: trained, registered, loaded and predicting."""
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -103,22 +102,15 @@ def test_the_fashion_mnist_resnet18_config_runs_on_a_small_slice(
     assert set(answers) <= set(predictor.classes) and len(answers) == 2
 
 
-USER_MODULE = """
-    from torch import nn
-
-    def build(input_shape, num_outputs, width=16):
-        return nn.Sequential(nn.Linear(input_shape[0], width), nn.ReLU(), nn.Linear(width, num_outputs))
-"""
-
-
 def test_a_users_module_trains_on_workers_that_lack_it_and_loading_needs_it(
     tmp_path, ray_cluster, prefect_harness, trainflow_home, monkeypatch
 ):
     import ray
 
+    # The example's own model (examples/custom_model/resmlp.py), under a name of this test's.
     code = tmp_path / "code"
     code.mkdir()
-    (code / "kinds_flow_net.py").write_text(textwrap.dedent(USER_MODULE))
+    (code / "kinds_flow_net.py").write_text((REPO / "examples" / "custom_model" / "resmlp.py").read_text())
     monkeypatch.syspath_prepend(str(code))  # the driver's path only: the cluster started before
 
     @ray.remote(num_cpus=0)
@@ -128,18 +120,25 @@ def test_a_users_module_trains_on_workers_that_lack_it_and_loading_needs_it(
         return importlib.util.find_spec("kinds_flow_net") is not None
 
     assert not ray.get(importable.remote())  # the session's workers do not have it by themselves
+    # The example's config on a small slice, one worker.
     config = load_config(
-        small_config(
-            name="digits-own",
-            data={"limit": 300},
-            model={"kind": "kinds_flow_net:build", "args": {"width": 12}},
-        )
+        REPO / "examples" / "custom_model" / "digits-resmlp.yaml",
+        [
+            "name=digits-own",
+            "model.kind=kinds_flow_net:build",
+            "model.args={width: 12, depth: 1, dropout: 0.0}",
+            "data.limit=300",
+            "train.epochs=1",
+            "scaling.num_workers=1",
+            "registry.min_value=null",
+        ],
     )
     state = training_pipeline(config=config, return_state=True)
     assert state.is_completed(), state.message
     assert state.result().test_metrics["accuracy"] > 0.3
     predictor = trainflow.load_model("digits-own/1")
-    assert predictor.spec["args"] == {"width": 12} and predictor.model.net[0].out_features == 12
+    assert predictor.spec["args"] == {"width": 12, "depth": 1, "dropout": 0.0}
+    assert predictor.model.net[1].out_features == 12
 
     # Where the module is missing, loading the model fails in one line naming it.
     load = "import trainflow; trainflow.load_model('digits-own/1')"

@@ -308,3 +308,34 @@ def test_decide_for_an_error_metric_wants_it_lower_and_min_value_is_its_ceiling(
     assert registry.decide("rmse", 59.0, None, ceiling).passed
     # r2 is better higher, as accuracy is.
     assert not registry.decide("r2", 0.3, 0.4, RegistryConfig(gate_metric="r2", min_value=None)).passed
+
+
+def test_the_regression_gate_promotes_a_lower_rmse_and_refuses_a_higher_one(trainflow_home, tmp_path):
+    ws = workspace()
+    pre = Preprocessor(
+        ["a", "b"], "y", [], scaler="none", task="regression", label_offset=150.0, label_scale=70.0
+    )
+    gate = RegistryConfig(gate_metric="rmse", min_value=None)
+
+    def register_rmse(rmse: float, seed: int) -> registry.Registration:
+        return registry.register_checkpoint(
+            ws,
+            name="risk",
+            checkpoint_dir=make_checkpoint(tmp_path / f"c{seed}", seed=seed, pre=pre),
+            params={},
+            metrics={"rmse": rmse, "mae": rmse * 0.8, "r2": 0.4},
+            history=[{"epoch": 1, "train_loss": 0.9}],
+            tags={registry.TEST_FINGERPRINT_TAG: "test-a"},
+            gate=gate,
+        )
+
+    assert register_rmse(60.0, 0).champion  # the first, whatever its error: no bound set
+    higher = register_rmse(61.0, 1)
+    assert not higher.champion and higher.aliases == ["challenger"]
+    assert "improvement -1.0000 (lower is better) < 0.0" in higher.decision.reason
+    lower = register_rmse(52.0, 2)
+    assert lower.champion and "improvement +8.0000 (lower is better) >= 0.0" in lower.decision.reason
+    # The champion loads as a regression, answering numbers in the label's units.
+    model = registry.load_model("risk@champion", ws)
+    assert model.version == "3" and model.task == "regression"
+    assert model.predict(pd.DataFrame({"a": [0.0, 1.0], "b": [1.0, 0.0]})).dtype == np.float64

@@ -598,11 +598,11 @@ def check_port(host: str, port: int) -> None:
             ) from None
 
 
-def check_fits(replicas: int, cpus_per_replica: float) -> None:
+def check_fits(replicas: int, cpus_per_replica: float, ray_address: str | None = None) -> None:
     """PreflightError when the local cluster the command would start cannot hold the
-    replicas: Serve would wait for them forever. A cluster elsewhere (RAY_ADDRESS) is
-    Serve's to schedule on."""
-    if os.environ.get("RAY_ADDRESS"):
+    replicas: Serve would wait for them forever. A cluster elsewhere (``ray_address``,
+    RAY_ADDRESS) is Serve's to schedule on."""
+    if ray_address or os.environ.get("RAY_ADDRESS"):
         return
     cpus = (local_cluster_resources() or {}).get("CPU")
     if cpus is not None and replicas * cpus_per_replica > cpus + 1e-9:
@@ -613,16 +613,25 @@ def check_fits(replicas: int, cpus_per_replica: float) -> None:
 
 
 def serve_until_stopped(
-    application: serve.Application, *, host: str, port: int, on_ready: Callable[[str], None]
+    application: serve.Application,
+    *,
+    host: str,
+    port: int,
+    on_ready: Callable[[str], None],
+    ray_address: str | None = None,
+    stop_after_s: float | None = None,
 ) -> None:
-    """Start Ray (a local cluster, or the one at RAY_ADDRESS) and Serve listening on
-    ``host:port``, run ``application`` and block until SIGINT or SIGTERM; then take the
-    application down, and Serve with the local cluster. ``on_ready`` gets the URL."""
+    """Start Ray (a local cluster, or the one at ``ray_address`` or RAY_ADDRESS) and
+    Serve listening on ``host:port``, run ``application`` and block until SIGINT or
+    SIGTERM (or ``stop_after_s`` after it is ready); then take the application down, and
+    Serve with the local cluster. ``on_ready`` gets the URL."""
+    import time
+
     from trainflow.config import PipelineConfig
     from trainflow.runtime import ray_session
 
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
-    with ray_session(PipelineConfig()):
+    with ray_session(PipelineConfig(ray={"address": ray_address})):
         # Installed after ray.init, whose own SIGTERM handler would abort the process; only
         # the main thread may install them (elsewhere, the caller's own handling stands).
         stop = threading.Event()
@@ -636,8 +645,10 @@ def serve_until_stopped(
             try:
                 serve.run(application, name=APP_NAME, route_prefix="/", logging_config=QUIET_LOGS)
                 on_ready(f"http://{_url_host(host)}:{port}")
-                while not stop.wait(0.5):
-                    pass
+                until = None if stop_after_s is None else time.monotonic() + stop_after_s
+                while not stop.wait(0.5 if until is None else max(0.0, min(0.5, until - time.monotonic()))):
+                    if until is not None and time.monotonic() >= until:
+                        break
             finally:
                 # The application drains (requests in flight are answered) and stops; a
                 # cluster elsewhere keeps Serve for its other applications, a local one

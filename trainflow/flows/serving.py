@@ -1,0 +1,36 @@
+"""Serving as a Prefect flow: a deployment (re)starts the HTTP endpoint of a registered
+model, which runs as long as the flow run does."""
+
+# No `from __future__ import annotations`: Prefect builds the flow's parameter model
+# from these annotations.
+
+from prefect import flow
+
+from trainflow.flows.logs import one_line_expected_errors
+from trainflow.tasks.serve import serve_endpoint
+
+
+@flow(name="serve-model", flow_run_name="serve-{model}", persist_result=False)
+def serve_model(
+    model: str = "digits@champion",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    replicas: int = 1,
+    cpus_per_replica: float = 1.0,
+    ray_address: str | None = None,
+    stop_after_s: float | None = None,
+) -> str:
+    """Serve a registered model over HTTP on Ray Serve (``trainflow models serve``'s app)
+    until the flow run is cancelled; returns the URL it served at.
+
+    Args:
+        model: ``NAME`` or ``NAME@ALIAS`` (followed as the alias moves) or ``NAME/VERSION``.
+        host: the address to listen on; 127.0.0.1 keeps it on this machine.
+        port: the HTTP port.
+        replicas: Serve replicas, each holding the model once.
+        cpus_per_replica: CPUs Ray reserves per replica.
+        ray_address: a running Ray cluster; None: RAY_ADDRESS, else a local one for this run.
+        stop_after_s: stop this long after the endpoint is ready; None: when the run is cancelled.
+    """
+    one_line_expected_errors()
+    return serve_endpoint(model, host, port, replicas, cpus_per_replica, ray_address, stop_after_s)

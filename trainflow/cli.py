@@ -348,6 +348,10 @@ def models_serve(
     ] = ("127.0.0.1"),
     port: Annotated[int, typer.Option(min=1, max=65535, help="The HTTP port.")] = 8000,
     replicas: Annotated[int, typer.Option(min=1, help="Replicas, each holding the model once.")] = 1,
+    max_replicas: Annotated[
+        int | None,
+        typer.Option(min=1, help="Instead of --replicas: from 1 up to this many, as the load asks."),
+    ] = None,
     cpus_per_replica: Annotated[float, typer.Option(min=0.01, help="CPUs Ray reserves per replica.")] = 1.0,
 ) -> None:
     """Serve MODEL over HTTP on Ray Serve until Ctrl-C: POST /predict, GET /model, /docs.
@@ -359,9 +363,16 @@ def models_serve(
 
     # The model, the port and the replicas' CPUs are checked here, before Ray starts.
     with _registry_errors(), _one_line_errors():
-        application = serving.app(model, replicas=replicas, cpus_per_replica=cpus_per_replica, ws=ws)
+        if max_replicas is not None and replicas != 1:
+            raise ConfigError("give --replicas or --max-replicas, not both")
+        application = serving.app(
+            model, replicas=replicas, max_replicas=max_replicas, cpus_per_replica=cpus_per_replica, ws=ws
+        )
         serving.check_port(host, port)
-        serving.check_fits(replicas, cpus_per_replica)
+        if max_replicas is None:
+            serving.check_fits(replicas, cpus_per_replica)
+        else:
+            serving.check_fits(max_replicas, cpus_per_replica, flag="--max-replicas")
 
     def ready(url: str) -> None:
         typer.echo(

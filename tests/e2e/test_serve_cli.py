@@ -58,6 +58,11 @@ def test_a_port_in_use_or_replicas_the_machine_cannot_hold_are_refused(toy):
     )
     result = CliRunner().invoke(app, ["models", "serve", "toy", "--replicas", "500"])
     assert result.exit_code == 2 and "--replicas 500 x 1 CPU = 500 CPUs" in result.stderr
+    result = CliRunner().invoke(app, ["models", "serve", "toy", "--max-replicas", "500"])
+    assert result.exit_code == 2 and "--max-replicas 500 x 1 CPU = 500 CPUs" in result.stderr
+    result = CliRunner().invoke(app, ["models", "serve", "toy", "--replicas", "2", "--max-replicas", "3"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: give --replicas or --max-replicas, not both"
 
 
 @pytest.mark.slow

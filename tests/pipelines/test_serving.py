@@ -53,11 +53,17 @@ def server(ray_cluster, module_trainflow_home, tmp_path_factory):
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=QUIET_LOGS)
     small = ServeSettings(max_rows=100, max_body_bytes=64 << 10, poll_interval_s=POLL_S)
-    apps = [("toy", "toy"), ("pinned", "toy/1"), ("img", "shapes"), ("reg", "diabetes")]
+    # The regression app scales with the load (Serve's autoscaling), between 1 and 2 replicas.
+    apps = [("toy", "toy", None), ("pinned", "toy/1", None), ("img", "shapes", None), ("reg", "diabetes", 2)]
     serve.run_many(  # side by side: one deployment's start-up is seconds
         [
-            serve.RunTarget(app(model, cpus_per_replica=0.25, settings=small), name, f"/{name}", QUIET_LOGS)
-            for name, model in apps
+            serve.RunTarget(
+                app(model, max_replicas=most, cpus_per_replica=0.25, settings=small),
+                name,
+                f"/{name}",
+                QUIET_LOGS,
+            )
+            for name, model, most in apps
         ]
     )
     try:

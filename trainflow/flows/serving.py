@@ -16,6 +16,7 @@ def serve_model(
     host: str = "127.0.0.1",
     port: int = 8000,
     replicas: int = 1,
+    max_replicas: int | None = None,
     cpus_per_replica: float = 1.0,
     ray_address: str | None = None,
     stop_after_s: float | None = None,
@@ -28,9 +29,12 @@ def serve_model(
         host: the address to listen on; 127.0.0.1 keeps it on this machine.
         port: the HTTP port.
         replicas: Serve replicas, each holding the model once.
+        max_replicas: instead of ``replicas``, from one up to this many as the load asks.
         cpus_per_replica: CPUs Ray reserves per replica.
         ray_address: a running Ray cluster; None: RAY_ADDRESS, else a local one for this run.
         stop_after_s: stop this long after the endpoint is ready; None: when the run is cancelled.
     """
     one_line_expected_errors()
-    return serve_endpoint(model, host, port, replicas, cpus_per_replica, ray_address, stop_after_s)
+    return serve_endpoint(
+        model, host, port, replicas, max_replicas, cpus_per_replica, ray_address, stop_after_s
+    )

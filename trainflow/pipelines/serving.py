@@ -81,6 +81,9 @@ BATCH_WAIT_S = 0.002
 # clients a batch gathers from (32 concurrent), so they queue in the replica, where they
 # batch, rather than in Serve's proxy. Serve's default, 5, would cap a batch at 5 requests.
 MAX_ONGOING_REQUESTS = 64
+# With --max-replicas, Serve adds a replica while each holds more than this many requests
+# on average, and removes one when they hold fewer (its autoscaling policy).
+TARGET_ONGOING_REQUESTS = 16
 # How often a replica asks the registry where its alias points.
 POLL_INTERVAL_S = 2.0
 APP_NAME = "trainflow"
@@ -559,20 +562,31 @@ def app(
     model: str,
     *,
     replicas: int = 1,
+    max_replicas: int | None = None,
     cpus_per_replica: float = 1.0,
     settings: ServeSettings | None = None,
     ws: Workspace | None = None,
 ) -> serve.Application:
     """The Serve application for ``serve.run``: ``model`` (``NAME``, ``NAME@ALIAS``,
     ``NAME/VERSION``) behind the HTTP API above, on ``replicas`` replicas of
-    ``cpus_per_replica`` CPUs each. An unknown model, version or alias is a RegistryError
-    here, before any replica starts."""
-    if replicas < 1:
-        raise ValueError(f"replicas must be at least 1, got {replicas}")
+    ``cpus_per_replica`` CPUs each, or with ``max_replicas`` from one up to that many as
+    the load asks (Serve's autoscaling, TARGET_ONGOING_REQUESTS per replica). An unknown
+    model, version or alias is a RegistryError here, before any replica starts."""
+    if replicas < 1 or (max_replicas is not None and max_replicas < 1):
+        raise ValueError(f"replicas and max_replicas must be at least 1, got {replicas}, {max_replicas}")
     ws = ws or workspace()
     registry.resolve(ws, model)
+    scaling: dict[str, Any] = {"num_replicas": replicas}
+    if max_replicas is not None:
+        scaling = {
+            "autoscaling_config": {
+                "min_replicas": 1,
+                "max_replicas": max_replicas,
+                "target_ongoing_requests": TARGET_ONGOING_REQUESTS,
+            }
+        }
     return ModelServer.options(
-        num_replicas=replicas,
+        **scaling,
         ray_actor_options={"num_cpus": cpus_per_replica},
         max_ongoing_requests=MAX_ONGOING_REQUESTS,
     ).bind(model, str(ws.home), os.environ.get("MLFLOW_TRACKING_URI"), settings or ServeSettings())
@@ -598,7 +612,9 @@ def check_port(host: str, port: int) -> None:
             ) from None
 
 
-def check_fits(replicas: int, cpus_per_replica: float, ray_address: str | None = None) -> None:
+def check_fits(
+    replicas: int, cpus_per_replica: float, ray_address: str | None = None, flag: str = "--replicas"
+) -> None:
     """PreflightError when the local cluster the command would start cannot hold the
     replicas: Serve would wait for them forever. A cluster elsewhere (``ray_address``,
     RAY_ADDRESS) is Serve's to schedule on."""
@@ -607,8 +623,8 @@ def check_fits(replicas: int, cpus_per_replica: float, ray_address: str | None =
     cpus = (local_cluster_resources() or {}).get("CPU")
     if cpus is not None and replicas * cpus_per_replica > cpus + 1e-9:
         raise PreflightError(
-            f"--replicas {replicas} x {cpus_per_replica:g} CPU = {replicas * cpus_per_replica:g} CPUs, "
-            f"the local Ray cluster on this machine would have {cpus:g}: lower --replicas"
+            f"{flag} {replicas} x {cpus_per_replica:g} CPU = {replicas * cpus_per_replica:g} CPUs, "
+            f"the local Ray cluster on this machine would have {cpus:g}: lower {flag}"
         )
 
 

@@ -14,6 +14,7 @@ def serve_endpoint(
     host: str,
     port: int,
     replicas: int,
+    max_replicas: int | None,
     cpus_per_replica: float,
     ray_address: str | None,
     stop_after_s: float | None,
@@ -22,9 +23,11 @@ def serve_endpoint(
     or ``stop_after_s`` after it is ready; returns the URL it served at. The model, the
     port and the replicas' CPUs are checked before Ray starts."""
     logger = get_run_logger()
-    application = serving.app(model, replicas=replicas, cpus_per_replica=cpus_per_replica)
+    application = serving.app(
+        model, replicas=replicas, max_replicas=max_replicas, cpus_per_replica=cpus_per_replica
+    )
     serving.check_port(host, port)
-    serving.check_fits(replicas, cpus_per_replica, ray_address)
+    serving.check_fits(max_replicas or replicas, cpus_per_replica, ray_address)
     served: list[str] = []
 
     def ready(url: str) -> None:

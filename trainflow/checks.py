@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.pipelines.data import SourceInfo
+from trainflow.pipelines.training.runs import RunRecord
 
 if TYPE_CHECKING:
     # Prediction imports torch (seconds): a run's checks, made before anything starts, must not.
@@ -53,18 +54,22 @@ class RunChecks:
 
     source: SourceInfo
     warm: tuple[str, ...]  # modules the Ray workers that prepare the data import; none: the driver does
+    resume: RunRecord | None = None  # the unfinished run to continue, when asked to resume one
 
 
-def before_run(config: PipelineConfig, *, sweep: bool = False, hold: bool = False) -> RunChecks:
+def before_run(
+    config: PipelineConfig, *, sweep: bool = False, hold: bool = False, resume: bool = False
+) -> RunChecks:
     """A training (or, with ``sweep``, a sweep) run's checks: ConfigError, DataError or
-    PreflightError with one line saying what to change."""
+    PreflightError with one line saying what to change. ``resume``: also find the
+    unfinished run of this config and data to continue (``runs.run_to_resume``)."""
     from trainflow.runtime import ray_address
 
-    key = ("run", config.config_hash(), sweep, ray_address(config))
-    return _once(key, hold, lambda: _check_run(config, sweep))
+    key = ("run", config.config_hash(), sweep, ray_address(config), resume)
+    return _once(key, hold, lambda: _check_run(config, sweep, resume))
 
 
-def _check_run(config: PipelineConfig, sweep: bool) -> RunChecks:
+def _check_run(config: PipelineConfig, sweep: bool, resume: bool = False) -> RunChecks:
     from trainflow.pipelines.prepare import worker_modules
     from trainflow.runtime import timeline
 
@@ -76,8 +81,14 @@ def _check_run(config: PipelineConfig, sweep: bool) -> RunChecks:
     model_kind(config)
     info = source(config)
     cluster(config, workers="sweep" if sweep else "train")
+    resumed = None
+    if resume:
+        from trainflow.pipelines.training.runs import run_to_resume
+        from trainflow.runtime import workspace
+
+        resumed = run_to_resume(config.storage or str(workspace().runs), config, info.fingerprint)
     timeline("config, source and resources checked")
-    return RunChecks(source=info, warm=worker_modules(info))
+    return RunChecks(source=info, warm=worker_modules(info), resume=resumed)
 
 
 def model_kind(config: PipelineConfig) -> None:

@@ -69,14 +69,26 @@ def validate(config: ConfigArg = None, set_: SetOpt = None) -> None:
     typer.echo(f"ok: {cfg.name} (config hash {cfg.config_hash()}), source {cfg.data.source}")
 
 
+ResumeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="Continue the latest unfinished training of this config and data (its process died, "
+        "or it failed) from its latest checkpoint; without one, start a new training.",
+    ),
+]
+
+
 @app.command()
-def run(config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False) -> None:
+def run(
+    config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False, resume: ResumeOpt = False
+) -> None:
     """Run the training pipeline flow and print a summary."""
     from trainflow.runtime import timeline
 
     timeline("command parsed")
     cfg = _config(config, set_, smoke)
-    result = _run_flow(cfg, "trainflow.flows.training", "training_pipeline", "training")
+    result = _run_flow(cfg, "trainflow.flows.training", "training_pipeline", "training", resume=resume)
     typer.echo("\n".join(["", *_render().summary_lines(result)]))
 
 
@@ -120,14 +132,17 @@ def _one_line_errors() -> Iterator[None]:
         raise _fail(str(e)) from None
 
 
-def _run_flow(cfg: PipelineConfig, module: str, flow_name: str, what: str, sweep: bool = False):
+def _run_flow(cfg: PipelineConfig, module: str, flow_name: str, what: str, sweep: bool = False, **params):
     """Check the run (in one line, before anything starts), start what its flow needs
-    side by side, and call the flow. Expected errors end in one line."""
+    side by side, and call the flow with ``params`` besides the config. Expected errors
+    end in one line."""
     from trainflow import checks, startup
 
     with _one_line_errors():
-        checked = checks.before_run(cfg, sweep=sweep, hold=True)
-    return _call_flow(startup.started(module, cfg, warm=checked.warm), module, flow_name, what, config=cfg)
+        checked = checks.before_run(cfg, sweep=sweep, hold=True, resume=params.get("resume", False))
+    return _call_flow(
+        startup.started(module, cfg, warm=checked.warm), module, flow_name, what, config=cfg, **params
+    )
 
 
 def _call_flow(starting, module: str, flow_name: str, what: str, **params):

@@ -17,7 +17,9 @@ from prefect.runtime import flow_run
 from trainflow import checks
 from trainflow.config import ConfigError, PipelineConfig, load_config, smoke_config
 from trainflow.flows.logs import one_line_expected_errors
-from trainflow.runtime import preflight, ray_session, timeline
+from trainflow.pipelines.training.run import TrainingDiverged
+from trainflow.pipelines.training.runs import RunRecord, recorded_run, records, write_record
+from trainflow.runtime import preflight, ray_session, timeline, workspace
 from trainflow.tasks import evaluate, ingest, preprocess, register, render, train
 from trainflow.tasks.results import PipelineResult
 
@@ -45,10 +47,13 @@ def _run_name() -> str:
 
 
 @contextmanager
-def one_run_per_model(name: str, logger: logging.Logger | logging.LoggerAdapter = log) -> Iterator[None]:
+def one_run_per_model(
+    name: str, logger: logging.Logger | logging.LoggerAdapter = log, storage: str | None = None
+) -> Iterator[None]:
     """Hold the model's Prefect concurrency slot: two trainings of one model never overlap,
     whichever deployments, schedules or hands started them; the later one waits, and says
-    so in its log with how to free a slot that a killed run kept."""
+    so in its log with how to free a slot that a killed run kept. A slot held by a run
+    under ``storage`` whose driver died on this machine is freed first (:func:`_free_dead_slots`)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
@@ -65,6 +70,8 @@ def one_run_per_model(name: str, logger: logging.Logger | logging.LoggerAdapter 
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=limit, limit=1))
             except ObjectAlreadyExists:  # another run created it in between
                 pass
+        if busy and storage:
+            busy = not _free_dead_slots(client, limit, storage, records(storage, name), logger)
     if busy:
         # A run killed outright (SIGKILL, out of memory, a machine that went down) cannot
         # release its slot; on a temporary Prefect server nothing expires it either.
@@ -78,6 +85,41 @@ def one_run_per_model(name: str, logger: logging.Logger | logging.LoggerAdapter 
         )
     with concurrency(limit, occupy=1, strict=True):
         yield
+
+
+def _free_dead_slots(client, limit: str, storage: str, runs: list[RunRecord], logger) -> bool:
+    """Give back the slots of runs whose driver died (killed outright, the machine
+    restarted): each took one and could not release it. Only when no other run of the
+    model may be running (a driver alive, or on another machine, holds its slot). The
+    dead runs become ``interrupted`` (``--resume`` continues them) and their flow runs
+    Crashed. Whether any slot was freed."""
+    from prefect.states import Crashed
+
+    running = [r for r in runs if r.status == "running"]
+    dead = [r for r in running if r.driver_died()]
+    if not dead or len(dead) < len(running):
+        return False
+    held = max(time.time() - min(r.started for r in dead), 1.0)  # the server takes only a positive time
+    client.release_concurrency_slots(names=[limit], slots=len(dead), occupancy_seconds=held)
+    for record in dead:
+        logger.warning(
+            "%s died with its driver (%s); its concurrency slot is free again, and "
+            "`trainflow run --resume` continues it from its latest checkpoint",
+            record.describe(),
+            record.driver.describe(),
+        )
+        record.status = "interrupted"
+        write_record(storage, record)
+        if record.flow_run:
+            try:
+                client.set_flow_run_state(
+                    record.flow_run,
+                    Crashed(message=f"its driver ({record.driver.describe()}) died"),
+                    force=True,
+                )
+            except Exception as e:  # the run's state is a display aid; the slot is what mattered
+                logger.debug("could not mark flow run %s crashed: %s", record.flow_run, e)
+    return True
 
 
 # The bundled digits job: what a deployment runs when given no config.
@@ -103,6 +145,7 @@ def training_pipeline(
     config: PipelineConfig | str = DEFAULT_CONFIG,
     overrides: list[str] | None = None,
     smoke: bool = False,
+    resume: bool = False,
 ) -> PipelineResult:
     """Train, evaluate and register one model.
 
@@ -111,6 +154,9 @@ def training_pipeline(
         overrides: dotted overrides applied on top, such as ``["train.lr=0.01"]``.
         smoke: a quick end-to-end check: a sample of the data, one epoch, one worker,
             registered as ``<name>-smoke``.
+        resume: continue the latest unfinished training of this config and data (its
+            driver died, or it failed) from its latest checkpoint, rather than start anew;
+            refused when the unfinished run is of another config or data.
     """
     one_line_expected_errors()
     logger = get_run_logger()
@@ -120,26 +166,45 @@ def training_pipeline(
 
     # check: the source and what the run asks of the cluster, before any Ray worker
     # starts (the command's own checks, when it checked before starting Prefect and Ray)
-    checked = checks.before_run(config)
+    checked = checks.before_run(config, resume=resume)
     # ingest: skipped (cached) when the input's fingerprint and the data config are unchanged
     source, timings["ingest"] = timed(ingest, config, checked.source, cached=cached)
 
-    with one_run_per_model(config.name, logger):
-        # Ray's worker processes start beside the flow for preparing on Ray; an input
-        # small enough to prepare in this process needs none
-        with ray_session(config, logger, warm=checked.warm):
-            # what ScalingConfig asks, against the cluster: fail now rather than wait forever
-            config = preflight(config, logger)
-            # preprocess: skipped (cached) when its prepared entry exists
-            prepared, timings["preprocess"] = timed(preprocess, config, source, cached=cached)
-            # train: one Ray run per flow run, so a retry of the task resumes it
-            run_name = f"{config.name}-{str(flow_run.id or 'local')[:8]}"
-            trained, timings["train"] = timed(train, config, prepared, run_name)
-            # evaluate
-            evaluated, timings["evaluate"] = timed(evaluate, config, prepared, trained)
-            # register: the champion alias moves only if the gate passes (a champion
-            # measured on other test data is scored on this run's, on Ray, first)
-            registered, timings["register"] = timed(register, config, source, prepared, trained, evaluated)
+    storage = config.storage or str(workspace().runs)
+    with one_run_per_model(config.name, logger, storage):
+        # train: one Ray run per flow run, so a retry of the task resumes it; with
+        # resume, the unfinished run the checks found
+        resumed = checked.resume
+        run_name = resumed.run_name if resumed else f"{config.name}-{str(flow_run.id or 'local')[:8]}"
+        if resumed:
+            logger.info("resuming %s, %s", resumed.describe(), resumed.status)
+        elif resume:
+            logger.info(
+                "no unfinished run of %s under %s to resume: starting a new one", config.name, storage
+            )
+        with recorded_run(
+            storage, config, source.fingerprint, run_name, flow_run=flow_run.id, resumed=resumed
+        ) as record:
+            # Ray's worker processes start beside the flow for preparing on Ray; an input
+            # small enough to prepare in this process needs none
+            with ray_session(config, logger, warm=checked.warm):
+                # what ScalingConfig asks, against the cluster: fail now rather than wait forever
+                config = preflight(config, logger)
+                # preprocess: skipped (cached) when its prepared entry exists
+                prepared, timings["preprocess"] = timed(preprocess, config, source, cached=cached)
+                try:
+                    trained, timings["train"] = timed(train, config, prepared, run_name)
+                except TrainingDiverged:
+                    record.status = "diverged"  # would diverge again: nothing to resume
+                    raise
+                record.status = trained.status
+                # evaluate
+                evaluated, timings["evaluate"] = timed(evaluate, config, prepared, trained)
+                # register: the champion alias moves only if the gate passes (a champion
+                # measured on other test data is scored on this run's, on Ray, first)
+                registered, timings["register"] = timed(
+                    register, config, source, prepared, trained, evaluated
+                )
 
     result = PipelineResult(
         name=config.name,

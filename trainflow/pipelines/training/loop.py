@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainflow.pipelines.checkpoint import MODEL, TRAIN_STATE, save_checkpoint
+from trainflow.pipelines.checkpoint import METRICS, MODEL, TRAIN_STATE, save_checkpoint
 from trainflow.pipelines.models import initial_model
 from trainflow.pipelines.preprocess import FEATURES, LABEL
 from trainflow.pipelines.training.inputs import (
@@ -247,6 +247,31 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") else model
 
 
+def _load_training_state(folder: Path) -> tuple[dict, dict]:
+    """A checkpoint folder's train state (optimizer, scheduler, scaler, early stopping,
+    epoch, history) and model weights."""
+    state = torch.load(folder / TRAIN_STATE, map_location="cpu", weights_only=True)
+    return state, torch.load(folder / MODEL, map_location="cpu", weights_only=True)
+
+
+def _resume_state(checkpoint, settings: TrainSettings) -> tuple[dict, dict] | None:
+    """The state to resume from: Ray's latest checkpoint, or ``settings.resume_from`` when
+    that folder is of a later epoch and loads (a killed run's last write may be partial)."""
+    ray_epoch = -1
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            ray_epoch = json.loads((Path(folder) / METRICS).read_text())["epoch"]
+    if settings.resume_from and settings.resume_from_epoch > ray_epoch:
+        try:
+            return _load_training_state(Path(settings.resume_from))
+        except Exception:  # partly written: Ray's own checkpoint, which was completed
+            pass
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as folder:
+        return _load_training_state(Path(folder))
+
+
 def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
     """Runs on every Ray Train worker, with its settings under ``loop_config["settings"]``.
 
@@ -287,21 +312,20 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
         record_placement(settings.placements, ctx.get_experiment_name())
 
     # Resume: Ray hands back the latest checkpoint after a worker failure or when the
-    # same run name is fitted again (a Prefect retry of the train task).
+    # same run name is fitted again (a Prefect retry of the train task, `--resume`); a
+    # newer folder that Ray's controller never recorded (its driver died first) wins.
     start_epoch, history = 0, []
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint:
-        with checkpoint.as_directory() as folder:
-            state = torch.load(Path(folder) / TRAIN_STATE, map_location="cpu", weights_only=True)
-            model_state = torch.load(Path(folder) / MODEL, map_location="cpu", weights_only=True)
+    state = _resume_state(ray.train.get_checkpoint(), settings)
+    if state is not None:
+        train_state, model_state = state
         _unwrap(model).load_state_dict(model_state)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        precision.scaler.load_state_dict(state["scaler"])
-        if stopping is not None and state["early_stopping"]:
-            stopping.load_state_dict(json.loads(state["early_stopping"]))
-        start_epoch = state["epoch"]
-        history = json.loads(state["history"])
+        optimizer.load_state_dict(train_state["optimizer"])
+        scheduler.load_state_dict(train_state["scheduler"])
+        precision.scaler.load_state_dict(train_state["scaler"])
+        if stopping is not None and train_state["early_stopping"]:
+            stopping.load_state_dict(json.loads(train_state["early_stopping"]))
+        start_epoch = train_state["epoch"]
+        history = json.loads(train_state["history"])
     if progress is not None:
         progress.started(ray.get_runtime_context().get_node_id(), start_epoch)
 

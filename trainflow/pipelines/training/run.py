@@ -18,6 +18,7 @@ from trainflow.pipelines.models import describe_parameters
 from trainflow.pipelines.training.inputs import TRAIN_SPLITS, split_inputs, splits_in_memory
 from trainflow.pipelines.training.loop import SETTINGS, Outcome, train_loop_per_worker
 from trainflow.pipelines.training.progress import Progress, follow_progress
+from trainflow.pipelines.training.runs import newest_checkpoint
 from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings, balanced_class_weights
 from trainflow.runtime import module_paths, timeline, uploaded_modules
 
@@ -93,6 +94,7 @@ def run_training(
         ),
         progress=progress,
         placements=placements,
+        resume_from=newest_checkpoint(storage, run_name),
     )
     trainer = build_trainer(settings, datasets, run_name=run_name, storage_path=storage, callbacks=callbacks)
     if on_row is not None:

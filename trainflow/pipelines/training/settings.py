@@ -33,6 +33,11 @@ class TrainSettings:
     class_weights: list[float] | None = None
     progress: str | None = None  # the ProgressLog the driver follows; None: nobody follows
     placements: str | None = None  # the PlacementTracker rank 0 records its group in (sweeps)
+    # A checkpoint folder of this run newer than the one Ray Train will hand back, with its
+    # epoch: written by a driver that died before Ray's controller recorded it
+    # (runs.newest_checkpoint). The loop resumes from whichever is newer.
+    resume_from: str | None = None
+    resume_from_epoch: int = 0
 
     def __post_init__(self) -> None:
         for name in ("model_spec", "preprocessor", "memory_splits", "class_weights"):
@@ -50,6 +55,7 @@ class TrainSettings:
         class_weights: list[float] | None = None,
         progress: str | None = None,
         placements: str | None = None,
+        resume_from: tuple[str, int] | None = None,
     ) -> TrainSettings:
         """The settings of a run of ``config`` on data of ``num_features`` inputs and
         ``num_outputs`` outputs (its classes, or 1 for a regression); a model that does not
@@ -64,6 +70,8 @@ class TrainSettings:
             class_weights=class_weights,
             progress=progress,
             placements=placements,
+            resume_from=resume_from[0] if resume_from else None,
+            resume_from_epoch=resume_from[1] if resume_from else 0,
         )
 
     @property

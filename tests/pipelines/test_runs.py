@@ -11,6 +11,7 @@ from trainflow.config import ConfigError, PipelineConfig
 from trainflow.pipelines.training.runs import (
     Driver,
     RunRecord,
+    newest_checkpoint,
     recorded_run,
     records,
     run_to_resume,
@@ -31,6 +32,8 @@ def dead_driver() -> Driver:
 
 
 def record(cfg: PipelineConfig, run_name: str, *, status="running", driver=None, started=1.0, fp="fp1"):
+    """A run's record, as write_record leaves it, for a run that wrote a checkpoint (the
+    tests write it under a storage folder and make its checkpoint folder: checkpointed)."""
     return RunRecord(
         model=cfg.name,
         run_name=run_name,
@@ -41,6 +44,11 @@ def record(cfg: PipelineConfig, run_name: str, *, status="running", driver=None,
         driver=driver or dead_driver(),
         status=status,
     )
+
+
+def checkpointed(storage, rec: RunRecord) -> None:
+    write_record(str(storage), rec)
+    (storage / rec.run_name / "checkpoint_2026-11-23_10-00-00.000000").mkdir()
 
 
 def test_a_run_is_recorded_running_then_how_it_ended(tmp_path):
@@ -57,7 +65,10 @@ def test_a_run_is_recorded_running_then_how_it_ended(tmp_path):
 def test_a_run_left_by_an_error_is_interrupted_and_resumable(tmp_path):
     cfg = config()
     with pytest.raises(RuntimeError), recorded_run(str(tmp_path), cfg, "fp1", "digits-test-bbbb"):
+        (tmp_path / "digits-test-bbbb" / "checkpoint_000000").mkdir()  # Ray's, after epoch 1
         raise RuntimeError("lost the cluster")
+    with pytest.raises(RuntimeError), recorded_run(str(tmp_path), cfg, "fp1", "digits-test-cccc"):
+        raise RuntimeError("bad data")  # before any checkpoint: nothing to resume
     found = run_to_resume(str(tmp_path), cfg, "fp1")
     assert found is not None and found.run_name == "digits-test-bbbb" and found.status == "interrupted"
 
@@ -79,7 +90,7 @@ def test_the_latest_unfinished_run_of_the_same_config_and_data_is_resumed(tmp_pa
         record(other, "digits-test-0004", started=0.5),
         record(cfg, "digits-test-0005", started=5.0, fp="fp2"),
     ):
-        write_record(str(tmp_path), rec)
+        checkpointed(tmp_path, rec)
     (tmp_path / "digits-test-ffff").mkdir()  # a run folder without a record: skipped
     assert run_to_resume(str(tmp_path), cfg, "fp1").run_name == "digits-test-0002"
     assert run_to_resume(str(tmp_path), other, "fp1").run_name == "digits-test-0004"
@@ -87,7 +98,7 @@ def test_the_latest_unfinished_run_of_the_same_config_and_data_is_resumed(tmp_pa
 
 
 def test_a_resume_of_another_config_is_refused_naming_the_difference(tmp_path):
-    write_record(str(tmp_path), record(config(), "digits-test-0001"))
+    checkpointed(tmp_path, record(config(), "digits-test-0001"))
     with pytest.raises(ConfigError) as e:
         run_to_resume(str(tmp_path), config(train={"lr": 0.02, "epochs": 3}), "fp1")
     message = str(e.value)
@@ -97,8 +108,32 @@ def test_a_resume_of_another_config_is_refused_naming_the_difference(tmp_path):
         run_to_resume(str(tmp_path), config(), "fp9")
 
 
+def test_a_run_that_wrote_no_checkpoint_is_not_one_to_resume(tmp_path):
+    write_record(str(tmp_path), record(config(), "digits-test-0001"))  # another config, no checkpoint
+    assert run_to_resume(str(tmp_path), config(train={"lr": 0.02}), "fp1") is None
+
+
 def test_a_run_whose_driver_still_runs_is_not_resumed(tmp_path):
     cfg = config()
-    write_record(str(tmp_path), record(cfg, "digits-test-0001", driver=Driver.this()))
+    checkpointed(tmp_path, record(cfg, "digits-test-0001", driver=Driver.this()))
     with pytest.raises(ConfigError, match="is still running"):
         run_to_resume(str(tmp_path), cfg, "fp1")
+
+
+def test_the_newest_whole_checkpoint_is_found_even_when_ray_never_recorded_it(tmp_path):
+    from trainflow.pipelines.checkpoint import METRICS, MODEL, TRAIN_STATE
+
+    run = tmp_path / "digits-test-0001"
+    for name, epoch, files in [
+        ("checkpoint_a", 2, (MODEL, TRAIN_STATE)),
+        ("checkpoint_b", 3, (MODEL, TRAIN_STATE)),
+        ("checkpoint_c", 4, (MODEL,)),  # killed while it was being written
+    ]:
+        (run / name).mkdir(parents=True)
+        (run / name / METRICS).write_text(f'{{"epoch": {epoch}}}')
+        for file in files:
+            (run / name / file).write_bytes(b"x")
+    assert newest_checkpoint(str(tmp_path), run.name) == (str(run / "checkpoint_b"), 3)
+    assert newest_checkpoint(f"file://{tmp_path}", run.name) == (str(run / "checkpoint_b"), 3)
+    assert newest_checkpoint(str(tmp_path), "digits-test-none") is None
+    assert newest_checkpoint("s3://bucket/runs", run.name) is None  # Ray's own record there

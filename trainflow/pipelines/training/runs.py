@@ -162,9 +162,11 @@ def records(storage: str, model: str) -> list[RunRecord]:
 def run_to_resume(storage: str, config: PipelineConfig, fingerprint: str) -> RunRecord | None:
     """The latest unfinished run of ``config`` on the input of ``fingerprint`` under
     ``storage``, to continue from its latest checkpoint; None when ``config.name`` has no
-    unfinished run there. ConfigError when it has some, but of another config or input
+    unfinished run with a checkpoint there. ConfigError when it has some, but of another config or input
     (naming the difference), or when the one to resume still runs."""
-    unfinished = [r for r in records(storage, config.name) if r.unfinished]
+    # A run that ended before its first checkpoint (a failed check, bad data, a driver
+    # killed early) has nothing to continue: a new run is the same thing.
+    unfinished = [r for r in records(storage, config.name) if r.unfinished and _checkpointed(storage, r)]
     if not unfinished:
         return None
     same = [r for r in unfinished if r.config_hash == config.config_hash() and r.fingerprint == fingerprint]
@@ -181,6 +183,18 @@ def run_to_resume(storage: str, config: PipelineConfig, fingerprint: str) -> Run
             f"--resume: {record.describe()} is still running: wait for it, or stop it and resume"
         )
     return record
+
+
+def _checkpointed(storage: str, record: RunRecord) -> bool:
+    """Whether the run's folder holds a checkpoint."""
+    import pyarrow.fs
+
+    fs, root = _storage(storage)
+    try:
+        entries = fs.get_file_info(pyarrow.fs.FileSelector(f"{root}/{record.run_name}"))
+    except OSError:
+        return False
+    return any(e.base_name.startswith("checkpoint_") for e in entries)
 
 
 def _difference(record: RunRecord, config: PipelineConfig, fingerprint: str) -> str:

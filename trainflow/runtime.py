@@ -99,8 +99,9 @@ def quiet_worker() -> None:
     Points Ray's own helpers in the worker at the worker's cluster, has Train's
     placement-group cleaner ask that cluster's GCS whether a run's controller lives
     (:func:`answer_cleaner_from_gcs`), and keeps the driver's console to what a user acts
-    on: the cleaner warns whenever it removes the placement group of a controller that
-    died (every trial that a sweep's scheduler stops), every worker logs each report,
+    on: the cleaner warns when it removes the placement group of a controller that died
+    (a trial that a sweep's scheduler stops, unless the sweep got there first), every
+    worker logs each report,
     and Ray's own internals trip deprecation and tensor warnings that no user of
     trainflow can act on.
     """

@@ -142,6 +142,38 @@ def test_workers_know_their_own_cluster_among_several_on_the_machine(ray_cluster
     assert ray.get(address.remote()) == ray.get_runtime_context().gcs_address
 
 
+def test_trains_placement_group_cleaner_asks_the_runs_own_cluster_whether_its_controller_lives(ray_cluster):
+    """The cleaner removes a run's placement group once it believes the controller dead.
+    Ray asks the state API, which a cluster without the dashboard (trainflow's) does not
+    serve: the answer came from another cluster on the machine, or not at all. In
+    trainflow's workers it comes from the cluster's own GCS: a live actor lives, and one
+    that was killed is dead."""
+    import time
+
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Controller:
+        def ready(self) -> bool:
+            return True
+
+    @ray.remote(num_cpus=0)
+    def cleaner_says_alive(actor_id: str) -> bool:
+        from ray.train.v2._internal.execution.controller import placement_group_cleaner
+
+        return bool(placement_group_cleaner.is_actor_alive(actor_id=actor_id, timeout=10))
+
+    controller = Controller.remote()
+    ray.get(controller.ready.remote())
+    actor_id = controller._actor_id.hex()
+    assert ray.get(cleaner_says_alive.remote(actor_id)) is True
+    ray.kill(controller)
+    deadline = time.monotonic() + 30
+    while ray.get(cleaner_says_alive.remote(actor_id)):
+        assert time.monotonic() < deadline, "the cleaner still takes a killed controller for alive"
+        time.sleep(0.2)
+
+
 def test_an_address_where_no_cluster_answers_fails_at_once():
     """ray_session checks an address before ray.init, which would retry it for minutes."""
     import socket

@@ -7,6 +7,8 @@ Nothing here runs on import: callers ask for a :func:`workspace` or open a
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import logging
 import math
 import os
@@ -94,23 +96,26 @@ def quiet_token_auth_notice() -> None:
 def quiet_worker() -> None:
     """Runs in every Ray worker process of a trainflow run (a ``worker_process_setup_hook``).
 
-    Points Ray's own helpers in the worker at the worker's cluster, and keeps the
-    driver's console to what a user acts on: Train V2's placement-group cleaner warns
-    every check when the dashboard (and so the state API) is not installed, every
-    worker logs each report, and Ray's own internals trip deprecation and tensor
-    warnings that no user of trainflow can act on.
+    Points Ray's own helpers in the worker at the worker's cluster, has Train's
+    placement-group cleaner ask that cluster's GCS whether a run's controller lives
+    (:func:`answer_cleaner_from_gcs`), and keeps the driver's console to what a user acts
+    on: the cleaner warns when it removes the placement group of a controller that died
+    (a trial that a sweep's scheduler stops, unless the sweep got there first), every
+    worker logs each report,
+    and Ray's own internals trip deprecation and tensor warnings that no user of
+    trainflow can act on.
     """
     import warnings
 
     import ray
 
-    # Ray's helpers inside a worker (Train's placement-group cleaner asks the state API
-    # whether the controller lives) find their cluster by RAY_ADDRESS, else by the last
-    # cluster started on this machine: on a machine running several (tests, shared
-    # hosts) another one, or a dead one that they wait on, which stalls the end of a
-    # training run. Name this worker's own cluster.
+    # Ray's helpers inside a worker (the state API, Ray Client) find their cluster by
+    # RAY_ADDRESS, else by the last cluster started on this machine: on a machine running
+    # several (tests, shared hosts) another one, or a dead one that they wait on. Name
+    # this worker's own cluster.
     os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
-    _errors_only("ray.train.v2._internal.execution.controller.placement_group_cleaner")
+    answer_cleaner_from_gcs()
+    _errors_only(_PG_CLEANER)
     # Train's worker context names its logger by file path, outside ``ray.train``, so
     # RunConfig's LoggingConfig misses its line per report.
     context_py = os.path.join(
@@ -126,6 +131,74 @@ def quiet_worker() -> None:
     _errors_only("ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client")
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.")
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+# Ray Train V2 starts a placement-group cleaner (a detached actor) beside every run's
+# controller: once the controller is dead, it removes the run's placement group. It asks
+# whether the controller lives through the state API, at the address the cluster's GCS
+# publishes for its dashboard. A cluster started without the dashboard (trainflow's:
+# ray_init_kwargs) still publishes the default 127.0.0.1:8265 there, where nothing of its
+# own listens, so the cleaner asks whichever cluster on the machine holds that port. One
+# that never heard of the controller answers "no such actor", and the cleaner removes a
+# live run's placement group: its workers die ("Destroying worker since its placement
+# group was removed", a failed worker health check), or, when the answer comes before the
+# run registers its group, the cleaner exits and the controller warns that it "Failed to
+# register placement group with cleaner". The GCS knows its own cluster's actors, with or
+# without the dashboard.
+_PG_CLEANER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+
+
+def controller_alive(actor_id: str, timeout: float | None = None) -> bool:
+    """Whether the actor ``actor_id`` of the calling process's Ray cluster may still be
+    alive: False only once the cluster's GCS records it DEAD. For Train's placement-group
+    cleaner, in place of Ray's state-API check (same arguments; the GCS call keeps its own
+    timeout). A GCS that does not answer raises the state API's error, which the cleaner
+    logs and retries at its next check."""
+    import ray._private.state
+    from ray.util.state.exception import RayStateApiException
+
+    try:
+        info = ray._private.state.actors(actor_id=actor_id)
+    except (ray.exceptions.RpcError, ray.exceptions.RaySystemError) as e:
+        raise RayStateApiException(f"the GCS did not say whether actor {actor_id} lives: {e}") from e
+    return info.get("State") != "DEAD"
+
+
+class _CleanerFromGcs(importlib.abc.MetaPathFinder):
+    """Gives the cleaner's module :func:`controller_alive` as its liveness check when a
+    worker imports it (the cleaner's own actor), without importing it into every worker
+    (it brings Ray Data: about 1.5 s)."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _PG_CLEANER:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        execute = spec.loader.exec_module
+
+        def exec_module(module):
+            execute(module)
+            _use_gcs_liveness(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _use_gcs_liveness(module) -> None:
+    # Where Ray renamed its check, the cleaner keeps its own (tests/test_runtime.py fails).
+    if hasattr(module, "is_actor_alive"):
+        module.is_actor_alive = controller_alive
+
+
+def answer_cleaner_from_gcs() -> None:
+    """Have Train's placement-group cleaner, in this process, learn whether a run's
+    controller lives from the cluster's GCS rather than the state API (which needs the
+    dashboard, and otherwise may ask another cluster on the machine). Idempotent."""
+    if _PG_CLEANER in sys.modules:
+        _use_gcs_liveness(sys.modules[_PG_CLEANER])
+    elif not any(isinstance(finder, _CleanerFromGcs) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _CleanerFromGcs())
 
 
 class _ErrorsOnly(logging.Filter):

@@ -1,8 +1,10 @@
 """The placement groups of a sweep's worker groups, so that the sweep can remove them.
 
 A trial that ASHA stops is killed with its TorchTrainer's controller, which then cannot
-remove its workers' placement group; Ray Train's own cleaner needs the dashboard's
-state API. Left alone, the CPUs stay reserved and later trials wait forever. So rank 0
+remove its workers' placement group; Ray Train's own cleaner does, a check later, only
+in workers that run trainflow's setup hook (``runtime.answer_cleaner_from_gcs``: Ray's
+own check needs the dashboard's state API). Left alone, the CPUs could stay reserved and
+later trials wait forever. So rank 0
 of every worker group of a sweep records its placement group here
 (:func:`record_placement`), and the sweep removes a trial's groups when it ends
 (:meth:`PlacementTracker.release`) and every group left when the sweep ends

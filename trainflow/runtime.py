@@ -174,6 +174,16 @@ class Workspace:
         return self
 
 
+def cache_folder(config: PipelineConfig) -> Path:
+    """The prepared-split cache of ``config``'s runs: its ``cache`` folder, made if missing,
+    else TRAINFLOW_HOME/cache."""
+    if not config.cache:
+        return workspace().cache
+    folder = Path(config.cache).expanduser().resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def workspace() -> Workspace:
     home = os.environ.get("TRAINFLOW_HOME") or ".trainflow"
     return Workspace(Path(home).expanduser().resolve()).ensure()
@@ -664,18 +674,17 @@ def check_versions(
 def shared_folders(config: PipelineConfig) -> dict[str, str]:
     """The folders every node of a cluster writes and this driver reads, by the name a
     user sets them with: Ray Train's runs (``storage``) and the prepared splits (the cache)."""
-    ws = workspace()
-    storage = config.storage or str(ws.runs)
+    storage = config.storage or str(workspace().runs)
     return {
         "storage": storage if _is_uri(storage) else os.path.abspath(storage),
-        "cache": str(ws.cache),
+        "cache": str(cache_folder(config)),
     }
 
 
 # Where a user sets each shared folder, for the message when one is not shared.
 _FOLDER_SETTINGS = {
     "storage": "set storage to",
-    "cache": "set TRAINFLOW_HOME (the cache is TRAINFLOW_HOME/cache) to",
+    "cache": "set cache to",
 }
 MARKERS = ".trainflow-preflight-"
 

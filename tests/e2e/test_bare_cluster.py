@@ -82,7 +82,9 @@ def test_a_cluster_without_trainflow_runs_the_job_from_shipped_modules(prefect_h
     }
 
     def run(name: str) -> subprocess.CompletedProcess:
-        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(small_config(name=name, data={"limit": 400})))
+        # The cache in a folder of its own (`cache:`), as a cluster puts it on a shared mount.
+        config = small_config(name=name, data={"limit": 400}, cache=str(tmp_path / "shared-cache"))
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config))
         return subprocess.run(
             [sys.executable, "-m", "trainflow.cli", "run", str(tmp_path / f"{name}.yaml")],
             cwd=REPO,
@@ -106,6 +108,10 @@ def test_a_cluster_without_trainflow_runs_the_job_from_shipped_modules(prefect_h
             assert "/runtime_resources/py_modules_files/" in output
             assert list(temp.glob("session_*/runtime_resources/py_modules_files/*/trainflow/runtime.py"))
             assert "bare-cluster version 1 -> champion" in output
+            assert list((tmp_path / "shared-cache").glob("*/counts.json"))  # the prepared splits
+            assert not (tmp_path / "home-bare-cluster" / "cache").exists() or not any(
+                (tmp_path / "home-bare-cluster" / "cache").glob("*/counts.json")
+            )
 
             # The cluster's environment now declares torch 2.13.0: a distribution's
             # metadata, which is what the check reads (importlib.metadata, first on the

@@ -54,13 +54,14 @@ ray.init(address=cluster.address, **ray_init_kwargs())
 cluster.wait_for_nodes()
 alive = [n for n in ray.nodes() if n["Alive"]]
 answers = {"node": node.node_id, "ip": node.node_ip_address, "nodes": len(alive)}
-for home in ("shared", "hidden"):
-    os.environ["TRAINFLOW_HOME"] = str(root / home)
+os.environ["TRAINFLOW_HOME"] = str(root / "home")
+# The default cache (TRAINFLOW_HOME/cache), then one set by the config's cache field.
+for case, cache in (("shared", None), ("hidden", str(root / "hidden" / "cache"))):
     try:
-        preflight(PipelineConfig(storage=str(root / "runs")))
-        answers[home] = "passed"
+        preflight(PipelineConfig(storage=str(root / "runs"), cache=cache))
+        answers[case] = "passed"
     except PreflightError as e:
-        answers[home] = str(e)
+        answers[case] = str(e)
 print("ANSWERS " + json.dumps(answers), flush=True)
 ray.shutdown()
 cluster.shutdown()
@@ -85,10 +86,10 @@ def test_a_node_that_does_not_see_the_cache_fails_preflight_naming_both(tmp_path
     args = unshare_args()
     if args is None:
         pytest.skip("unshare cannot make a mount namespace here (needs root or user namespaces)")
-    # The node's own folder, and the cache of the "hidden" home that it is mounted over.
+    # The node's own folder, and the cache folder ("hidden") that it is mounted over.
     local = tmp_path / "node-local"
     hidden = tmp_path / "hidden" / "cache"
-    for folder in (local, hidden, tmp_path / "shared" / "cache", tmp_path / "runs"):
+    for folder in (local, hidden, tmp_path / "runs"):
         folder.mkdir(parents=True)
     setup_worker = tmp_path / "setup_worker.py"
     setup_worker.write_text(
@@ -122,4 +123,4 @@ def test_a_node_that_does_not_see_the_cache_fails_preflight_naming_both(tmp_path
     where = f"Ray node {answers['node']} ({answers['ip']})"
     assert error.startswith(f"cache {hidden} is not reachable from {where}: FileNotFoundError: "), error
     assert "No such file or directory" in error
-    assert "set TRAINFLOW_HOME (the cache is TRAINFLOW_HOME/cache) to a folder every node" in error
+    assert "set cache to a folder every node and this driver mount at the same path" in error

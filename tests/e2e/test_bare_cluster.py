@@ -81,17 +81,25 @@ def test_a_cluster_without_trainflow_runs_the_job_from_shipped_modules(prefect_h
         "RAY_AUTH_TOKEN": env["RAY_AUTH_TOKEN"],
     }
 
-    def run(name: str) -> subprocess.CompletedProcess:
+    # A user's model module that only the driver has (the example's, under its own name).
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "bare_cluster_net.py").write_text((REPO / "examples" / "custom_model" / "resmlp.py").read_text())
+
+    def run(name: str, model: dict | None = None) -> subprocess.CompletedProcess:
         # The cache in a folder of its own (`cache:`), as a cluster puts it on a shared mount.
         config = small_config(name=name, data={"limit": 400}, cache=str(tmp_path / "shared-cache"))
+        config["model"] = model or config["model"]
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config))
+        path = os.pathsep.join(filter(None, [str(code), driver_env.get("PYTHONPATH")]))
         return subprocess.run(
             [sys.executable, "-m", "trainflow.cli", "run", str(tmp_path / f"{name}.yaml")],
             cwd=REPO,
-            env={**driver_env, "TRAINFLOW_HOME": str(tmp_path / f"home-{name}")},
+            env={**driver_env, "PYTHONPATH": path, "TRAINFLOW_HOME": str(tmp_path / f"home-{name}")},
             capture_output=True,
             text=True,
-            timeout=600,
+            # A worker that cannot import what it needs leaves Ray Train waiting, not failing.
+            timeout=300,
         )
 
     try:
@@ -112,6 +120,14 @@ def test_a_cluster_without_trainflow_runs_the_job_from_shipped_modules(prefect_h
             assert not (tmp_path / "home-bare-cluster" / "cache").exists() or not any(
                 (tmp_path / "home-bare-cluster" / "cache").glob("*/counts.json")
             )
+
+            # The user's module too, beside trainflow: Train's workers get both (Ray merges
+            # runtime_envs key by key, so their py_modules must list the job's as well).
+            own = {"kind": "bare_cluster_net:build", "args": {"width": 12, "depth": 1, "dropout": 0.0}}
+            done = run("bare-own-model", model=own)
+            output = done.stdout + done.stderr
+            assert done.returncode == 0, output[-5000:]
+            assert "bare-own-model version 1 -> champion" in output
 
             # The cluster's environment now declares torch 2.13.0: a distribution's
             # metadata, which is what the check reads (importlib.metadata, first on the

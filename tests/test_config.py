@@ -150,10 +150,11 @@ def test_a_trial_config_runs_as_is_and_hashes_as_a_plain_config():
     trial = trial_config(cfg, {"train.lr": 0.02})
     assert trial.train.lr == 0.02 and trial.sweep is None and trial.scaling == cfg.sweep.scaling
     assert (trial.checkpoint.metric, trial.checkpoint.mode) == ("val_loss", "min")
-    # A config without a sweep hashes as before sweeps existed: no "sweep" key in it.
+    # A config without a sweep hashes as before sweeps existed: no "sweep" key in it (nor
+    # "cache", where prepared splits are kept, which no config's hash holds).
     import hashlib
 
-    plain = {k: v for k, v in trial.model_dump(mode="json").items() if k != "sweep"}
+    plain = {k: v for k, v in trial.model_dump(mode="json").items() if k not in ("sweep", "cache")}
     canonical = json.dumps(plain, sort_keys=True, separators=(",", ":")).encode()
     assert trial.config_hash() == hashlib.sha256(canonical).hexdigest()[:12]
     assert cfg.config_hash() != load_config({}).config_hash()
@@ -216,3 +217,17 @@ def test_the_regression_example_config_loads():
     config = load_config(Path(__file__).parent.parent / "configs" / "diabetes-regression.yaml")
     assert config.task == "regression" and config.data.source == "builtin:diabetes"
     assert config.registry.min_value is None
+
+
+def test_the_cache_is_a_folder_and_does_not_change_the_hash(tmp_path, monkeypatch):
+    from trainflow.runtime import cache_folder, shared_folders
+
+    monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
+    default, moved = load_config({}), load_config({}, [f"cache={tmp_path / 'shared' / 'cache'}"])
+    assert cache_folder(default) == tmp_path / "home" / "cache"
+    assert cache_folder(moved) == tmp_path / "shared" / "cache" and cache_folder(moved).is_dir()
+    assert shared_folders(moved)["cache"] == str(tmp_path / "shared" / "cache")
+    # Where prepared splits are kept changes no result (and configs hash as before the field).
+    assert moved.config_hash() == default.config_hash()
+    with pytest.raises(ConfigError, match=r"cache: .*'s3://bucket/cache' is a URI; the cache is a folder"):
+        load_config({"cache": "s3://bucket/cache"})

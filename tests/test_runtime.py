@@ -1,13 +1,14 @@
 """Preflight: what the config asks of the cluster is checked before fit(), not waited on."""
 
 import logging
+import shutil
 import threading
 import time
 
 import pytest
 
 from trainflow.config import PipelineConfig, ScalingSection
-from trainflow.runtime import PreflightError, check_storage, fit_scaling, preflight
+from trainflow.runtime import PreflightError, fit_scaling, preflight
 
 
 def config(**scaling) -> PipelineConfig:
@@ -109,23 +110,60 @@ def test_the_default_scaling_fits_a_two_core_machine(ray_cluster):
     assert preflight(PipelineConfig()) == PipelineConfig()
 
 
-def _node(host: str) -> dict:
-    # The fields of ray.nodes() that the storage check reads.
-    return {"NodeManagerAddress": host, "Alive": True}
+def test_a_single_node_shares_its_own_disk_and_is_not_asked(ray_cluster, tmp_path):
+    """The shared storage check (a marker task per node) costs nothing on one node: a
+    folder no node could write into passes, since nothing is written."""
+    from trainflow.runtime import alive_nodes, check_shared
+
+    assert len(alive_nodes()) == 1
+    check_shared({"storage": str(tmp_path / "missing" / "runs")})
+    assert not (tmp_path / "missing").exists()
 
 
-def test_several_hosts_need_shared_storage():
-    two_hosts = [_node("10.0.0.1"), _node("10.0.0.2")]
-    with pytest.raises(
-        PreflightError, match=r"TRAINFLOW_HOME/runs \(the default\) is a folder on this machine"
-    ):
-        check_storage(None, two_hosts)
-    with pytest.raises(PreflightError, match=r"spans 2 hosts \(10.0.0.1, 10.0.0.2\): set storage to shared"):
-        check_storage("/data/runs", two_hosts)
-    check_storage("s3://bucket/trainflow", two_hosts)
-    check_storage("file:///mnt/nfs/trainflow", two_hosts)
-    # Two nodes on one machine (the tests' two-node cluster) share its disk.
-    check_storage(None, [_node("10.0.0.1"), _node("10.0.0.1"), {**_node("10.0.0.9"), "Alive": False}])
+def test_the_versions_check_reads_a_workers_python_ray_and_torch(ray_cluster):
+    from importlib import metadata
+
+    import ray
+
+    from trainflow.runtime import check_versions
+
+    seen = check_versions(ray.get_runtime_context().gcs_address)
+    assert seen["torch"] == metadata.version("torch") and seen["Ray"] == ray.__version__
+
+
+def test_a_shipped_trainflow_comes_before_one_the_cluster_has(ray_cluster, tmp_path):
+    """A cluster's own trainflow (here: an older copy first on the workers' PYTHONPATH, and
+    the session's editable install) loses to the copy shipped as runtime_env py_modules:
+    Ray puts py_modules ahead of the path the worker had."""
+    import ray
+
+    from trainflow import __version__
+    from trainflow.runtime import trainflow_package, uploaded_modules
+
+    # An older release of trainflow, as a cluster's image might hold (a copy, since every
+    # worker of this job runs trainflow's setup hook from whichever copy it imports).
+    stale = tmp_path / "site" / "trainflow"
+    shutil.copytree(trainflow_package(), stale, ignore=shutil.ignore_patterns("__pycache__"))
+    init = stale / "__init__.py"
+    init.write_text(init.read_text().replace(f'__version__ = "{__version__}"', '__version__ = "0.0.1"'))
+    older = {"env_vars": {"PYTHONPATH": str(stale.parent)}}
+
+    @ray.remote(num_cpus=0)
+    def imported() -> tuple[str, str]:
+        import trainflow
+
+        return trainflow.__file__, trainflow.__version__
+
+    where, version = ray.get(
+        imported.options(runtime_env={**uploaded_modules([trainflow_package()]), **older}).remote()
+    )
+    assert "runtime_resources" in where and version != "0.0.1", where
+    # Without the shipped copy, the same worker environment imports the stale one: the
+    # check above is about the order, not about a path that was never there.
+    assert ray.get(imported.options(runtime_env=older).remote()) == (
+        str(stale / "__init__.py"),
+        "0.0.1",
+    )
 
 
 def test_workers_know_their_own_cluster_among_several_on_the_machine(ray_cluster):

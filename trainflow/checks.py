@@ -104,9 +104,9 @@ def model_kind(config: PipelineConfig) -> None:
 def source(config: PipelineConfig) -> SourceInfo:
     """The data source exists and holds the configured columns with usable types; no rows read."""
     from trainflow.pipelines.data import inspect_source
-    from trainflow.runtime import workspace
+    from trainflow.runtime import cache_folder
 
-    return inspect_source(config.data, workspace().cache, task=config.task)
+    return inspect_source(config.data, cache_folder(config), task=config.task)
 
 
 def cluster(config: PipelineConfig, workers: str | None, *, hold: bool = False) -> None:

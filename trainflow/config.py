@@ -437,8 +437,23 @@ class PipelineConfig(_Section):
     # Ray Train storage for runs; None: TRAINFLOW_HOME/runs. Use s3://... or a shared
     # filesystem when the Ray cluster has more than one node.
     storage: str | None = None
+    # The prepared-split cache, a folder; None: TRAINFLOW_HOME/cache. Every node of a Ray
+    # cluster reads and writes it: on several nodes, a folder they all mount at this path.
+    cache: str | None = None
     # A hyperparameter sweep (`trainflow sweep`); `trainflow run` trains one model and ignores it.
     sweep: SweepConfig | None = None
+
+    @field_validator("cache")
+    @classmethod
+    def _cache_folder(cls, v: str | None) -> str | None:
+        if v is not None and "://" in v:
+            raise ValueError(
+                f"{v!r} is a URI; the cache is a folder (one every node mounts at the same path "
+                "on a cluster of several): a URI form such as s3:// is not supported yet"
+            )
+        if v is not None and not v.strip():
+            raise ValueError("is empty: give a folder, or leave it out for TRAINFLOW_HOME/cache")
+        return v
 
     @field_validator("name")
     @classmethod
@@ -509,6 +524,9 @@ class PipelineConfig(_Section):
         if data["sweep"] is None:
             # A config without a sweep hashes as it did before sweeps existed.
             del data["sweep"]
+        # Where prepared splits are kept changes no result: a config hashes the same wherever
+        # its cache is (and as it did before the field existed).
+        del data["cache"]
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 

@@ -247,6 +247,16 @@ class Workspace:
         return self
 
 
+def cache_folder(config: PipelineConfig) -> Path:
+    """The prepared-split cache of ``config``'s runs: its ``cache`` folder, made if missing,
+    else TRAINFLOW_HOME/cache."""
+    if not config.cache:
+        return workspace().cache
+    folder = Path(config.cache).expanduser().resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def workspace() -> Workspace:
     home = os.environ.get("TRAINFLOW_HOME") or ".trainflow"
     return Workspace(Path(home).expanduser().resolve()).ensure()
@@ -295,8 +305,7 @@ def ray_session(
     try:
         yield
     finally:
-        ray.shutdown()
-        timeline("ray shut down")
+        _shutdown()
 
 
 @contextmanager
@@ -321,18 +330,37 @@ def ray_ahead(
     finally:
         if _ahead:
             _ahead = False
-            ray.shutdown()
-            timeline("ray shut down")
+            _shutdown()
+
+
+# The address of the cluster this process's Ray session connected to with trainflow
+# shipped (a cluster it did not start), until the session shuts down; None otherwise.
+_shipped_to: str | None = None
+
+
+def _shutdown() -> None:
+    global _shipped_to
+    import ray
+
+    _shipped_to = None
+    ray.shutdown()
+    timeline("ray shut down")
 
 
 def _connect(
     config: PipelineConfig, logger: logging.Logger | logging.LoggerAdapter, warm: Sequence[str]
 ) -> None:
+    global _shipped_to
     import ray
 
     address = ray_address(config)
+    py_modules = module_paths(config.model.user_module)
     if address:
         logger.info("connecting to the Ray cluster at %s", address)
+        # A cluster started elsewhere may lack trainflow, or hold another version of it:
+        # its workers import this driver's copy, shipped with the job (py_modules come
+        # first on a worker's sys.path). A local cluster imports the driver's own.
+        py_modules = [trainflow_package(), *py_modules]
     else:
         for key, value in LOCAL_CLUSTER_ENV.items():
             os.environ.setdefault(key, value)
@@ -340,7 +368,8 @@ def _connect(
     # "local" starts a cluster for this run. Ray's own default (None) would attach to
     # whichever cluster `ray start` last left on this machine: a cluster is only ever
     # shared when the config or RAY_ADDRESS says so.
-    ray.init(address=address or "local", **ray_init_kwargs(module_paths(config.model.user_module)))
+    ray.init(address=address or "local", **ray_init_kwargs(py_modules))
+    _shipped_to = address
     configure_ray_data()
     if warm:
         warm_workers(warm)
@@ -467,6 +496,26 @@ def module_paths(module: str | None) -> list[str]:
     if any(path.is_relative_to(Path(root).resolve()) for root in installed):
         return []
     return [str(path)]
+
+
+def trainflow_package() -> str:
+    """trainflow's own package folder on this machine (an installed or a checked-out copy),
+    shipped as runtime_env ``py_modules`` to a cluster the run did not start."""
+    return str(Path(__file__).resolve().parent)
+
+
+def worker_runtime_env(user_module: str | None) -> dict:
+    """The runtime_env of Ray Train's workers (``RunConfig(worker_runtime_env=...)``): the
+    user's model module uploaded, beside the job's own ``py_modules`` (trainflow, on a
+    cluster the run did not start). Ray merges a runtime_env key by key, so a worker's
+    ``py_modules`` replace the job's: both are listed. Empty when there is nothing to add."""
+    import ray
+
+    extra = uploaded_modules(module_paths(user_module))
+    if not extra:
+        return {}
+    job = list(ray.get_runtime_context().runtime_env.get("py_modules") or [])
+    return {"py_modules": list(dict.fromkeys([*job, *extra["py_modules"]]))}
 
 
 def uploaded_modules(paths: Sequence[str]) -> dict:
@@ -603,7 +652,7 @@ def preflight(config: PipelineConfig, logger: logging.Logger | logging.LoggerAda
             scaling.num_workers,
             fitted.resources_per_worker["CPU"],
         )
-    check_storage(config.storage, ray.nodes())
+    check_cluster(config, logger)
     return config.model_copy(update={"scaling": fitted})
 
 
@@ -611,20 +660,210 @@ def _is_uri(path: str) -> bool:
     return "://" in path
 
 
-def check_storage(storage: str | None, nodes: list[dict]) -> None:
-    """Ray Train writes checkpoints from the node of worker rank 0 and reads them back
-    wherever the next worker group lands: on a cluster of several machines the storage
-    must be shared. A plain local folder (the default under TRAINFLOW_HOME) is not."""
-    hosts = sorted({n["NodeManagerAddress"] for n in nodes if n.get("Alive")})
-    if len(hosts) < 2 or (storage and _is_uri(storage)):
-        return
-    where = storage or "TRAINFLOW_HOME/runs (the default)"
-    raise PreflightError(
-        f"storage {where} is a folder on this machine, but the Ray cluster spans {len(hosts)} hosts "
-        f"({', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''}): set storage to shared storage "
-        "every node reaches, such as s3://bucket/trainflow, gs://bucket/trainflow, or an NFS mount "
-        "written as file:///mnt/shared/trainflow"
+def check_cluster(config: PipelineConfig, logger: logging.Logger | logging.LoggerAdapter = log) -> None:
+    """What a cluster needs beyond resources: on one the run did not start, the same
+    Python, Ray and torch as this driver (:func:`check_versions`); on several nodes, the
+    run's storage and the prepared-split cache shared by all of them (:func:`check_shared`)."""
+    if _shipped_to:
+        check_versions(_shipped_to, logger)
+    nodes = alive_nodes()
+    if len(nodes) > 1:
+        check_shared(shared_folders(config), nodes)
+
+
+def alive_nodes() -> dict[str, str]:
+    """The cluster's alive nodes: node id and address."""
+    import ray
+
+    return {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes() if n.get("Alive")}
+
+
+def _versions() -> dict[str, str | None]:
+    """This process's Python (major.minor), Ray and torch versions, and where it imports
+    trainflow from. torch's is its installed distribution's, read without importing torch
+    (seconds of a worker's time): the version pip installed, which torch reports too."""
+    from importlib import metadata
+
+    import ray
+
+    try:
+        torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch = None
+    return {
+        "Python": f"{sys.version_info[0]}.{sys.version_info[1]}",
+        "Ray": ray.__version__,
+        "torch": torch,
+        "trainflow": str(Path(__file__).resolve().parent),
+    }
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
+
+
+def check_versions(
+    address: str, logger: logging.Logger | logging.LoggerAdapter = log, timeout_s: float = 120.0
+) -> dict[str, str | None]:
+    """PreflightError unless a worker of the cluster at ``address``, started with the job's
+    runtime_env (trainflow shipped), runs this driver's Python (major.minor), Ray and
+    torch: a model pickled by one torch and loaded by another, or a Ray worker of another
+    release, fails mid-run or worse. Returns what the worker reported."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayError
+
+    try:
+        theirs = ray.get(ray.remote(num_cpus=0)(_versions).remote(), timeout=timeout_s)
+    except GetTimeoutError:
+        raise PreflightError(
+            f"no worker of the Ray cluster at {address} started within {timeout_s:g} s to report its "
+            "versions: is the cluster overloaded, or its runtime_env setup stuck (see the raylet's logs)?"
+        ) from None
+    except RayError as e:
+        raise PreflightError(
+            f"a worker of the Ray cluster at {address} failed to start with trainflow shipped to it: "
+            f"{_first_line(e)}"
+        ) from None
+    ours = _versions()
+    for name in ("Python", "Ray", "torch"):
+        if theirs[name] != ours[name]:
+            raise PreflightError(
+                f"the Ray cluster at {address} runs {name} {theirs[name] or '(not installed)'}, this driver "
+                f"{ours[name]}: install the same versions on both"
+            )
+    logger.info(
+        "the Ray cluster at %s runs Python %s, Ray %s and torch %s as this driver does; its workers "
+        "import trainflow from %s",
+        address,
+        theirs["Python"],
+        theirs["Ray"],
+        theirs["torch"],
+        theirs["trainflow"],
     )
+    return theirs
+
+
+def shared_folders(config: PipelineConfig) -> dict[str, str]:
+    """The folders every node of a cluster writes and this driver reads, by the name a
+    user sets them with: Ray Train's runs (``storage``) and the prepared splits (the cache)."""
+    storage = config.storage or str(workspace().runs)
+    return {
+        "storage": storage if _is_uri(storage) else os.path.abspath(storage),
+        "cache": str(cache_folder(config)),
+    }
+
+
+# Where a user sets each shared folder, for the message when one is not shared.
+_FOLDER_SETTINGS = {
+    "storage": "set storage to",
+    "cache": "set cache to",
+}
+MARKERS = ".trainflow-preflight-"
+
+
+def _filesystem(folder: str):
+    """A pyarrow filesystem and the path on it: Ray Train's own way to reach ``storage``."""
+    import pyarrow.fs
+
+    return pyarrow.fs.FileSystem.from_uri(folder)
+
+
+def _write_markers(folders: dict[str, str], token: str) -> dict[str, str]:
+    """Runs on one node: writes a marker holding the node's id into each folder's marker
+    folder, which the driver made; returns the error per folder it could not write in.
+    The marker folder is not created here: a node without the shared mount would
+    create a folder of its own and write there, unseen."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    errors = {}
+    for name, folder in folders.items():
+        try:
+            fs, path = _filesystem(folder)
+            with fs.open_output_stream(f"{path}/{MARKERS}{token}/{node}") as out:
+                out.write(node.encode())
+        except Exception as e:  # noqa: BLE001 - any failure to write is the answer
+            errors[name] = f"{type(e).__name__}: {_first_line(e)}"
+    return errors
+
+
+def check_shared(
+    folders: dict[str, str], nodes: dict[str, str] | None = None, timeout_s: float = 120.0
+) -> None:
+    """PreflightError, naming the folder and the node, unless a task pinned on each alive
+    node of the cluster writes a marker into each of ``folders`` (name: path or URI) that
+    this driver then reads back. Ray Train writes checkpoints from the node of worker rank
+    0 and reads them wherever the next worker group lands; preparing writes the cache from
+    any node and training reads it from others; this driver reads both. Nothing is
+    checked on a single node, which shares its own disk. ``nodes``: node id to address,
+    the alive nodes (:func:`alive_nodes`) when not given."""
+    import secrets
+
+    import ray
+    from ray.exceptions import GetTimeoutError, RayError
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = alive_nodes() if nodes is None else nodes
+    if len(nodes) < 2:
+        return
+    token = secrets.token_hex(6)
+    made = []
+    try:
+        for name, folder in folders.items():
+            fs, path = _filesystem(folder)
+            try:
+                fs.create_dir(f"{path}/{MARKERS}{token}")
+            except OSError as e:
+                raise PreflightError(
+                    f"{name} {folder} is not writable from this driver: {_first_line(e)}"
+                ) from None
+            made.append((fs, f"{path}/{MARKERS}{token}"))
+        task = ray.remote(num_cpus=0, max_retries=0)(_write_markers)
+        refs = {
+            node: task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
+                folders, token
+            )
+            for node in nodes
+        }
+        for node, ref in refs.items():
+            where = f"Ray node {node} ({nodes[node]})"
+            try:
+                errors = ray.get(ref, timeout=timeout_s)
+            except GetTimeoutError:
+                raise PreflightError(
+                    f"{where} did not answer within {timeout_s:g} s when asked to write into "
+                    f"{', '.join(folders.values())}"
+                ) from None
+            except RayError as e:
+                raise PreflightError(
+                    f"{where} could not run the shared storage check: {_first_line(e)}"
+                ) from None
+            for name, folder in folders.items():
+                if name in errors:
+                    raise PreflightError(
+                        f"{name} {folder} is not reachable from {where}: {errors[name]}; "
+                        f"{_FOLDER_SETTINGS.get(name, 'set it to')} a folder every node and this driver "
+                        "mount at the same path, or shared storage"
+                    )
+                fs, path = _filesystem(folder)
+                try:
+                    with fs.open_input_stream(f"{path}/{MARKERS}{token}/{node}") as marker:
+                        seen = marker.read().decode() == node
+                except (OSError, FileNotFoundError):
+                    seen = False
+                if not seen:
+                    raise PreflightError(
+                        f"{name} {folder} is not shared: {where} wrote a marker there that this driver "
+                        f"does not see; {_FOLDER_SETTINGS.get(name, 'set it to')} a folder every node and "
+                        "this driver mount at the same path, or shared storage"
+                    )
+    finally:
+        for fs, marker_folder in made:
+            try:
+                fs.delete_dir(marker_folder)
+            except OSError:
+                pass
 
 
 def sweep_concurrency(sweep: SweepConfig, total: dict[str, float]) -> int:
@@ -675,5 +914,5 @@ def preflight_sweep(config: PipelineConfig, logger: logging.Logger | logging.Log
             sweep.scaling.resources_per_worker,
             fit_all,
         )
-    check_storage(config.storage, ray.nodes())
+    check_cluster(config, logger)
     return concurrency

@@ -48,13 +48,22 @@ def wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float) -> N
 
 
 @contextmanager
-def ray_node(args: list[str], env: dict[str, str], log: Path):
+def ray_node(args: list[str], env: dict[str, str], log: Path, ray: list[str] | None = None, cwd=None):
     """`ray start --block` in a process group of its own, stopped with only its processes
-    (never `ray stop`, which would stop every Ray on the machine)."""
+    (never `ray stop`, which would stop every Ray on the machine). ``ray``: the command
+    that is `ray` (another Python environment's: ``[python, "-m", "ray.scripts.scripts"]``)."""
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [RAY, "start", "--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats", *args],
+            [
+                *(ray or [RAY]),
+                "start",
+                "--block",
+                "--node-ip-address=127.0.0.1",
+                "--disable-usage-stats",
+                *args,
+            ],
             env=env,
+            cwd=cwd,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

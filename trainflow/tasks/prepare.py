@@ -12,7 +12,7 @@ from prefect import get_run_logger, task
 from trainflow.config import PipelineConfig
 from trainflow.pipelines import data, entry
 from trainflow.pipelines import prepare as prep
-from trainflow.runtime import workspace
+from trainflow.runtime import cache_folder
 from trainflow.tasks.results import Prepared
 
 # Ingest and preprocess cache across flow runs. Each record is a file at an absolute
@@ -27,7 +27,7 @@ def ingest_cache_key(context, parameters: dict[str, Any]) -> str:
     """The data config and task, the input's fingerprint (file list, sizes, mtimes or
     content) and the code that inspects it."""
     config: PipelineConfig = parameters["config"]
-    cache = workspace().cache
+    cache = cache_folder(config)
     parts = [
         config.data.model_dump_json(),
         config.task,
@@ -42,7 +42,7 @@ def preprocess_cache_key(context, parameters: dict[str, Any]) -> str:
     """The prepared entry's own key; the record lives in the entry's folder."""
     config: PipelineConfig = parameters["config"]
     key = entry.cache_key(parameters["source"], config.data.split, config.preprocess)
-    return str(workspace().cache / key / "prefect-task-record")
+    return str(cache_folder(config) / key / "prefect-task-record")
 
 
 @task(
@@ -54,7 +54,7 @@ def preprocess_cache_key(context, parameters: dict[str, Any]) -> str:
 def ingest(config: PipelineConfig, checked: data.SourceInfo | None = None) -> data.SourceInfo:
     """Check the source and its columns and fingerprint it; runs in the driver, before Ray.
     ``checked``: the source as the run's checks (``trainflow.checks``) already found it."""
-    info = checked or data.inspect_source(config.data, workspace().cache, task=config.task)
+    info = checked or data.inspect_source(config.data, cache_folder(config), task=config.task)
     get_run_logger().info(
         "source %s (%s, %d files): %d features, label %r, fingerprint %s",
         info.source,
@@ -82,7 +82,7 @@ def preprocess(config: PipelineConfig, source: data.SourceInfo) -> Prepared:
     """Check the rows, split, fit on train, write every split as Parquet under the cache
     (or reuse a finished entry)."""
     logger = get_run_logger()
-    prepared = prep.prepare(source, config.data.split, config.preprocess, workspace().cache)
+    prepared = prep.prepare(source, config.data.split, config.preprocess, cache_folder(config))
     pre = prepared.preprocessor
     if prepared.dropped:
         logger.warning("dropped %d rows with a missing value (data.missing=drop)", prepared.dropped)

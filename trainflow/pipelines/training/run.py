@@ -20,7 +20,7 @@ from trainflow.pipelines.training.loop import SETTINGS, Outcome, train_loop_per_
 from trainflow.pipelines.training.progress import Progress, follow_progress
 from trainflow.pipelines.training.runs import newest_checkpoint
 from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings, balanced_class_weights
-from trainflow.runtime import module_paths, timeline, uploaded_modules
+from trainflow.runtime import timeline, worker_runtime_env
 
 if TYPE_CHECKING:
     import ray.data
@@ -177,7 +177,8 @@ def build_trainer(
             logging_config=LoggingConfig(log_level="WARNING"),
             callbacks=list(callbacks),
             # A user's model module, shipped to the workers: they import it to build the
-            # model, on a cluster whose nodes do not have it (one started elsewhere too).
-            worker_runtime_env=uploaded_modules(module_paths(config.model.user_module)),
+            # model, on a cluster whose nodes do not have it (one started elsewhere too),
+            # beside what the job ships already (trainflow, to a cluster started elsewhere).
+            worker_runtime_env=worker_runtime_env(config.model.user_module),
         ),
     )

@@ -103,10 +103,9 @@ def _free_dead_slots(client, limit: str, storage: str, runs: list[RunRecord], lo
     client.release_concurrency_slots(names=[limit], slots=len(dead), occupancy_seconds=held)
     for record in dead:
         logger.warning(
-            "%s died with its driver (%s); its concurrency slot is free again, and "
+            "%s died with its driver; its concurrency slot is free again, and "
             "`trainflow run --resume` continues it from its latest checkpoint",
             record.describe(),
-            record.driver.describe(),
         )
         record.status = "interrupted"
         write_record(storage, record)
@@ -182,16 +181,18 @@ def training_pipeline(
             logger.info(
                 "no unfinished run of %s under %s to resume: starting a new one", config.name, storage
             )
-        with recorded_run(
-            storage, config, source.fingerprint, run_name, flow_run=flow_run.id, resumed=resumed
-        ) as record:
-            # Ray's worker processes start beside the flow for preparing on Ray; an input
-            # small enough to prepare in this process needs none
-            with ray_session(config, logger, warm=checked.warm):
-                # what ScalingConfig asks, against the cluster: fail now rather than wait forever
-                config = preflight(config, logger)
-                # preprocess: skipped (cached) when its prepared entry exists
-                prepared, timings["preprocess"] = timed(preprocess, config, source, cached=cached)
+        asked = config  # what the run is recorded as: preflight may fit its scaling to the cluster
+        # Ray's worker processes start beside the flow for preparing on Ray; an input
+        # small enough to prepare in this process needs none
+        with ray_session(config, logger, warm=checked.warm):
+            # what ScalingConfig asks, against the cluster: fail now rather than wait forever
+            config = preflight(config, logger)
+            # preprocess: skipped (cached) when its prepared entry exists
+            prepared, timings["preprocess"] = timed(preprocess, config, source, cached=cached)
+            # the run's record under storage, for --resume and a slot its driver may leave
+            with recorded_run(
+                storage, asked, source.fingerprint, run_name, flow_run=flow_run.id, resumed=resumed
+            ) as record:
                 try:
                     trained, timings["train"] = timed(train, config, prepared, run_name)
                 except TrainingDiverged:

@@ -5,7 +5,7 @@ ran it died (a Prefect worker restarted, a laptop closed, the driver killed for 
 Each run's folder (``storage/<run name>``, Ray Train's own) holds a ``trainflow-run.json``
 record beside Ray's checkpoints: the model's name, the config and its hash, the data's
 fingerprint, the driver that runs it (host, boot, pid and the pid's start time) and its
-status. A run is written ``running`` when its driver takes the model's slot and
+status. A run is written ``running`` when its training starts (its data prepared) and
 ``completed``, ``early_stopped`` or ``diverged`` when training ends; a run that ends any
 other way is ``interrupted``, and a ``running`` one whose driver is gone died with it.
 Both are unfinished: Ray Train resumes either from its latest checkpoint when a driver

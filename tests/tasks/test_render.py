@@ -53,6 +53,8 @@ def test_a_challenger_says_the_champion_is_unchanged():
     lost = REGISTERED.model_copy(update={"champion": False, "decision": {"reason": "below"}})
     lines = render.summary_lines(result(registered=lost))
     assert lines[0] == "model       digits version 1 -> challenger (champion unchanged)"
+    # Not the champion (there may be none): loaded by its version, not by the alias.
+    assert lines[-1] == 'load it     trainflow.load_model("digits/1")'
     assert render.summary_line(result(registered=lost)) == (
         "digits v1 test accuracy 0.9861, champion unchanged"
     )

@@ -85,8 +85,16 @@ def summary_lines(r: PipelineResult) -> list[str]:
     return [
         *lines,
         steps_line(r.timings),
-        _line("load it", f'trainflow.load_model("{reg.name}@champion") or "{reg.name}/{reg.version}"'),
+        _line("load it", _load_it(reg)),
     ]
+
+
+def _load_it(reg) -> str:
+    """How to load the version just registered: by the champion alias only when it is the champion."""
+    pinned = f'"{reg.name}/{reg.version}"'
+    if reg.champion:
+        return f'trainflow.load_model("{reg.name}@champion") or {pinned}'
+    return f"trainflow.load_model({pinned})"
 
 
 def summary_line(r: PipelineResult | SweepResult) -> str:

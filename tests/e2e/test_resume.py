@@ -103,6 +103,15 @@ def test_a_killed_driver_is_resumed_from_its_last_checkpoint(
     assert not re.search(rf"epoch {start}/{EPOCHS}\b", log)  # it did not start over
     record = json.loads((run / "trainflow-run.json").read_text())
     assert record["status"] == "completed"
+    # The killed driver's progress rows, which it could not delete, are gone from the cluster.
+    from ray.experimental.internal_kv import _internal_kv_list
+
+    from trainflow.pipelines.training.progress import PROGRESS_NAMESPACE, PROGRESS_PREFIX
+
+    assert (
+        _internal_kv_list(f"{PROGRESS_PREFIX}trainflow-progress-{run.name}-", namespace=PROGRESS_NAMESPACE)
+        == []
+    )
 
     # The same seed, resumed: the same model as the uninterrupted run's.
     checkpoint = re.search(r"^checkpoint\s+(\S+)", resumed.stdout, re.M).group(1)

@@ -101,6 +101,14 @@ class ProgressLog:
                     self._unseen.append(key)
 
 
+def clear_progress(names_starting: str) -> None:
+    """Delete the rows of every progress name that starts with ``names_starting``: those of
+    earlier attempts of a run, which a driver killed outright could not delete."""
+    from ray.experimental.internal_kv import _internal_kv_del
+
+    _internal_kv_del(f"{PROGRESS_PREFIX}{names_starting}", del_by_prefix=True, namespace=PROGRESS_NAMESPACE)
+
+
 def _written(key: bytes) -> tuple[int, ...]:
     """A progress row's key, as what orders it: its time, then its writer's rank and counter."""
     return tuple(int(part) for part in key.rsplit(b"/", 1)[1].split(b"-"))

@@ -17,7 +17,7 @@ from trainflow.pipelines.checkpoint import METRICS, read_json
 from trainflow.pipelines.models import describe_parameters
 from trainflow.pipelines.training.inputs import TRAIN_SPLITS, split_inputs, splits_in_memory
 from trainflow.pipelines.training.loop import SETTINGS, Outcome, train_loop_per_worker
-from trainflow.pipelines.training.progress import Progress, follow_progress
+from trainflow.pipelines.training.progress import Progress, clear_progress, follow_progress
 from trainflow.pipelines.training.runs import newest_checkpoint
 from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings, balanced_class_weights
 from trainflow.runtime import timeline, worker_runtime_env
@@ -79,8 +79,12 @@ def run_training(
     memory_splits, datasets = split_inputs(
         prepared.path, in_memory=in_memory, preprocessor=prepared.preprocessor
     )
-    # Unique per call: a retry must not read (or clear) the last attempt's progress rows.
-    progress = f"trainflow-progress-{run_name}-{uuid.uuid4().hex[:8]}" if on_row is not None else None
+    # Unique per call: a retry must not read the last attempt's progress rows. Rows that a
+    # killed driver of this run left on the cluster (its follower never deleted them) go.
+    progress = None
+    if on_row is not None:
+        clear_progress(f"trainflow-progress-{run_name}-")
+        progress = f"trainflow-progress-{run_name}-{uuid.uuid4().hex[:8]}"
     settings = TrainSettings.from_config(
         config,
         preprocessor=prepared.preprocessor,

@@ -25,7 +25,7 @@ with the whole Ray cluster (sampled), and the plain process's; others' load on a
 machine moves them much less than wall time.
 
     python benchmarks/resnet.py                    # 5,000 images, 3 epochs, 2 alternating rounds
-    python benchmarks/resnet.py --quick            # 1,000 images, 2 epochs, one round
+    python benchmarks/resnet.py --quick            # 400 images, 2 epochs, one round
 
 Writes benchmarks/results/resnet.json and resnet.md.
 """
@@ -340,7 +340,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--cpus", type=float, default=1.0, help="the worker's CPUs (its torch threads)")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="1,000 images, 2 epochs, one round")
+    parser.add_argument("--quick", action="store_true", help="400 images, 2 epochs, one round")
     parser.add_argument("--note", default="", help="conditions worth recording, such as other load")
     parser.add_argument("--plain", nargs=7, help=argparse.SUPPRESS)
     add_results_arg(parser)
@@ -350,7 +350,7 @@ def main() -> None:
         print(json.dumps(plain_torch(path, int(epochs), int(batch), float(lr), int(threads), int(nice), out)))
         return
     if args.quick:
-        args.rows, args.epochs, args.rounds = 1_000, 2, 1
+        args.rows, args.epochs, args.rounds = 400, 2, 1
     if args.epochs < 2:
         parser.error("--epochs must be at least 2: the first epoch is left out")
     if args.rows < 100 or args.rounds < 1 or args.cpus <= 0:

@@ -99,7 +99,7 @@ def test_ingest_quick_measures_trainflow_and_the_floor_on_the_same_rows(tmp_path
 def test_resnet_quick_runs_trainflow_and_plain_pytorch_on_the_same_rows_and_threads(tmp_path: Path):
     doc = run_script("resnet", "--quick", results=tmp_path)
 
-    assert sum(doc["counts"].values()) == doc["rows"] == 1_000
+    assert sum(doc["counts"].values()) == doc["rows"] == 400
     (round_,) = doc["rounds"]
     t, p = round_["trainflow"], round_["plain"]
     assert t["in_memory"] == ["train", "val"]  # what train.in_memory: auto picks for splits this small

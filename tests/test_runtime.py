@@ -131,6 +131,44 @@ def test_the_versions_check_reads_a_workers_python_ray_and_torch(ray_cluster):
     assert seen["torch"] == metadata.version("torch") and seen["Ray"] == ray.__version__
 
 
+def test_the_versions_check_refuses_a_model_module_the_clusters_workers_cannot_import(ray_cluster):
+    import ray
+
+    from trainflow.runtime import check_versions
+
+    address = ray.get_runtime_context().gcs_address
+    assert check_versions(address, module="json")["module_error"] is None
+    with pytest.raises(PreflightError) as refused:
+        check_versions(address, module="trainflow_test_absent_net")
+    assert str(refused.value) == (
+        f"model.kind: a worker of the Ray cluster at {address} cannot import trainflow_test_absent_net, "
+        "which the job ships: ModuleNotFoundError: No module named 'trainflow_test_absent_net'; install "
+        "what it imports on the cluster's nodes"
+    )
+
+
+def test_a_workers_traceback_of_trainflows_own_errors_stays_in_its_log(caplog):
+    """Ray Train logs each failed training function's traceback in the worker; the driver
+    reports a ConfigError or DataError in one line, so the worker's hook drops those."""
+    from ray.train.v2._internal.util import construct_user_exception_with_traceback
+
+    from trainflow.config import ConfigError
+    from trainflow.runtime import _NoExpectedTrainErrors
+
+    logger = logging.getLogger("ray.train.v2._internal.util")
+    logger.addFilter(only := _NoExpectedTrainErrors())
+    try:
+        for error in (ConfigError("model.kind x:y: importing x failed"), RuntimeError("a bug")):
+            try:
+                raise error
+            except Exception as e:  # noqa: BLE001
+                construct_user_exception_with_traceback(e)
+    finally:
+        logger.removeFilter(only)
+    logged = [r.getMessage() for r in caplog.records if r.name == logger.name]
+    assert len(logged) == 1 and logged[0].rstrip().endswith("RuntimeError: a bug"), logged
+
+
 def test_a_shipped_trainflow_comes_before_one_the_cluster_has(ray_cluster, tmp_path):
     """A cluster's own trainflow (here: an older copy first on the workers' PYTHONPATH, and
     the session's editable install) loses to the copy shipped as runtime_env py_modules:

@@ -129,6 +129,12 @@ def quiet_worker() -> None:
     # coordinator actor (a fixed local cluster has nothing to scale) and, when that call
     # misses its timeout on a busy machine, logs a traceback it calls safe to ignore.
     _errors_only("ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client")
+    # A worker whose training function raised logs the traceback; when it is trainflow's
+    # error for the user (a model module the worker cannot import, say), the driver
+    # reports it in one line (run_training), so the traceback stays in the worker's log.
+    train_util = logging.getLogger("ray.train.v2._internal.util")
+    if not any(isinstance(f, _NoExpectedTrainErrors) for f in train_util.filters):
+        train_util.addFilter(_NoExpectedTrainErrors())
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.")
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
@@ -199,6 +205,19 @@ def answer_cleaner_from_gcs() -> None:
         _use_gcs_liveness(sys.modules[_PG_CLEANER])
     elif not any(isinstance(finder, _CleanerFromGcs) for finder in sys.meta_path):
         sys.meta_path.insert(0, _CleanerFromGcs())
+
+
+class _NoExpectedTrainErrors(logging.Filter):
+    """Drops Ray Train's "Error in training function" record of a ConfigError or DataError."""
+
+    EXPECTED = ("trainflow.config.ConfigError: ", "trainflow.pipelines.data.DataError: ")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith("Error in training function"):
+            return True
+        last = message.rstrip().rsplit("\n", 1)[-1]
+        return not last.startswith(self.EXPECTED)
 
 
 class _ErrorsOnly(logging.Filter):
@@ -665,7 +684,7 @@ def check_cluster(config: PipelineConfig, logger: logging.Logger | logging.Logge
     Python, Ray and torch as this driver (:func:`check_versions`); on several nodes, the
     run's storage and the prepared-split cache shared by all of them (:func:`check_shared`)."""
     if _shipped_to:
-        check_versions(_shipped_to, logger)
+        check_versions(_shipped_to, logger, module=config.model.user_module)
     nodes = alive_nodes()
     if len(nodes) > 1:
         check_shared(shared_folders(config), nodes)
@@ -678,10 +697,12 @@ def alive_nodes() -> dict[str, str]:
     return {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes() if n.get("Alive")}
 
 
-def _versions() -> dict[str, str | None]:
-    """This process's Python (major.minor), Ray and torch versions, and where it imports
-    trainflow from. torch's is its installed distribution's, read without importing torch
+def _versions(module: str | None = None) -> dict[str, str | None]:
+    """This process's Python (major.minor), Ray and torch versions, where it imports
+    trainflow from, and the error importing ``module`` raised (None: it imported, or no
+    module). torch's version is its installed distribution's, read without importing torch
     (seconds of a worker's time): the version pip installed, which torch reports too."""
+    import importlib
     from importlib import metadata
 
     import ray
@@ -690,11 +711,18 @@ def _versions() -> dict[str, str | None]:
         torch = metadata.version("torch")
     except metadata.PackageNotFoundError:
         torch = None
+    module_error = None
+    if module:
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # noqa: BLE001 - whatever the import raised is the answer
+            module_error = f"{type(e).__name__}: {_first_line(e)}"
     return {
         "Python": f"{sys.version_info[0]}.{sys.version_info[1]}",
         "Ray": ray.__version__,
         "torch": torch,
         "trainflow": str(Path(__file__).resolve().parent),
+        "module_error": module_error,
     }
 
 
@@ -704,17 +732,23 @@ def _first_line(error: BaseException) -> str:
 
 
 def check_versions(
-    address: str, logger: logging.Logger | logging.LoggerAdapter = log, timeout_s: float = 120.0
+    address: str,
+    logger: logging.Logger | logging.LoggerAdapter = log,
+    timeout_s: float = 120.0,
+    module: str | None = None,
 ) -> dict[str, str | None]:
     """PreflightError unless a worker of the cluster at ``address``, started with the job's
     runtime_env (trainflow shipped), runs this driver's Python (major.minor), Ray and
     torch: a model pickled by one torch and loaded by another, or a Ray worker of another
-    release, fails mid-run or worse. Returns what the worker reported."""
+    release, fails mid-run or worse. With ``module`` (the user's model module, shipped
+    with the job), also unless that worker imports it: what the module imports in turn
+    must be installed on the cluster, and Train's workers would each fail on it. Returns
+    what the worker reported."""
     import ray
     from ray.exceptions import GetTimeoutError, RayError
 
     try:
-        theirs = ray.get(ray.remote(num_cpus=0)(_versions).remote(), timeout=timeout_s)
+        theirs = ray.get(ray.remote(num_cpus=0)(_versions).remote(module), timeout=timeout_s)
     except GetTimeoutError:
         raise PreflightError(
             f"no worker of the Ray cluster at {address} started within {timeout_s:g} s to report its "
@@ -732,6 +766,11 @@ def check_versions(
                 f"the Ray cluster at {address} runs {name} {theirs[name] or '(not installed)'}, this driver "
                 f"{ours[name]}: install the same versions on both"
             )
+    if theirs["module_error"]:
+        raise PreflightError(
+            f"model.kind: a worker of the Ray cluster at {address} cannot import {module}, which the "
+            f"job ships: {theirs['module_error']}; install what it imports on the cluster's nodes"
+        )
     logger.info(
         "the Ray cluster at %s runs Python %s, Ray %s and torch %s as this driver does; its workers "
         "import trainflow from %s",

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import trainflow
-from tests.flows.test_training_pipeline import flow_logs
+from tests.flows.test_training_pipeline import flow_logs, task_runs
 from tests.pipelines.test_sources import write_mnist_raw
 from trainflow.config import load_config
 from trainflow.flows.training import training_pipeline
@@ -154,3 +154,41 @@ def test_a_users_module_trains_on_workers_that_lack_it_and_loading_needs_it(
             "PYTHONPATH or run from the folder that holds it"
         )
     )
+
+
+# A model module that imports on the driver but not in a Ray worker: as one that imports a
+# package only the driver's machine has.
+DRIVER_ONLY_NET = """
+import ray
+
+if ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE:
+    raise ModuleNotFoundError("No module named 'driver_only_lib'", name="driver_only_lib")
+
+from torch import nn
+
+
+def build(input_shape, num_outputs, **_):
+    return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], num_outputs))
+"""
+
+
+def test_a_model_module_the_workers_cannot_import_fails_the_run_in_one_line_without_retries(
+    tmp_path, ray_cluster, prefect_harness, trainflow_home, monkeypatch
+):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "driver_only_net.py").write_text(DRIVER_ONLY_NET)
+    monkeypatch.syspath_prepend(str(code))
+    # No retries by Ray Train (failure.max_failures: 0): each would start the workers again.
+    config = small_config(name="driver-only", data={"limit": 200}, failure={"max_failures": 0})
+    config["model"] = {"kind": "driver_only_net:build"}
+    state = training_pipeline(config=config, return_state=True)
+    assert state.is_failed()
+    assert state.message.count("\n") == 0, state.message
+    assert (
+        "model.kind driver_only_net:build: importing driver_only_net failed: No module named "
+        "'driver_only_lib' (on the Ray Train workers)" in state.message
+    ), state.message
+
+    train = [t for t in task_runs(state.state_details.flow_run_id) if t.name.startswith("train")]
+    assert [t.run_count for t in train] == [1]  # the train task's retry skips an error that comes back

@@ -12,8 +12,9 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trainflow.config import PipelineConfig
+from trainflow.config import ConfigError, PipelineConfig
 from trainflow.pipelines.checkpoint import METRICS, read_json
+from trainflow.pipelines.data import DataError
 from trainflow.pipelines.models import describe_parameters
 from trainflow.pipelines.training.inputs import TRAIN_SPLITS, split_inputs, splits_in_memory
 from trainflow.pipelines.training.loop import SETTINGS, Outcome, train_loop_per_worker
@@ -48,6 +49,22 @@ class TrainingResult:
     starts: list[int] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)
     in_memory: tuple[str, ...] = ()  # the splits the workers held in memory; the rest streamed
+
+
+def expected_worker_error(error: Exception) -> Exception | None:
+    """The error every failed worker of a Ray Train failure raised, when it is one that
+    trainflow raises for a user to act on (a ConfigError: a model that does not build on
+    the workers, a module they cannot import; a DataError), to report in one line as the
+    driver would have; None for anything else."""
+    failures = getattr(error, "worker_failures", None) or {}
+    # Ray Train hands back each worker's exception wrapped with its traceback text.
+    raised = [getattr(failure, "_base_exc", failure) for failure in failures.values()]
+    if not raised or not all(isinstance(e, (ConfigError, DataError)) for e in raised):
+        return None
+    try:
+        return type(raised[0])(f"{raised[0]} (on the Ray Train workers)")
+    except TypeError:  # a subclass that takes other arguments: its own message
+        return raised[0]
 
 
 def run_training(
@@ -114,9 +131,17 @@ def run_training(
                 "class_weights": settings.class_weights,
             }
         )
+    from ray.train import TrainingFailedError
+
     timeline("train fit start")
     with follow_progress(progress, on_row) if progress else nullcontext(Progress()) as seen:
-        result = trainer.fit()
+        try:
+            result = trainer.fit()
+        except TrainingFailedError as e:
+            expected = expected_worker_error(e)
+            if expected is None:
+                raise
+            raise expected from None
     timeline("train fit returned")
     outcome: Outcome = result.return_value or Outcome("completed", config.train.epochs)
     if outcome.status == "diverged":

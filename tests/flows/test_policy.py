@@ -16,7 +16,7 @@ def in_thread(target) -> threading.Thread:
     return thread
 
 
-def test_two_trainings_of_one_model_take_turns(prefect_harness):
+def test_two_trainings_of_one_model_take_turns(prefect_harness, trainflow_home):
     asking, entered, released = threading.Event(), threading.Event(), threading.Event()
     entered_after_release = []
 
@@ -54,7 +54,7 @@ def test_two_trainings_of_one_model_take_turns(prefect_harness):
 
 
 def test_a_slot_a_killed_run_kept_is_named_in_the_log_and_freed_by_the_command_it_gives(
-    prefect_harness, caplog
+    prefect_harness, trainflow_home, caplog
 ):
     import logging
 
@@ -83,6 +83,50 @@ def test_a_slot_a_killed_run_kept_is_named_in_the_log_and_freed_by_the_command_i
     assert entered.wait(60), "the waiting run never got the freed slot"
     waiter.join(60)
     assert not waiter.is_alive()
+
+
+def test_a_slot_whose_holder_died_before_training_is_freed_by_the_next_run(
+    prefect_harness, trainflow_home, caplog
+):
+    """A driver killed outright while it held the slot, before its train step wrote a run
+    record (starting Ray, preparing the data): the next run on the machine frees the slot."""
+    import logging
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+    from tests.pipelines.test_runs import dead_driver
+    from trainflow.flows.training import SlotHolder
+
+    limit = "trainflow-model-died-early"
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(
+            GlobalConcurrencyLimitCreate(name=limit, limit=1, active_slots=1)
+        )
+    holders = trainflow_home / "slots" / limit
+    holders.mkdir(parents=True)
+    gone = dead_driver()
+    (holders / "gone.json").write_text(SlotHolder(driver=gone, since=1.0).model_dump_json())
+
+    entered = threading.Event()
+
+    def next_run():
+        with one_run_per_model("died-early", logging.getLogger("test-policy")):
+            assert [p.name for p in holders.iterdir()] != ["gone.json"]  # this run holds it now
+            entered.set()
+
+    with caplog.at_level(logging.WARNING, logger="test-policy"):
+        waiter = in_thread(next_run)
+        assert entered.wait(60), "the next run waited for a slot whose holder had died"
+        waiter.join(60)
+    (record,) = [r for r in caplog.records if r.name == "test-policy"]
+    assert record.getMessage() == (
+        f"a training of died-early ({gone.describe()}) died before it trained; its concurrency slot "
+        "is free again"
+    )
+    assert not list(holders.iterdir())  # the run's own holder file went with its slot
+    with get_client(sync_client=True) as client:
+        assert client.read_global_concurrency_limit_by_name(limit).active_slots == 0
 
 
 def test_flow_parameters_resolve_paths_overrides_and_smoke():

@@ -7,18 +7,20 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.concurrency.sync import concurrency
 from prefect.runtime import flow_run
+from pydantic import BaseModel
 
 from trainflow import checks
 from trainflow.config import ConfigError, PipelineConfig, load_config, smoke_config
 from trainflow.flows.logs import one_line_expected_errors
 from trainflow.pipelines.training.run import TrainingDiverged
-from trainflow.pipelines.training.runs import RunRecord, recorded_run, records, write_record
+from trainflow.pipelines.training.runs import Driver, recorded_run, records, write_record
 from trainflow.runtime import preflight, ray_session, timeline, workspace
 from trainflow.tasks import evaluate, ingest, preprocess, register, render, train
 from trainflow.tasks.results import PipelineResult
@@ -52,8 +54,9 @@ def one_run_per_model(
 ) -> Iterator[None]:
     """Hold the model's Prefect concurrency slot: two trainings of one model never overlap,
     whichever deployments, schedules or hands started them; the later one waits, and says
-    so in its log with how to free a slot that a killed run kept. A slot held by a run
-    under ``storage`` whose driver died on this machine is freed first (:func:`_free_dead_slots`)."""
+    so in its log with how to free a slot that a killed run kept. Slots whose holders all
+    died on this machine are freed first (:func:`_free_dead_slots`); the runs they held
+    under ``storage`` are marked interrupted."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
@@ -63,16 +66,16 @@ def one_run_per_model(
         # Look before creating: the server logs a refused duplicate as an error with a
         # traceback, which users read as a failure of their run.
         try:
-            busy = client.read_global_concurrency_limit_by_name(limit).active_slots > 0
+            taken = client.read_global_concurrency_limit_by_name(limit).active_slots
         except ObjectNotFound:
-            busy = False
+            taken = 0
             try:
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=limit, limit=1))
             except ObjectAlreadyExists:  # another run created it in between
                 pass
-        if busy and storage:
-            busy = not _free_dead_slots(client, limit, storage, records(storage, name), logger)
-    if busy:
+        if taken and _free_dead_slots(client, limit, taken, storage, name, logger):
+            taken = 0
+    if taken:
         # A run killed outright (SIGKILL, out of memory, a machine that went down) cannot
         # release its slot; on a temporary Prefect server nothing expires it either.
         logger.warning(
@@ -83,42 +86,101 @@ def one_run_per_model(
             limit,
             limit,
         )
-    with concurrency(limit, occupy=1, strict=True):
+    with concurrency(limit, occupy=1, strict=True), _slot_holder(limit):
         yield
 
 
-def _free_dead_slots(client, limit: str, storage: str, runs: list[RunRecord], logger) -> bool:
-    """Give back the slots of runs whose driver died (killed outright, the machine
-    restarted): each took one and could not release it. Only when no other run of the
-    model may be running (a driver alive, or on another machine, holds its slot). The
-    dead runs become ``interrupted`` (``--resume`` continues them) and their flow runs
-    Crashed. Whether any slot was freed."""
+class SlotHolder(BaseModel):
+    """Who holds a model's concurrency slot, in a file of TRAINFLOW_HOME/slots while it does:
+    what tells a slot that a killed driver kept (in any step) from one a live run holds."""
+
+    driver: Driver
+    flow_run: str | None = None
+    since: float
+
+
+def _holders(limit: str) -> dict[Path, SlotHolder]:
+    folder = workspace().home / "slots" / limit
+    holders = {}
+    for path in folder.glob("*.json"):
+        try:
+            holders[path] = SlotHolder.model_validate_json(path.read_text())
+        except (OSError, ValueError):
+            continue  # removed meanwhile, or not whole: a holder writes by rename
+    return holders
+
+
+@contextmanager
+def _slot_holder(limit: str) -> Iterator[None]:
+    """Record this driver as the holder of ``limit``'s slot until the block ends."""
+    # The slot is this run's (a limit of 1): any other holder recorded here died and its
+    # slot was given back already (by hand, or by _free_dead_slots elsewhere).
+    for path, holder in _holders(limit).items():
+        if holder.driver.alive() is False:
+            path.unlink(missing_ok=True)
+    me = SlotHolder(
+        driver=Driver.this(), flow_run=str(flow_run.id) if flow_run.id else None, since=time.time()
+    )
+    path = workspace().home / "slots" / limit / f"{me.driver.host}-{me.driver.pid}-{me.driver.start}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(me.model_dump_json())
+    partial.replace(path)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _free_dead_slots(client, limit: str, taken: int, storage: str | None, name: str, logger) -> bool:
+    """Give back the slots whose holders died on this machine (killed outright, the
+    machine restarted): each took one and could not release it. Only when every taken
+    slot is such a one (a driver alive, or on another machine, holds its slot). The runs
+    they left under ``storage`` become ``interrupted`` (``--resume`` continues them) and
+    their flow runs Crashed. Whether the slots were freed."""
+
+    dead = {path: h for path, h in _holders(limit).items() if h.driver.alive() is False}
+    if not dead or len(dead) < taken:
+        return False
+    held = max(time.time() - min(h.since for h in dead.values()), 1.0)  # the server takes only > 0
+    client.release_concurrency_slots(names=[limit], slots=taken, occupancy_seconds=held)
+    for path in dead:
+        path.unlink(missing_ok=True)
+    died = {h.flow_run: h for h in dead.values()}
+    for record in records(storage, name) if storage else []:
+        if record.driver_died():
+            died.pop(record.flow_run, None)
+            logger.warning(
+                "%s died with its driver; its concurrency slot is free again, and "
+                "`trainflow run --resume` continues it from its latest checkpoint",
+                record.describe(),
+            )
+            record.status = "interrupted"
+            write_record(storage, record)
+            _crashed(client, record.flow_run, record.driver)
+    for flow_run_id, holder in died.items():
+        logger.warning(
+            "a training of %s (%s%s) died before it trained; its concurrency slot is free again",
+            name,
+            holder.driver.describe(),
+            f", flow run {flow_run_id}" if flow_run_id else "",
+        )
+        _crashed(client, flow_run_id, holder.driver)
+    return True
+
+
+def _crashed(client, flow_run_id: str | None, driver: Driver) -> None:
+    """Mark a dead driver's flow run Crashed: a display aid, the slot is what mattered."""
     from prefect.states import Crashed
 
-    running = [r for r in runs if r.status == "running"]
-    dead = [r for r in running if r.driver_died()]
-    if not dead or len(dead) < len(running):
-        return False
-    held = max(time.time() - min(r.started for r in dead), 1.0)  # the server takes only a positive time
-    client.release_concurrency_slots(names=[limit], slots=len(dead), occupancy_seconds=held)
-    for record in dead:
-        logger.warning(
-            "%s died with its driver; its concurrency slot is free again, and "
-            "`trainflow run --resume` continues it from its latest checkpoint",
-            record.describe(),
+    if not flow_run_id:
+        return
+    try:
+        client.set_flow_run_state(
+            flow_run_id, Crashed(message=f"its driver ({driver.describe()}) died"), force=True
         )
-        record.status = "interrupted"
-        write_record(storage, record)
-        if record.flow_run:
-            try:
-                client.set_flow_run_state(
-                    record.flow_run,
-                    Crashed(message=f"its driver ({record.driver.describe()}) died"),
-                    force=True,
-                )
-            except Exception as e:  # the run's state is a display aid; the slot is what mattered
-                logger.debug("could not mark flow run %s crashed: %s", record.flow_run, e)
-    return True
+    except Exception as e:  # noqa: BLE001
+        log.debug("could not mark flow run %s crashed: %s", flow_run_id, e)
 
 
 # The bundled digits job: what a deployment runs when given no config.

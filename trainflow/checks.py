@@ -135,6 +135,12 @@ class ModelRef(BaseModel):
     checkpoint: str  # the verified local copy of the registered checkpoint
     input_columns: list[str]  # every column the model reads
     classes: list
+    kind: str = "mlp"  # its model.kind: a user's model's module goes to the cluster with the run
+
+    def cluster(self, ray_address: str | None = None) -> PipelineConfig:
+        """The config of a run that predicts with this model on the cluster at ``ray_address``
+        (None: RAY_ADDRESS, else a local one): the model's module, a user's, shipped with it."""
+        return PipelineConfig(ray={"address": ray_address}, model={"kind": self.kind})
 
 
 def model(uri: str, *, hold: bool = False) -> ModelRef:
@@ -151,7 +157,8 @@ def model(uri: str, *, hold: bool = False) -> ModelRef:
         ws = workspace()
         mv = registry.resolve(ws, uri)
         folder = registry.local_checkpoint(ws, mv)
-        pre = load_checkpoint(folder).preprocessor
+        loaded = load_checkpoint(folder)
+        pre = loaded.preprocessor
         return ModelRef(
             uri=f"{mv.name}/{mv.version}" if hold else uri,
             name=mv.name,
@@ -159,6 +166,7 @@ def model(uri: str, *, hold: bool = False) -> ModelRef:
             checkpoint=str(folder),
             input_columns=pre.input_columns,
             classes=pre.classes,
+            kind=loaded.spec["kind"],
         )
 
     if ("model", uri) in _held:

@@ -185,11 +185,11 @@ def predict(
     from trainflow import checks, startup
 
     module = "trainflow.flows.batch_predict"
-    cluster = PipelineConfig()  # RAY_ADDRESS, else a local cluster
     # Model, input, output and cluster address are checked here, before Prefect and Ray start.
     with _registry_errors(), _one_line_errors():
         ref = checks.model(model, hold=True)
         checks.predict_input(str(input), str(output), ref, hold=True)
+        cluster = ref.cluster()  # RAY_ADDRESS, else a local cluster
         checks.cluster(cluster, workers=None, hold=True)
     result = _call_flow(
         startup.started(module, cluster, open_registry=False),
@@ -383,6 +383,7 @@ def models_serve(
         application = serving.app(
             model, replicas=replicas, max_replicas=max_replicas, cpus_per_replica=cpus_per_replica, ws=ws
         )
+        kind = serving.model_kind(model, ws)
         serving.check_port(host, port)
         if max_replicas is None:
             serving.check_fits(replicas, cpus_per_replica)
@@ -395,7 +396,8 @@ def models_serve(
         )
 
     try:
-        serving.serve_until_stopped(application, host=host, port=port, on_ready=ready)
+        with _one_line_errors():  # a cluster started elsewhere, checked once connected
+            serving.serve_until_stopped(application, host=host, port=port, on_ready=ready, model_kind=kind)
     except KeyboardInterrupt:  # Ctrl-C while Ray was still starting
         raise typer.Exit(130) from None
     typer.echo("stopped")

@@ -136,6 +136,14 @@ class PreprocessConfig(_Section):
 MODEL_KIND = re.compile(r"mlp|cnn|torchvision:[A-Za-z_]\w*|[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
+def user_module_of(kind: str) -> str | None:
+    """The module of a ``package.module:callable`` model kind (a user's model); None for
+    trainflow's own kinds and torchvision's."""
+    if kind in ("mlp", "cnn") or kind.startswith("torchvision:"):
+        return None
+    return kind.partition(":")[0]
+
+
 class ModelConfig(_Section):
     # mlp | cnn | torchvision:<architecture>, a classification builder of torchvision.models
     # (torchvision:resnet18) | package.module:callable, a model of your own, called in each
@@ -187,9 +195,7 @@ class ModelConfig(_Section):
     @property
     def user_module(self) -> str | None:
         """The module of a ``package.module:callable`` kind; None for the others."""
-        if self.kind in ("mlp", "cnn") or self.kind.startswith("torchvision:"):
-            return None
-        return self.kind.partition(":")[0]
+        return user_module_of(self.kind)
 
 
 class EarlyStoppingConfig(_Section):

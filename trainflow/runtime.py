@@ -683,11 +683,17 @@ def check_cluster(config: PipelineConfig, logger: logging.Logger | logging.Logge
     """What a cluster needs beyond resources: on one the run did not start, the same
     Python, Ray and torch as this driver (:func:`check_versions`); on several nodes, the
     run's storage and the prepared-split cache shared by all of them (:func:`check_shared`)."""
-    if _shipped_to:
-        check_versions(_shipped_to, logger, module=config.model.user_module)
+    check_shipped(logger, module=config.model.user_module)
     nodes = alive_nodes()
     if len(nodes) > 1:
         check_shared(shared_folders(config), nodes)
+
+
+def check_shipped(logger: logging.Logger | logging.LoggerAdapter = log, module: str | None = None) -> None:
+    """On a cluster the session did not start (trainflow shipped to it), the versions and
+    ``module`` checked there (:func:`check_versions`); nothing on a local cluster."""
+    if _shipped_to:
+        check_versions(_shipped_to, logger, module=module)
 
 
 def alive_nodes() -> dict[str, str]:

@@ -226,3 +226,39 @@ def test_a_checkpoint_of_a_users_model_without_its_module_fails_naming_it(tmp_pa
             "put it on PYTHONPATH or run from the folder that holds it"
         )
     )
+
+
+def test_a_users_model_predicts_on_ray_data_actors_whose_workers_lack_its_module(
+    ray_cluster, tmp_path, user_module
+):
+    """Batch prediction, evaluation and the gate's re-scoring load the checkpoint in Ray
+    Data actors: the model's module goes with them."""
+    import numpy as np
+    import pandas as pd
+    import ray
+    import ray.data
+
+    from trainflow.pipelines.checkpoint import save_checkpoint
+    from trainflow.pipelines.evaluate import predict_rows
+    from trainflow.pipelines.preprocess import Preprocessor
+
+    @ray.remote(num_cpus=0)
+    def importable() -> bool:
+        import importlib.util
+
+        return importlib.util.find_spec(user_module) is not None
+
+    assert not ray.get(importable.remote())  # the session's workers do not have it by themselves
+    spec = model_spec(ModelConfig(kind=f"{user_module}:table"), 2, 2)
+    save_checkpoint(
+        tmp_path / "ckpt",
+        model=build_model(spec),
+        spec=spec,
+        preprocessor=Preprocessor(["a", "b"], "label", [0, 1], scaler="none").to_dict(),
+        config={},
+        metrics={},
+    )
+    rows = pd.DataFrame({"a": np.linspace(-2, 2, 40), "b": np.linspace(3, -1, 40)})
+    got = predict_rows(ray.data.from_pandas(rows), str(tmp_path / "ckpt"), batch_size=16).to_pandas()
+    expected = load_checkpoint(tmp_path / "ckpt").predict(rows)
+    assert got["prediction"].tolist() == expected.tolist()

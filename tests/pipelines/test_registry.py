@@ -19,13 +19,15 @@ from trainflow.runtime import workspace
 FRAME = pd.DataFrame({"a": [0.1, -2.0, 3.0], "b": [1.0, 0.0, -1.0]})
 
 
-def make_checkpoint(folder, seed=0, pre=None):
-    """A checkpoint of an untrained MLP; by default of two numeric columns a and b, two classes."""
+def make_checkpoint(folder, seed=0, pre=None, model=None):
+    """A checkpoint of an untrained model (an MLP unless ``model`` says otherwise); by
+    default of two numeric columns a and b, two classes."""
     import torch
 
     torch.manual_seed(seed)
     pre = pre or Preprocessor(["a", "b"], "label", [0, 1], scaler="none")
-    spec = model_spec(ModelConfig(kind="mlp", hidden_sizes=[4]), pre.num_features, pre.num_outputs)
+    model = model or ModelConfig(kind="mlp", hidden_sizes=[4])
+    spec = model_spec(model, pre.num_features, pre.num_outputs)
     save_checkpoint(
         folder,
         model=build_model(spec),

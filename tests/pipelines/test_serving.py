@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import socket
+import sys
 import threading
 import time
 
@@ -15,6 +16,7 @@ import pandas as pd
 import pytest
 
 from tests.pipelines.test_registry import make_checkpoint, register
+from trainflow.config import ModelConfig
 from trainflow.pipelines import registry
 from trainflow.pipelines.preprocess import Preprocessor
 from trainflow.runtime import workspace
@@ -49,27 +51,47 @@ def server(ray_cluster, module_trainflow_home, tmp_path_factory):
     register(ws, make_checkpoint(tmp / "i1", seed=3, pre=img), 0.8, name="shapes")
     reg = Preprocessor(["a", "b"], "target", [], scaler="none", task="regression", label_offset=150.0)
     register(ws, make_checkpoint(tmp / "r1", seed=4, pre=reg), 0.8, name="diabetes")
+    # A user's model, whose module only this driver has (the session's workers do not).
+    (tmp / "code").mkdir()
+    (tmp / "code" / "serving_user_net.py").write_text(USER_NET)
+    driver_path = pytest.MonkeyPatch()
+    driver_path.syspath_prepend(str(tmp / "code"))
+    own = ModelConfig(kind="serving_user_net:build")
+    register(ws, make_checkpoint(tmp / "o1", seed=5, model=own), 0.8, name="own")
 
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=QUIET_LOGS)
     small = ServeSettings(max_rows=100, max_body_bytes=64 << 10, poll_interval_s=POLL_S)
     # The regression app scales with the load (Serve's autoscaling), between 1 and 2 replicas.
-    apps = [("toy", "toy", None), ("pinned", "toy/1", None), ("img", "shapes", None), ("reg", "diabetes", 2)]
-    serve.run_many(  # side by side: one deployment's start-up is seconds
-        [
-            serve.RunTarget(
-                app(model, max_replicas=most, cpus_per_replica=0.25, settings=small),
-                name,
-                f"/{name}",
-                QUIET_LOGS,
-            )
-            for name, model, most in apps
-        ]
-    )
+    apps = [
+        ("toy", "toy", None),
+        ("pinned", "toy/1", None),
+        ("img", "shapes", None),
+        ("reg", "diabetes", 2),
+        ("own", "own", None),
+    ]
+    targets = [
+        serve.RunTarget(
+            app(model, max_replicas=most, cpus_per_replica=0.2, settings=small), name, f"/{name}", QUIET_LOGS
+        )
+        for name, model, most in apps
+    ]
+    serve.run_many(targets)  # side by side: one deployment's start-up is seconds
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
+        driver_path.undo()
+        sys.modules.pop("serving_user_net", None)
+
+
+USER_NET = """
+from torch import nn
+
+
+def build(input_shape, num_outputs):
+    return nn.Sequential(nn.Linear(input_shape[0], 6), nn.Tanh(), nn.Linear(6, num_outputs))
+"""
 
 
 ROWS = [{"a": 0.5, "c": "x"}, {"a": -3.0, "c": "y"}, {"a": 10.0, "c": "never seen"}, {"a": 2, "c": None}]
@@ -88,6 +110,14 @@ def test_rows_and_columns_answer_as_load_model_does(server):
     columns = {"a": [r["a"] for r in ROWS], "c": [r["c"] for r in ROWS]}
     by_columns = httpx.post(f"{server}/toy/predict", json={"columns": columns}).json()
     assert by_columns["predictions"] == answer["predictions"]
+
+
+def test_a_users_model_is_served_by_replicas_that_get_its_module(server):
+    rows = [{"a": 0.5, "b": 1.0}, {"a": -3.0, "b": 2.0}]
+    r = httpx.post(f"{server}/own/predict", json={"rows": rows})
+    assert r.status_code == 200, r.text
+    model = registry.load_model("own/1")  # here, from the driver's path
+    np.testing.assert_allclose(r.json()["probabilities"], model.predict_proba(pd.DataFrame(rows)), rtol=1e-5)
 
 
 def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(server):

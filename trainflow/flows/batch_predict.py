@@ -5,13 +5,12 @@
 
 import time
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from trainflow import checks
-from trainflow.config import PipelineConfig
 from trainflow.flows.logs import one_line_expected_errors
-from trainflow.runtime import ray_session
+from trainflow.runtime import check_shipped, ray_session
 from trainflow.tasks import render
 from trainflow.tasks.predict import Predicted, check_input, predict, resolve_model
 
@@ -39,13 +38,15 @@ def batch_predict(
     """
     one_line_expected_errors()
     start = time.perf_counter()
-    cluster = PipelineConfig(ray={"address": ray_address})
     # resolve the model and check the input and the cluster's address, before Ray starts
     ref = resolve_model(model)
     info = check_input(input, output, ref)
+    cluster = ref.cluster(ray_address)
     checks.cluster(cluster, workers=None)
     # predict: no warm-up workers, the prediction's actor pool starts processes of its own
     with ray_session(cluster):
+        # on a cluster started elsewhere: its versions, and that it imports a user's model
+        check_shipped(get_run_logger(), module=cluster.model.user_module)
         rows = predict(info, output, ref, batch_size, concurrency, use_gpu)
     result = Predicted(
         model=ref.uri,

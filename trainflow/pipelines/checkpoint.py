@@ -116,6 +116,17 @@ class Predictor:
         return np.asarray(self.classes)[outputs.argmax(axis=1)]
 
 
+def model_actor_options(checkpoint_dir: str) -> dict[str, Any]:
+    """The Ray actor options that let an actor load the checkpoint's model: for a user's
+    model (``model.kind: package.module:callable``), its module shipped as runtime_env
+    ``py_modules``, which the cluster's workers need not have; nothing for the others."""
+    from trainflow.config import user_module_of
+    from trainflow.runtime import worker_runtime_env
+
+    env = worker_runtime_env(user_module_of(read_json(checkpoint_dir, SPEC)["kind"]))
+    return {"runtime_env": env} if env else {}
+
+
 def load_checkpoint(folder: str | Path) -> Predictor:
     folder = Path(folder)
     missing = [name for name in REQUIRED if not (folder / name).is_file()]

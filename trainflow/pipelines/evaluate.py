@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from trainflow.pipelines.checkpoint import load_checkpoint
+from trainflow.pipelines.checkpoint import load_checkpoint, model_actor_options
 from trainflow.pipelines.entry import read_split_batches
 from trainflow.pipelines.preprocess import FEATURES, LABEL
 
@@ -99,6 +99,7 @@ def predict_dataset(
         batch_size=batch_size,
         batch_format="numpy",
         compute=ActorPoolStrategy(size=concurrency),  # the model loads once per actor
+        **model_actor_options(checkpoint_dir),
     )
 
 
@@ -122,6 +123,7 @@ def predict_rows(
         batch_format="pandas",
         num_gpus=num_gpus,
         compute=ActorPoolStrategy(size=concurrency),
+        **model_actor_options(checkpoint_dir),
     )
 
 

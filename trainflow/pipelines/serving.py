@@ -61,7 +61,7 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from trainflow.pipelines import registry
-from trainflow.pipelines.checkpoint import Predictor, load_checkpoint
+from trainflow.pipelines.checkpoint import SPEC, Predictor, load_checkpoint, model_actor_options, read_json
 from trainflow.pipelines.data import IMAGE, DataError
 from trainflow.pipelines.preprocess import Preprocessor
 from trainflow.runtime import PreflightError, Workspace, local_cluster_resources, workspace
@@ -574,8 +574,19 @@ def app(
     model, version or alias is a RegistryError here, before any replica starts."""
     if replicas < 1 or (max_replicas is not None and max_replicas < 1):
         raise ValueError(f"replicas and max_replicas must be at least 1, got {replicas}, {max_replicas}")
+    import ray
+
     ws = ws or workspace()
-    registry.resolve(ws, model)
+    folder = registry.local_checkpoint(ws, registry.resolve(ws, model))
+    # A user's model (model.kind: package.module:callable) brings its module to the
+    # replicas, which the cluster's workers need not have: the module of the version
+    # served at the start (a later version the alias moves to must use the same one).
+    # Shipped with the replicas when Ray is connected already; else serve_until_stopped's
+    # session ships it with the job, whose runtime_env the replicas inherit.
+    actor_options = {
+        "num_cpus": cpus_per_replica,
+        **(model_actor_options(str(folder)) if ray.is_initialized() else {}),
+    }
     scaling: dict[str, Any] = {"num_replicas": replicas}
     if max_replicas is not None:
         scaling = {
@@ -587,12 +598,18 @@ def app(
         }
     return ModelServer.options(
         **scaling,
-        ray_actor_options={"num_cpus": cpus_per_replica},
+        ray_actor_options=actor_options,
         max_ongoing_requests=MAX_ONGOING_REQUESTS,
     ).bind(model, str(ws.home), os.environ.get("MLFLOW_TRACKING_URI"), settings or ServeSettings())
 
 
 # --- the command's checks and its serving loop ---------------------------------------
+
+
+def model_kind(model: str, ws: Workspace | None = None) -> str:
+    """The ``model.kind`` of the version ``model`` names (``NAME``, ``NAME@ALIAS``, ``NAME/VERSION``)."""
+    ws = ws or workspace()
+    return read_json(registry.local_checkpoint(ws, registry.resolve(ws, model)), SPEC)["kind"]
 
 
 def check_port(host: str, port: int) -> None:
@@ -636,18 +653,24 @@ def serve_until_stopped(
     on_ready: Callable[[str], None],
     ray_address: str | None = None,
     stop_after_s: float | None = None,
+    model_kind: str | None = None,
 ) -> None:
     """Start Ray (a local cluster, or the one at ``ray_address`` or RAY_ADDRESS) and
     Serve listening on ``host:port``, run ``application`` and block until SIGINT or
     SIGTERM (or ``stop_after_s`` after it is ready); then take the application down, and
-    Serve with the local cluster. ``on_ready`` gets the URL."""
+    Serve with the local cluster. ``on_ready`` gets the URL. ``model_kind``: the served
+    model's (:func:`model_kind`), whose module, for a user's model, the session ships
+    and, on a cluster started elsewhere, checks there with the versions."""
     import time
 
     from trainflow.config import PipelineConfig
-    from trainflow.runtime import ray_session
+    from trainflow.runtime import check_shipped, ray_session
 
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
-    with ray_session(PipelineConfig(ray={"address": ray_address})):
+    model = {"model": {"kind": model_kind}} if model_kind else {}
+    session = PipelineConfig(ray={"address": ray_address}, **model)
+    with ray_session(session):
+        check_shipped(log, module=session.model.user_module)
         # Installed after ray.init, whose own SIGTERM handler would abort the process; only
         # the main thread may install them (elsewhere, the caller's own handling stands).
         stop = threading.Event()

@@ -37,7 +37,13 @@ def serve_endpoint(
         )
 
     serving.serve_until_stopped(
-        application, host=host, port=port, on_ready=ready, ray_address=ray_address, stop_after_s=stop_after_s
+        application,
+        host=host,
+        port=port,
+        on_ready=ready,
+        ray_address=ray_address,
+        stop_after_s=stop_after_s,
+        model_kind=serving.model_kind(model),
     )
     logger.info("stopped serving %s", model)
     return served[0] if served else ""

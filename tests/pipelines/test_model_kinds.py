@@ -228,6 +228,7 @@ def test_a_checkpoint_of_a_users_model_without_its_module_fails_naming_it(tmp_pa
     )
 
 
+@pytest.mark.slow  # a Ray Data actor that imports torch
 def test_a_users_model_predicts_on_ray_data_actors_whose_workers_lack_its_module(
     ray_cluster, tmp_path, user_module
 ):

@@ -135,12 +135,13 @@ class ModelRef(BaseModel):
     checkpoint: str  # the verified local copy of the registered checkpoint
     input_columns: list[str]  # every column the model reads
     classes: list
-    kind: str = "mlp"  # its model.kind: a user's model's module goes to the cluster with the run
+    kind: str | None = None  # its model.kind: a user's model's module goes to the cluster with the run
 
     def cluster(self, ray_address: str | None = None) -> PipelineConfig:
         """The config of a run that predicts with this model on the cluster at ``ray_address``
         (None: RAY_ADDRESS, else a local one): the model's module, a user's, shipped with it."""
-        return PipelineConfig(ray={"address": ray_address}, model={"kind": self.kind})
+        model = {"model": {"kind": self.kind}} if self.kind else {}
+        return PipelineConfig(ray={"address": ray_address}, **model)
 
 
 def model(uri: str, *, hold: bool = False) -> ModelRef:

@@ -101,8 +101,8 @@ def quiet_worker() -> None:
     (:func:`answer_cleaner_from_gcs`), and keeps the driver's console to what a user acts
     on: the cleaner warns when it removes the placement group of a controller that died
     (a trial that a sweep's scheduler stops, unless the sweep got there first), every
-    worker logs each report,
-    and Ray's own internals trip deprecation and tensor warnings that no user of
+    worker logs each report, a worker logs the traceback of trainflow's own one-line
+    errors, and Ray's own internals trip deprecation and tensor warnings that no user of
     trainflow can act on.
     """
     import warnings
@@ -708,7 +708,6 @@ def _versions(module: str | None = None) -> dict[str, str | None]:
     trainflow from, and the error importing ``module`` raised (None: it imported, or no
     module). torch's version is its installed distribution's, read without importing torch
     (seconds of a worker's time): the version pip installed, which torch reports too."""
-    import importlib
     from importlib import metadata
 
     import ray
@@ -727,7 +726,7 @@ def _versions(module: str | None = None) -> dict[str, str | None]:
         "Python": f"{sys.version_info[0]}.{sys.version_info[1]}",
         "Ray": ray.__version__,
         "torch": torch,
-        "trainflow": str(Path(__file__).resolve().parent),
+        "trainflow": trainflow_package(),
         "module_error": module_error,
     }
 

@@ -138,7 +138,6 @@ def _free_dead_slots(client, limit: str, taken: int, storage: str | None, name: 
     slot is such a one (a driver alive, or on another machine, holds its slot). The runs
     they left under ``storage`` become ``interrupted`` (``--resume`` continues them) and
     their flow runs Crashed. Whether the slots were freed."""
-
     dead = {path: h for path, h in _holders(limit).items() if h.driver.alive() is False}
     if not dead or len(dead) < taken:
         return False

@@ -12,6 +12,7 @@ import json
 import math
 import tempfile
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -257,19 +258,15 @@ def _load_training_state(folder: Path) -> tuple[dict, dict]:
 def _resume_state(checkpoint, settings: TrainSettings) -> tuple[dict, dict] | None:
     """The state to resume from: Ray's latest checkpoint, or ``settings.resume_from`` when
     that folder is of a later epoch and loads (a killed run's last write may be partial)."""
-    ray_epoch = -1
-    if checkpoint is not None:
-        with checkpoint.as_directory() as folder:
-            ray_epoch = json.loads((Path(folder) / METRICS).read_text())["epoch"]
-    if settings.resume_from and settings.resume_from_epoch > ray_epoch:
-        try:
-            return _load_training_state(Path(settings.resume_from))
-        except Exception:  # partly written: Ray's own checkpoint, which was completed
-            pass
-    if checkpoint is None:
-        return None
-    with checkpoint.as_directory() as folder:
-        return _load_training_state(Path(folder))
+    # Ray's checkpoint opened once: on a URI storage, each as_directory() downloads it.
+    with checkpoint.as_directory() if checkpoint is not None else nullcontext() as folder:
+        ray_epoch = json.loads((Path(folder) / METRICS).read_text())["epoch"] if folder else -1
+        if settings.resume_from and settings.resume_from_epoch > ray_epoch:
+            try:
+                return _load_training_state(Path(settings.resume_from))
+            except Exception:  # partly written: Ray's own checkpoint, which was completed
+                pass
+        return _load_training_state(Path(folder)) if folder else None
 
 
 def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:

@@ -111,8 +111,9 @@ def measure(source: str, work: str, in_memory: str, size: int, batch_size: int) 
 
     from trainflow.config import load_config
     from trainflow.pipelines.data import inspect_source
+    from trainflow.pipelines.entry import split_bytes
     from trainflow.pipelines.prepare import prepare
-    from trainflow.pipelines.training.inputs import prepared_bytes, splits_in_memory
+    from trainflow.pipelines.training.inputs import splits_in_memory
     from trainflow.pipelines.training.run import run_training
     from trainflow.pipelines.training.settings import PreparedSplits
     from trainflow.runtime import configure_ray_data, ray_init_kwargs
@@ -137,7 +138,7 @@ def measure(source: str, work: str, in_memory: str, size: int, batch_size: int) 
         out["prepare_s"] = round(time.perf_counter() - start, 1)
         out["driver_after_prepare_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
         pre = entry.preprocessor
-        out["prepared_mb"] = {n: round(prepared_bytes(entry.split_path(n)) / 2**20, 1) for n in entry.counts}
+        out["prepared_mb"] = {n: round(split_bytes(entry.split_path(n)) / 2**20, 1) for n in entry.counts}
         out["rows"] = entry.counts
         out["in_memory"] = list(splits_in_memory(config, entry.path, pre.to_dict()))
         start = time.perf_counter()

@@ -219,8 +219,8 @@ def test_the_regression_example_config_loads():
     assert config.registry.min_value is None
 
 
-def test_the_cache_is_a_folder_and_does_not_change_the_hash(tmp_path, monkeypatch):
-    from trainflow.runtime import cache_folder, shared_folders
+def test_the_cache_is_a_folder_or_a_uri_and_does_not_change_the_hash(tmp_path, monkeypatch):
+    from trainflow.runtime import cache_folder, cache_location, shared_folders
 
     monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
     default, moved = load_config({}), load_config({}, [f"cache={tmp_path / 'shared' / 'cache'}"])
@@ -229,5 +229,14 @@ def test_the_cache_is_a_folder_and_does_not_change_the_hash(tmp_path, monkeypatc
     assert shared_folders(moved)["cache"] == str(tmp_path / "shared" / "cache")
     # Where prepared splits are kept changes no result (and configs hash as before the field).
     assert moved.config_hash() == default.config_hash()
-    with pytest.raises(ConfigError, match=r"cache: .*'s3://bucket/cache' is a URI; the cache is a folder"):
-        load_config({"cache": "s3://bucket/cache"})
+    # A URI is where the splits go; what stays on this machine (downloads, ingest records)
+    # stays in TRAINFLOW_HOME/cache.
+    remote = load_config({"cache": "s3://bucket/cache?region=eu-west-1"})
+    assert cache_location(remote) == shared_folders(remote)["cache"] == "s3://bucket/cache?region=eu-west-1"
+    assert cache_folder(remote) == tmp_path / "home" / "cache"
+    assert remote.config_hash() == default.config_hash()
+    with pytest.raises(
+        ConfigError,
+        match=r"^invalid config: cache: 'http://host/cache' is not a folder or a URI .* s3://, gs://.*file://$",
+    ):
+        load_config({"cache": "http://host/cache"})

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 from pydantic import BaseModel
 
 from trainflow.config import ConfigError, PipelineConfig
+from trainflow.files import is_uri, redacted
 from trainflow.pipelines.data import SourceInfo
 from trainflow.pipelines.training.runs import RunRecord
 
@@ -71,15 +72,22 @@ def before_run(
 
 def _check_run(config: PipelineConfig, sweep: bool, resume: bool = False) -> RunChecks:
     from trainflow.pipelines.prepare import worker_modules
-    from trainflow.runtime import timeline
+    from trainflow.runtime import check_cache, timeline
 
     if sweep and config.sweep is None:
         raise ConfigError(
             f"invalid config: sweep: {config.name} has no sweep section; add one such as "
             "sweep: {space: {train.lr: {loguniform: [0.0001, 0.1]}}, trials: 8}"
         )
+    if sweep and config.storage and is_uri(config.storage) and not config.storage.startswith("file://"):
+        raise ConfigError(
+            f"invalid config: storage: a sweep keeps its trials in a folder, not at "
+            f"{redacted(config.storage)}; give a folder every node mounts (or file:///...), or "
+            "train one model at a time with trainflow run"
+        )
     model_kind(config)
     info = source(config)
+    check_cache(config)
     cluster(config, workers="sweep" if sweep else "train")
     resumed = None
     if resume:

@@ -426,6 +426,11 @@ class SweepConfig(_Section):
         return self
 
 
+# The URI schemes of pyarrow's filesystems, which every trainflow process reads and
+# writes the cache through.
+CACHE_SCHEMES = ("s3", "gs", "gcs", "abfs", "abfss", "hdfs", "viewfs", "file")
+
+
 class PipelineConfig(_Section):
     name: str = Field("digits", description="The registered model's name.")
     # classification: the label holds classes; regression: a number to predict.
@@ -443,8 +448,9 @@ class PipelineConfig(_Section):
     # Ray Train storage for runs; None: TRAINFLOW_HOME/runs. Use s3://... or a shared
     # filesystem when the Ray cluster has more than one node.
     storage: str | None = None
-    # The prepared-split cache, a folder; None: TRAINFLOW_HOME/cache. Every node of a Ray
-    # cluster reads and writes it: on several nodes, a folder they all mount at this path.
+    # The prepared-split cache; None: TRAINFLOW_HOME/cache. Every node of a Ray cluster
+    # reads and writes it: on several nodes, a folder they all mount at this path, or a
+    # URI like storage's (s3://bucket/cache, gs://..., abfs://..., hdfs://...).
     cache: str | None = None
     # A hyperparameter sweep (`trainflow sweep`); `trainflow run` trains one model and ignores it.
     sweep: SweepConfig | None = None
@@ -452,10 +458,10 @@ class PipelineConfig(_Section):
     @field_validator("cache")
     @classmethod
     def _cache_folder(cls, v: str | None) -> str | None:
-        if v is not None and "://" in v:
+        if v is not None and "://" in v and v.partition("://")[0].lower() not in CACHE_SCHEMES:
             raise ValueError(
-                f"{v!r} is a URI; the cache is a folder (one every node mounts at the same path "
-                "on a cluster of several): a URI form such as s3:// is not supported yet"
+                f"{v!r} is not a folder or a URI of a filesystem trainflow reaches: use a folder "
+                f"or one of {', '.join(f'{s}://' for s in CACHE_SCHEMES)}"
             )
         if v is not None and not v.strip():
             raise ValueError("is empty: give a folder, or leave it out for TRAINFLOW_HOME/cache")
@@ -558,7 +564,7 @@ def _format_validation_error(err: ValidationError) -> str:
     parts = []
     for e in err.errors():
         field = ".".join(str(p) for p in e["loc"]) or "config"
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             parent = e["loc"][:-1]
             model: type[BaseModel] = PipelineConfig
@@ -567,9 +573,9 @@ def _format_validation_error(err: ValidationError) -> str:
             known = ", ".join(model.model_fields) if isinstance(model, type) else ""
             msg = f"unknown key; valid keys here: {known}"
         elif not e["loc"]:  # a rule across sections: the message names its fields
-            parts.append(msg.removeprefix("Value error, "))
+            parts.append(msg)
             continue
-        elif "input" in e and not isinstance(e["input"], (dict, list)):
+        elif "input" in e and not isinstance(e["input"], (dict, list)) and repr(e["input"]) not in msg:
             msg = f"{msg} (got {e['input']!r})"
         parts.append(f"{field}: {msg}")
     return "invalid config: " + "; ".join(parts)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainflow.config import PipelineConfig, ScalingSection, SweepConfig
+from trainflow.files import filesystem, is_uri, join, redacted, write_text
 
 log = logging.getLogger("trainflow")
 
@@ -266,10 +267,19 @@ class Workspace:
         return self
 
 
+def cache_location(config: PipelineConfig) -> str:
+    """Where ``config``'s runs keep their prepared splits: its ``cache`` (a folder, made if
+    missing, or a URI), else TRAINFLOW_HOME/cache."""
+    if config.cache and is_uri(config.cache):
+        return config.cache
+    return str(cache_folder(config))
+
+
 def cache_folder(config: PipelineConfig) -> Path:
-    """The prepared-split cache of ``config``'s runs: its ``cache`` folder, made if missing,
-    else TRAINFLOW_HOME/cache."""
-    if not config.cache:
+    """The local folder of ``config``'s cache: its ``cache`` folder, made if missing, else
+    TRAINFLOW_HOME/cache (also for a URI cache: what stays on this machine, such as
+    downloaded torchvision datasets and Prefect's ingest records)."""
+    if not config.cache or is_uri(config.cache):
         return workspace().cache
     folder = Path(config.cache).expanduser().resolve()
     folder.mkdir(parents=True, exist_ok=True)
@@ -445,6 +455,29 @@ def preflight_local(config: PipelineConfig, sweep: bool = False) -> None:
     except PreflightError as e:
         raise PreflightError(
             str(e).replace("the Ray cluster has", "the local Ray cluster on this machine would have")
+        ) from None
+
+
+def check_cache(config: PipelineConfig) -> None:
+    """A cache at a URI answers and takes writes (a marker written and removed), before
+    anything starts: a wrong bucket, endpoint or credentials fail here, in one line,
+    rather than in the first Ray task that writes a split."""
+    import uuid
+
+    location = cache_location(config)
+    if not is_uri(location):
+        return
+    marker = join(location, f"{MARKERS}{uuid.uuid4().hex[:8]}")
+    try:
+        fs, path = filesystem(marker)
+        fs.get_file_info(path)  # one request first: an endpoint that is not there fails once
+        write_text(marker, "")
+        fs.delete_file(path)
+    except (OSError, ValueError) as e:  # pyarrow's errors for a store it cannot reach or parse
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PreflightError(
+            f"cache: cannot write to {redacted(location)}: {reason}; check the address and the "
+            "credentials, or leave cache out for TRAINFLOW_HOME/cache"
         ) from None
 
 
@@ -675,10 +708,6 @@ def preflight(config: PipelineConfig, logger: logging.Logger | logging.LoggerAda
     return config.model_copy(update={"scaling": fitted})
 
 
-def _is_uri(path: str) -> bool:
-    return "://" in path
-
-
 def check_cluster(config: PipelineConfig, logger: logging.Logger | logging.LoggerAdapter = log) -> None:
     """What a cluster needs beyond resources: on one the run did not start, the same
     Python, Ray and torch as this driver (:func:`check_versions`); on several nodes, the
@@ -793,8 +822,8 @@ def shared_folders(config: PipelineConfig) -> dict[str, str]:
     user sets them with: Ray Train's runs (``storage``) and the prepared splits (the cache)."""
     storage = config.storage or str(workspace().runs)
     return {
-        "storage": storage if _is_uri(storage) else os.path.abspath(storage),
-        "cache": str(cache_folder(config)),
+        "storage": storage if is_uri(storage) else os.path.abspath(storage),
+        "cache": cache_location(config),
     }
 
 
@@ -804,13 +833,6 @@ _FOLDER_SETTINGS = {
     "cache": "set cache to",
 }
 MARKERS = ".trainflow-preflight-"
-
-
-def _filesystem(folder: str):
-    """A pyarrow filesystem and the path on it: Ray Train's own way to reach ``storage``."""
-    import pyarrow.fs
-
-    return pyarrow.fs.FileSystem.from_uri(folder)
 
 
 def _write_markers(folders: dict[str, str], token: str) -> dict[str, str]:
@@ -824,7 +846,7 @@ def _write_markers(folders: dict[str, str], token: str) -> dict[str, str]:
     errors = {}
     for name, folder in folders.items():
         try:
-            fs, path = _filesystem(folder)
+            fs, path = filesystem(folder)
             with fs.open_output_stream(f"{path}/{MARKERS}{token}/{node}") as out:
                 out.write(node.encode())
         except Exception as e:  # noqa: BLE001 - any failure to write is the answer
@@ -855,7 +877,7 @@ def check_shared(
     made = []
     try:
         for name, folder in folders.items():
-            fs, path = _filesystem(folder)
+            fs, path = filesystem(folder)
             try:
                 fs.create_dir(f"{path}/{MARKERS}{token}")
             except OSError as e:
@@ -890,7 +912,7 @@ def check_shared(
                         f"{_FOLDER_SETTINGS.get(name, 'set it to')} a folder every node and this driver "
                         "mount at the same path, or shared storage"
                     )
-                fs, path = _filesystem(folder)
+                fs, path = filesystem(folder)
                 try:
                     with fs.open_input_stream(f"{path}/{MARKERS}{token}/{node}") as marker:
                         seen = marker.read().decode() == node

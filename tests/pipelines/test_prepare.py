@@ -13,6 +13,7 @@ from trainflow.pipelines import prepare as pp
 from trainflow.pipelines import readers
 from trainflow.pipelines import split as sp
 from trainflow.pipelines.data import DataError, SourceInfo, inspect_dataset, inspect_source
+from trainflow.pipelines.entry import split_files
 from trainflow.pipelines.prepare import prepare, raw_split
 from trainflow.pipelines.preprocess import FEATURES, LABEL
 from trainflow.pipelines.stats import FitStats
@@ -55,7 +56,7 @@ def _rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def _prepared(entry, name: str) -> np.ndarray:
-    frames = [pq.read_table(p).to_pandas() for p in sorted((entry.path / name).glob("*.parquet"))]
+    frames = [pq.read_table(p).to_pandas() for p in split_files(entry.split_path(name))[1]]
     x = np.concatenate([np.stack(f[FEATURES].to_numpy()) for f in frames])
     return _rows(x, np.concatenate([f[LABEL].to_numpy() for f in frames]))
 

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -74,7 +75,7 @@ def test_prepare_writes_once_and_reuses_the_entry(tmp_path, ray_cluster):
     cache = tmp_path / "cache"
     first = prepare(info, SplitConfig(), PreprocessConfig(), cache)
     assert not first.reused and sum(first.counts.values()) == 400
-    assert sorted(p.name for p in first.path.iterdir()) == [
+    assert sorted(p.name for p in Path(first.path).iterdir()) == [
         "counts.json",
         "preprocessor.json",
         "test",
@@ -84,13 +85,13 @@ def test_prepare_writes_once_and_reuses_the_entry(tmp_path, ray_cluster):
     # Train statistics differ from the whole data's: fitted on train only.
     import ray.data
 
-    train_x = ray.data.read_parquet(str(first.path / "train")).take_batch(1000)[FEATURES]
+    train_x = ray.data.read_parquet(first.split_path("train")).take_batch(1000)[FEATURES]
     assert train_x.shape == (first.counts["train"], 1)
     assert first.preprocessor.offset[0] != pytest.approx(df["x"].mean(), abs=1e-9)
     assert train_x.mean() == pytest.approx(0.0, abs=1e-5)
     second = prepare(info, SplitConfig(), PreprocessConfig(), cache)
     assert second.reused and second.path == first.path and second.counts == first.counts
-    assert [p.name for p in cache.iterdir()] == [first.path.name]  # no temporary folder left
+    assert [p.name for p in cache.iterdir()] == [Path(first.path).name]  # no temporary folder left
 
 
 def test_a_failed_prepare_leaves_no_entry(tmp_path, ray_cluster):
@@ -122,7 +123,7 @@ def test_a_crashed_runs_leftovers_are_never_reused(tmp_path, ray_cluster):
     (cache / key / "train").mkdir(parents=True)
     entry = prepare(info, SplitConfig(), PreprocessConfig(), cache)
     assert not entry.reused and sum(entry.counts.values()) == 200
-    assert sorted(p.name for p in entry.path.iterdir()) == [
+    assert sorted(p.name for p in Path(entry.path).iterdir()) == [
         "counts.json",
         "preprocessor.json",
         "test",

@@ -37,7 +37,7 @@ def test_diabetes_prepares_with_its_label_standardized_on_the_train_split(tmp_pa
     pre = entry.preprocessor
     assert pre.is_regression and pre.classes == [] and pre.num_outputs == 1
     assert sum(entry.counts.values()) == 442
-    train = pq.read_table(entry.path / "train").to_pandas()
+    train = pq.read_table(entry.split_path("train")).to_pandas()
     y = train[LABEL].to_numpy()
     assert y.dtype == np.float32
     assert abs(y.mean()) < 1e-5 and abs(y.std() - 1.0) < 1e-4  # scaled by the train split's own mean and std

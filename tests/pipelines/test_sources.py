@@ -93,7 +93,7 @@ def test_numpy_npz_and_structured_npy(tmp_path, ray_cluster):
     import ray.data
 
     # Min-max scaling fitted on train: the train split spans exactly [0, 1] per feature.
-    train = ray.data.read_parquet(str(entry.path / "train")).take_batch(100)[FEATURES]
+    train = ray.data.read_parquet(entry.split_path("train")).take_batch(100)[FEATURES]
     np.testing.assert_allclose(train.min(axis=0), 0.0, atol=1e-6)
     np.testing.assert_allclose(train.max(axis=0), 1.0, atol=1e-6)
 
@@ -132,7 +132,7 @@ def test_image_folder_labels_come_from_sorted_folder_names(tmp_path, ray_cluster
     assert pre.num_features == 3 * 8 * 8 and pre.image["augment"]
     import ray.data
 
-    train = ray.data.read_parquet(str(entry.path / "train")).take_batch(100)
+    train = ray.data.read_parquet(entry.split_path("train")).take_batch(100)
     assert train[FEATURES].shape == (entry.counts["train"], 192)
     assert abs(float(train[FEATURES].mean())) < 0.2  # normalized with the train split's statistics
     assert sorted(set(train[LABEL].tolist())) == [0, 1, 2]
@@ -206,7 +206,7 @@ def test_a_torchvision_dataset_prepares_through_the_image_path(tmp_path, ray_clu
     assert sum(entry.counts.values()) == 50
     import ray.data
 
-    train = ray.data.read_parquet(str(entry.path / "train")).take_batch(100)
+    train = ray.data.read_parquet(entry.split_path("train")).take_batch(100)
     assert train[FEATURES].shape == (entry.counts["train"], 3 * 16 * 20)
     assert abs(float(train[FEATURES].mean())) < 0.2  # normalized with the train split's statistics
     # The split hashes each image's index: another seed places other rows.
@@ -367,7 +367,7 @@ def test_large_jpegs_are_read_transformed_and_written_in_bounded_pieces(tmp_path
         info, SplitConfig(val=0.1, test=0.1), PreprocessConfig(image_size=[224, 224]), tmp_path / "c"
     )
     chunk = image_chunk_rows([3, 224, 224])
-    groups = [pq.ParquetFile(p).metadata for p in split_files(entry.path / "train")]
+    groups = [pq.ParquetFile(p).metadata for p in split_files(entry.split_path("train"))[1]]
     assert chunk < entry.counts["train"] and sum(g.num_rows for g in groups) == entry.counts["train"]
     assert sum(g.num_row_groups for g in groups) >= 2
     assert all(g.row_group(i).num_rows <= chunk for g in groups for i in range(g.num_row_groups))

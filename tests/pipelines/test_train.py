@@ -15,7 +15,7 @@ from torch import nn
 from trainflow.config import ConfigError, DataConfig, PipelineConfig, PreprocessConfig, load_config
 from trainflow.pipelines.checkpoint import load_checkpoint
 from trainflow.pipelines.data import inspect_source
-from trainflow.pipelines.entry import read_split_batches
+from trainflow.pipelines.entry import read_split_batches, split_bytes
 from trainflow.pipelines.prepare import prepare
 from trainflow.pipelines.preprocess import FEATURES, LABEL
 from trainflow.pipelines.training import inputs
@@ -243,7 +243,7 @@ def test_a_progress_row_outlives_the_worker_killed_right_after_writing_it(ray_cl
 
 
 def test_a_shard_read_from_parquet_is_every_world_size_th_row(prepared):
-    path = str(prepared.path / "val")
+    path = prepared.split_path("val")
     x, y = next(iter(read_split_batches(path, batch_size=1 << 16))).values()
     n, world = len(y), 7
     assert n % world  # so that equal shards must drop rows
@@ -276,7 +276,7 @@ def test_auto_keeps_each_split_in_memory_by_its_own_size():
 
 def test_split_inputs_hands_trainer_a_dataset_only_for_streamed_splits(prepared):
     memory_splits, datasets = inputs.split_inputs(prepared.path, in_memory=("train", "val"))
-    assert memory_splits == {name: str(prepared.path / name) for name in ("train", "val")}
+    assert memory_splits == {name: prepared.split_path(name) for name in ("train", "val")}
     assert datasets is None
     memory_splits, datasets = inputs.split_inputs(prepared.path, in_memory=())
     assert memory_splits == {} and sorted(datasets) == ["train", "val"]
@@ -334,7 +334,7 @@ def test_a_streamed_train_split_validates_on_the_whole_val_split_and_early_stopp
     # once into each worker's memory. TorchTrainer gets no val Dataset, so a loop that
     # asked Ray for a val shard would fail the run. The split size that auto keeps in
     # memory, set between the two splits' shares of the two workers:
-    train, val = (inputs.prepared_bytes(prepared.path / name) for name in ("train", "val"))
+    train, val = (split_bytes(prepared.split_path(name)) for name in ("train", "val"))
     monkeypatch.setattr(inputs, "IN_MEMORY_BYTES", (train + val) / 4)
     memory_splits, datasets = inputs.split_inputs(prepared.path, in_memory=("val",))
     assert list(memory_splits) == ["val"] and list(datasets) == ["train"]
@@ -352,7 +352,7 @@ def test_a_streamed_train_split_validates_on_the_whole_val_split_and_early_stopp
     assert [m["epoch"] for m in history] == [1, 2, 3]
     # The best epoch's val metrics are its checkpoint's model scored on every val row,
     # though each of the two workers held only its own rows.
-    batch = next(iter(read_split_batches(str(prepared.path / "val"), batch_size=1 << 16)))
+    batch = next(iter(read_split_batches(prepared.split_path("val"), batch_size=1 << 16)))
     x, y = torch.tensor(batch[FEATURES]), torch.tensor(batch[LABEL])
     with torch.no_grad():
         logits = load_checkpoint(result.best_checkpoint).model(x)

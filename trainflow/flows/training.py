@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from trainflow import checks
 from trainflow.config import ConfigError, PipelineConfig, load_config, smoke_config
+from trainflow.files import redacted
 from trainflow.flows.logs import one_line_expected_errors
 from trainflow.pipelines.training.run import TrainingDiverged
 from trainflow.pipelines.training.runs import Driver, recorded_run, records, write_record
@@ -240,7 +241,9 @@ def training_pipeline(
             logger.info("resuming %s, %s", resumed.describe(), resumed.status)
         elif resume:
             logger.info(
-                "no unfinished run of %s under %s to resume: starting a new one", config.name, storage
+                "no unfinished run of %s under %s to resume: starting a new one",
+                config.name,
+                redacted(storage),
             )
         asked = config  # what the run is recorded as: preflight may fit its scaling to the cluster
         # Ray's worker processes start beside the flow for preparing on Ray; an input

@@ -5,6 +5,12 @@ An entry is a folder ``<cache>/<key>/`` holding one folder of Parquet files per 
 (``train/``, ``val/``, ``test/``: columns ``features`` and ``label``),
 ``preprocessor.json`` and ``counts.json`` (the rows per split, written last: it marks
 the entry finished).
+
+The cache is a local folder (every node of a cluster mounts it at the same path) or a
+URI (``s3://``, ``gs://``, ...: every process reaches it through pyarrow). An object
+store cannot rename a folder, so there an entry is written into
+``<cache>/<key>/attempt-<id>/`` and published by ``<cache>/<key>/published``, one
+object naming that folder, written last.
 """
 
 from __future__ import annotations
@@ -12,14 +18,24 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from trainflow.config import PreprocessConfig, SplitConfig
-from trainflow.files import publishing_folder
+from trainflow.files import (
+    filesystem,
+    is_uri,
+    join,
+    published_attempt,
+    publishing_attempt,
+    publishing_folder,
+    read_text,
+    write_text,
+)
 from trainflow.pipelines.data import DataError, SourceInfo
 from trainflow.pipelines.preprocess import FEATURES, LABEL, Preprocessor
 from trainflow.pipelines.split import SPLIT_NAMES
@@ -29,6 +45,7 @@ if TYPE_CHECKING:
 
 COUNTS = "counts.json"
 PREPROCESSOR = "preprocessor.json"
+PUBLISHED = "published"  # on a URI cache: names the entry's finished attempt folder
 # The modules whose code decides what an entry holds: an entry prepared by other code
 # is not reused.
 ENGINE_MODULES = ("data", "sources", "readers", "split", "stats", "preprocess", "entry", "prepare", "runner")
@@ -36,7 +53,7 @@ ENGINE_MODULES = ("data", "sources", "readers", "split", "stats", "preprocess", 
 
 @dataclass
 class PreparedEntry:
-    path: Path
+    path: str  # a local folder or a URI
     preprocessor: Preprocessor
     counts: dict[str, int]
     key: str
@@ -44,20 +61,29 @@ class PreparedEntry:
     dropped: int = 0  # rows dropped for a missing value (data.missing=drop)
 
     @classmethod
-    def open(cls, path: Path, key: str, *, reused: bool = True, dropped: int = 0) -> PreparedEntry:
+    def open(cls, path: str, key: str, *, reused: bool = True, dropped: int = 0) -> PreparedEntry:
         """A finished entry, read from its folder."""
-        pre = Preprocessor.load(path / PREPROCESSOR)
-        return cls(path, pre, json.loads((path / COUNTS).read_text()), key, reused, dropped)
+        pre = Preprocessor.from_dict(json.loads(read_text(join(path, PREPROCESSOR))))
+        return cls(str(path), pre, json.loads(read_text(join(path, COUNTS))), key, reused, dropped)
 
-    def split_path(self, name: str) -> Path:
-        return self.path / name
+    def with_run(self, *, reused: bool, dropped: int) -> PreparedEntry:
+        return replace(self, reused=reused, dropped=dropped)
+
+    def split_path(self, name: str) -> str:
+        return join(self.path, name)
 
     def dataset(self, name: str) -> ray.data.Dataset:
-        """One prepared split as a lazy Ray Dataset (``features``, ``label``): what training
-        streams and batch evaluation reads."""
-        import ray.data
+        return split_dataset(self.split_path(name))
 
-        return ray.data.read_parquet(str(self.split_path(name)))
+
+def split_dataset(location: str) -> ray.data.Dataset:
+    """One prepared split as a lazy Ray Dataset (``features``, ``label``): what training
+    streams and batch evaluation reads. The filesystem is resolved here and handed to
+    Ray Data, so a URI's options (its query) reach every reader."""
+    import ray.data
+
+    fs, path = filesystem(location)
+    return ray.data.read_parquet(path, filesystem=fs)
 
 
 def code_version() -> str:
@@ -93,49 +119,73 @@ def cache_key(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig) -> st
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def finished_entry(cache_root: Path, key: str) -> PreparedEntry | None:
+def finished_entry(cache_root: str | Path, key: str) -> PreparedEntry | None:
     """The entry for ``key`` when a run finished writing it (temporary folders never are)."""
-    out = cache_root / key
-    return PreparedEntry.open(out, key) if (out / COUNTS).is_file() else None
+    out = join(cache_root, key)
+    if is_uri(out):
+        folder = published_attempt(out, PUBLISHED)
+        return PreparedEntry.open(folder, key) if folder else None
+    return PreparedEntry.open(out, key) if Path(out, COUNTS).is_file() else None
 
 
-def staging(out_dir: Path):
-    """A temporary folder beside the cache entry ``out_dir``, renamed to it when the block
-    ends without error, else removed: a crash never leaves a partial entry that a later
-    run reuses. An entry that another run finished first is kept."""
-    return publishing_folder(out_dir, finished=lambda path: (path / COUNTS).is_file())
+@contextmanager
+def staging(out: str) -> Iterator[str]:
+    """Where to write the cache entry ``out``: a temporary folder beside it, renamed to it
+    when the block ends without error, else removed (on a URI, a new attempt folder
+    published when complete): a crash never leaves a partial entry that a later run
+    reuses. An entry that another run finished first is kept."""
+    if is_uri(out):
+        with publishing_attempt(out, PUBLISHED) as folder:
+            yield folder
+        return
+    with publishing_folder(out, finished=lambda path: (path / COUNTS).is_file()) as folder:
+        yield str(folder)
 
 
-def finish_entry(tmp: Path, pre: Preprocessor, counts: dict[str, int]) -> None:
+def finish_entry(folder: str, pre: Preprocessor, counts: dict[str, int]) -> None:
     """Refuse an empty split, then write what marks an entry finished: the preprocessor
     and the rows per split (``counts.json`` last)."""
     for name in SPLIT_NAMES:
         if not counts.get(name):
             raise DataError(f"the {name} split is empty; add rows or change data.split")
-    pre.save(tmp / PREPROCESSOR)
-    (tmp / COUNTS).write_text(json.dumps(counts))
+    write_text(join(folder, PREPROCESSOR), json.dumps(pre.to_dict(), indent=2))
+    write_text(join(folder, COUNTS), json.dumps(counts))
 
 
-def split_files(path: str | Path) -> list[Path]:
-    """A prepared split's Parquet files, in name order."""
-    return sorted(Path(path).glob("*.parquet"))
+def split_files(location: str | Path):
+    """A prepared split's filesystem and its Parquet files' paths on it, in name order."""
+    import pyarrow.fs
+
+    fs, path = filesystem(location)
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+    parquet = (i.path for i in infos if i.type == pyarrow.fs.FileType.File and i.path.endswith(".parquet"))
+    return fs, sorted(parquet)
 
 
-def split_rows(path: str | Path) -> int:
+def split_rows(location: str | Path) -> int:
     """A prepared split's rows, from its files' footers."""
     import pyarrow.parquet as pq
 
-    return sum(pq.ParquetFile(p).metadata.num_rows for p in split_files(path))
+    fs, files = split_files(location)
+    return sum(pq.ParquetFile(fs.open_input_file(p)).metadata.num_rows for p in files)
 
 
-def read_split_batches(path: str | Path, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+def split_bytes(location: str | Path) -> int:
+    """A prepared split's size on storage."""
+    fs, files = split_files(location)
+    return sum(i.size for i in fs.get_file_info(files)) if files else 0
+
+
+def read_split_batches(location: str | Path, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
     """A prepared split's Parquet read in this process, as the numpy batches that
     ``map_batches`` and ``iter_batches`` give: ``{features, label}``; streamed, its files
     in name order, so that only a batch at a time is held."""
     import pyarrow.dataset as pads
     import ray.data  # noqa: F401  registers Ray's tensor type, the features column's type
 
-    for path_ in split_files(path):
-        for batch in pads.dataset(str(path_)).to_batches(columns=[FEATURES, LABEL], batch_size=batch_size):
+    fs, files = split_files(location)
+    for path_ in files:
+        parquet = pads.dataset(path_, filesystem=fs)
+        for batch in parquet.to_batches(columns=[FEATURES, LABEL], batch_size=batch_size):
             if batch.num_rows:
                 yield {name: batch.column(name).to_numpy(zero_copy_only=False) for name in (FEATURES, LABEL)}

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from trainflow.pipelines.checkpoint import load_checkpoint, model_actor_options
-from trainflow.pipelines.entry import read_split_batches
+from trainflow.pipelines.entry import read_split_batches, split_dataset
 from trainflow.pipelines.preprocess import FEATURES, LABEL
 
 if TYPE_CHECKING:
@@ -245,9 +245,7 @@ def evaluate_split(
     Returns the metrics and where the prediction ran, in words."""
     if rows <= cfg.in_driver_max_rows:
         return evaluate_checkpoint_in_driver(checkpoint_dir, split_path, cfg.batch_size), "in the driver"
-    import ray.data
-
-    split = ray.data.read_parquet(split_path)
+    split = split_dataset(split_path)
     metrics = evaluate_checkpoint(checkpoint_dir, split, cfg.batch_size, cfg.concurrency)
     return metrics, f"by {cfg.concurrency} Ray Data actor(s)"
 

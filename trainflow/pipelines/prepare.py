@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trainflow.config import PreprocessConfig, SplitConfig
+from trainflow.files import filesystem as location_filesystem
+from trainflow.files import join
 from trainflow.pipelines import readers, runner, sources
 from trainflow.pipelines import split as sp
 from trainflow.pipelines.data import DataError, SourceInfo, filesystem
@@ -164,8 +166,8 @@ def write_fragment(
                     if split_name == "train":
                         rows = rng.permutation(rows)
                     if len(rows):
-                        path = Path(folder) / split_name / name
-                        _write(writers, split_name, path, _table(x[rows], y[rows]), pre)
+                        where_to = join(folder, split_name, name)
+                        _write(writers, split_name, where_to, _table(x[rows], y[rows]), pre)
                         counts[split_name] += len(rows)
     finally:
         for writer in writers.values():
@@ -185,17 +187,19 @@ def _table(x: np.ndarray, y: np.ndarray):
     return pa.table({FEATURES: ArrowTensorArray.from_numpy(x), LABEL: y})
 
 
-def _write(writers: dict, split_name: str, path: Path, table, pre: Preprocessor) -> None:
+def _write(writers: dict, split_name: str, location: str, table, pre: Preprocessor) -> None:
     """Append ``table`` to the split's file of this fragment, opened on its first rows."""
     import pyarrow.parquet as pq
 
     if split_name not in writers:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        fs, path = location_filesystem(location)
+        fs.create_dir(path.rpartition("/")[0], recursive=True)
         # Dictionary encoding and statistics of feature tensors cost time and help no
         # reader: splits are read whole.
         writers[split_name] = pq.ParquetWriter(
-            str(path),
+            path,
             table.schema,
+            filesystem=fs,
             use_dictionary=[LABEL] if not pre.is_regression else False,
             write_statistics=False,
         )
@@ -298,9 +302,12 @@ def place_rows(
     return Placement(counts, list(codes), exact=True)
 
 
-def prepare(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig, cache_root: Path) -> PreparedEntry:
+def prepare(
+    info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig, cache_root: str | Path
+) -> PreparedEntry:
     """Check the rows, split, fit on train, transform and write every split into the
-    cache entry for this input and config, all or nothing; or reuse a finished entry."""
+    cache entry for this input and config, all or nothing; or reuse a finished entry.
+    ``cache_root``: a local folder or a URI."""
     key = cache_key(info, split, cfg)
     found = finished_entry(cache_root, key)
     if found:
@@ -326,11 +333,10 @@ def prepare(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig, cache_r
     # meets them shuffled even when the input was sorted (by label, say).
     names = np.random.default_rng(split.seed).permutation(len(fragments))
     dropped = placed.counts.missing_rows  # the checks let them through only for data.missing=drop
-    out = cache_root / key
-    with staging(out) as tmp:
+    with staging(join(cache_root, key)) as tmp:
         counts = dict.fromkeys(sp.SPLIT_NAMES, 0)
         calls = [
-            (tasks_info, f, split, c, pre.to_dict(), str(tmp), f"part-{names[f.index]:05d}.parquet")
+            (tasks_info, f, split, c, pre.to_dict(), tmp, f"part-{names[f.index]:05d}.parquet")
             for f, c in zip(fragments, placed.codes, strict=True)
         ]
         for written in runner.run(write_fragment, calls, in_driver):
@@ -348,7 +354,8 @@ def prepare(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig, cache_r
         scanned,
         time.perf_counter() - clock - scanned,
     )
-    return PreparedEntry(out, pre, counts, key, reused=False, dropped=dropped)
+    # The entry as published: the renamed folder, or on a URI the attempt the marker names.
+    return finished_entry(cache_root, key).with_run(reused=False, dropped=dropped)
 
 
 def raw_split(info: SourceInfo, split: SplitConfig, name: str, *, kept_rows: int) -> ray.data.Dataset:

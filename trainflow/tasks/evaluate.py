@@ -9,6 +9,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import PipelineConfig
+from trainflow.files import is_uri
 from trainflow.pipelines import evaluate as ev
 from trainflow.tasks import render
 from trainflow.tasks.results import Evaluated, Prepared, Trained
@@ -23,7 +24,9 @@ def evaluate(config: PipelineConfig, prepared: Prepared, trained: Trained) -> Ev
     )
     scores = ", ".join(f"{k} {metrics[k]:.4f}" for k in render.task_metrics(metrics))
     get_run_logger().info("test %s on %d examples (predicted %s)", scores, metrics["num_examples"], where)
-    plots = ev.evaluation_plots(trained.history, metrics, Path(trained.run_path) / "reports")
+    # Beside the run's checkpoints; on an object store, beside the best one's copy here.
+    run_folder = Path(trained.best_checkpoint).parent if is_uri(trained.run_path) else Path(trained.run_path)
+    plots = ev.evaluation_plots(trained.history, metrics, run_folder / "reports")
     key, name = render.artifact_key(config.name), config.name
     if "per_class" in metrics:
         create_table_artifact(

@@ -10,16 +10,19 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from trainflow.config import PipelineConfig
+from trainflow.files import is_uri, redacted
 from trainflow.pipelines import data, entry
 from trainflow.pipelines import prepare as prep
-from trainflow.runtime import cache_folder
+from trainflow.runtime import cache_folder, cache_location
 from trainflow.tasks.results import Prepared
 
 # Ingest and preprocess cache across flow runs. Each record is a file at an absolute
-# path under TRAINFLOW_HOME/cache (hence the result storage at "/"): the preprocess
+# path in the local cache folder (hence the result storage at "/"): the preprocess
 # record sits inside the prepared entry it describes, so deleting an entry (or the
 # whole cache) also forgets that it was made, and a run never reuses a record whose
 # splits are gone. The keys hold the input's fingerprint, so a changed file misses.
+# A cache at a URI keeps no preprocess record (it could outlive the entry it names):
+# the preprocess task finds the finished entry itself, one small read.
 CACHE_RECORDS = Path("/")
 
 
@@ -38,9 +41,11 @@ def ingest_cache_key(context, parameters: dict[str, Any]) -> str:
     return str(cache / "ingest" / key)
 
 
-def preprocess_cache_key(context, parameters: dict[str, Any]) -> str:
-    """The prepared entry's own key; the record lives in the entry's folder."""
+def preprocess_cache_key(context, parameters: dict[str, Any]) -> str | None:
+    """The prepared entry's own key; the record lives in the entry's folder (none on a URI)."""
     config: PipelineConfig = parameters["config"]
+    if is_uri(cache_location(config)):
+        return None
     key = entry.cache_key(parameters["source"], config.data.split, config.preprocess)
     return str(cache_folder(config) / key / "prefect-task-record")
 
@@ -82,7 +87,7 @@ def preprocess(config: PipelineConfig, source: data.SourceInfo) -> Prepared:
     """Check the rows, split, fit on train, write every split as Parquet under the cache
     (or reuse a finished entry)."""
     logger = get_run_logger()
-    prepared = prep.prepare(source, config.data.split, config.preprocess, cache_folder(config))
+    prepared = prep.prepare(source, config.data.split, config.preprocess, cache_location(config))
     pre = prepared.preprocessor
     if prepared.dropped:
         logger.warning("dropped %d rows with a missing value (data.missing=drop)", prepared.dropped)
@@ -91,7 +96,7 @@ def preprocess(config: PipelineConfig, source: data.SourceInfo) -> Prepared:
         "%s prepared splits %s at %s: %s",
         "reused" if prepared.reused else "wrote",
         prepared.counts,
-        prepared.path,
+        redacted(prepared.path),
         target,
     )
     return Prepared(

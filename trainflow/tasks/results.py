@@ -23,7 +23,9 @@ class Prepared(BaseModel):
     dropped: int = 0  # rows dropped for a missing value (data.missing=drop)
 
     def split_path(self, name: str) -> str:
-        return f"{self.path}/{name}"
+        from trainflow.files import join
+
+        return join(self.path, name)
 
 
 class Trained(BaseModel):

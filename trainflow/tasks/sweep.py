@@ -23,7 +23,8 @@ from trainflow.tasks.train import prepared_splits
 def sweep(config: PipelineConfig, prepared: Prepared, name: str, max_concurrent: int) -> Swept:
     """Every trial of ``config.sweep`` on Ray Tune; the best one's checkpoint and config."""
     logger = get_run_logger()
-    storage = config.storage or str(workspace().runs)
+    # A folder (the checks refuse an object store for a sweep); file:///x is the folder /x.
+    storage = (config.storage or str(workspace().runs)).removeprefix("file://")
     _log_plan(logger, config, name, max_concurrent, storage)
     outcome = sw.run_sweep(
         config,

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from trainflow.pipelines.entry import read_split_batches, split_rows
+from trainflow.files import join
+from trainflow.pipelines.entry import read_split_batches, split_bytes, split_dataset, split_rows
 from trainflow.pipelines.preprocess import FEATURES, LABEL
 
 if TYPE_CHECKING:
@@ -70,11 +71,6 @@ def stream_chunk_rows(batch_size: int, num_features: int) -> int:
     return max(batch_size, rows // batch_size * batch_size)
 
 
-def prepared_bytes(path: str | Path) -> int:
-    """The size of a prepared split's Parquet files."""
-    return sum(f.stat().st_size for f in Path(path).rglob("*.parquet"))
-
-
 def augments(preprocessor: dict[str, Any]) -> bool:
     """Whether the prepared train split is augmented anew each epoch (image folders)."""
     return bool((preprocessor.get("image") or {}).get("augment"))
@@ -85,7 +81,7 @@ def splits_in_memory(
 ) -> tuple[str, ...]:
     """The splits of the prepared entry at ``path`` that the workers of ``config`` read once
     into memory (:func:`in_memory_splits`); the rest stream from Ray Data."""
-    sizes = {name: prepared_bytes(Path(path) / name) for name in TRAIN_SPLITS}
+    sizes = {name: split_bytes(join(path, name)) for name in TRAIN_SPLITS}
     return in_memory_splits(
         config.train.in_memory, sizes, augment=augments(preprocessor), workers=config.scaling.num_workers
     )
@@ -102,15 +98,13 @@ def split_inputs(
     unknown = set(in_memory) - set(TRAIN_SPLITS)
     if unknown:
         raise ValueError(f"in_memory: unknown splits {sorted(unknown)}; use {list(TRAIN_SPLITS)}")
-    memory_splits = {name: str(Path(path) / name) for name in TRAIN_SPLITS if name in in_memory}
+    memory_splits = {name: join(path, name) for name in TRAIN_SPLITS if name in in_memory}
     streamed = [name for name in TRAIN_SPLITS if name not in in_memory]
     if not streamed:
         return memory_splits, None
-    import ray.data
-
     from trainflow.pipelines.preprocess import augment_dataset
 
-    datasets = {name: ray.data.read_parquet(str(Path(path) / name)) for name in streamed}
+    datasets = {name: split_dataset(join(path, name)) for name in streamed}
     if "train" in datasets:
         datasets["train"] = augment_dataset(datasets["train"], preprocessor or {})
     return memory_splits, datasets

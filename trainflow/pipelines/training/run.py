@@ -6,6 +6,7 @@ runs it once per flow run; a sweep, once per trial.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -13,18 +14,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trainflow.config import ConfigError, PipelineConfig
+from trainflow.files import is_uri, join, redacted
 from trainflow.pipelines.checkpoint import METRICS, read_json
 from trainflow.pipelines.data import DataError
 from trainflow.pipelines.models import describe_parameters
 from trainflow.pipelines.training.inputs import TRAIN_SPLITS, split_inputs, splits_in_memory
 from trainflow.pipelines.training.loop import SETTINGS, Outcome, train_loop_per_worker
 from trainflow.pipelines.training.progress import Progress, clear_progress, follow_progress
-from trainflow.pipelines.training.runs import newest_checkpoint
+from trainflow.pipelines.training.runs import local_checkpoint, newest_checkpoint
 from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings, balanced_class_weights
 from trainflow.runtime import timeline, worker_runtime_env
 
 if TYPE_CHECKING:
     import ray.data
+    import ray.train
     from ray.train.torch import TorchTrainer
 
 
@@ -125,7 +128,7 @@ def run_training(
                 "kind": "plan",
                 "in_memory": list(in_memory),
                 "streamed": streamed,
-                "run_path": f"{storage}/{run_name}",
+                "run_path": redacted(join(storage, run_name)),
                 "parameters": describe_parameters(settings.model_spec),
                 "loss": config.loss,
                 "class_weights": settings.class_weights,
@@ -146,12 +149,13 @@ def run_training(
     outcome: Outcome = result.return_value or Outcome("completed", config.train.epochs)
     if outcome.status == "diverged":
         raise TrainingDiverged(outcome.message)
-    best = result.get_best_checkpoint(config.checkpoint.metric, config.checkpoint.mode)
+    # On an object store the best and the last checkpoint are read from copies here.
+    best = local_checkpoint(result.get_best_checkpoint(config.checkpoint.metric, config.checkpoint.mode))
     return TrainingResult(
-        run_path=str(result.path),
-        best_checkpoint=best.path,
-        best_metrics=checkpoint_metrics(best.path),
-        history=read_json(result.checkpoint.path, METRICS)["history"],
+        run_path=redacted(join(storage, run_name)) if is_uri(storage) else str(result.path),
+        best_checkpoint=best,
+        best_metrics=checkpoint_metrics(best),
+        history=stored_json(result.checkpoint, METRICS)["history"],
         status=outcome.status,
         epoch=outcome.epoch,
         message=outcome.message,
@@ -159,6 +163,12 @@ def run_training(
         nodes=seen.nodes,
         in_memory=in_memory,
     )
+
+
+def stored_json(checkpoint: ray.train.Checkpoint, name: str) -> Any:
+    """A JSON file of a checkpoint, read where Ray Train stored it."""
+    with checkpoint.filesystem.open_input_stream(f"{checkpoint.path}/{name}") as f:
+        return json.loads(f.read())
 
 
 def checkpoint_metrics(checkpoint: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from trainflow.config import ConfigError, PipelineConfig
+from trainflow.files import filesystem
 
 RUN_RECORD = "trainflow-run.json"
 FINISHED = ("completed", "early_stopped", "diverged")
@@ -110,20 +111,11 @@ class RunRecord(BaseModel):
         return f"Ray run {self.run_name} (started {when} by {self.driver.describe()}{flow})"
 
 
-def _storage(storage: str):
-    """(pyarrow filesystem, path) of ``storage``: a local folder or a URI Ray Train takes."""
-    import pyarrow.fs
-
-    if "://" in storage:
-        return pyarrow.fs.FileSystem.from_uri(storage)
-    return pyarrow.fs.LocalFileSystem(), str(Path(storage).resolve())
-
-
 def write_record(storage: str, record: RunRecord) -> None:
     """Write (or replace) a run's record, whole: a reader never sees half of one."""
     import pyarrow.fs
 
-    fs, root = _storage(storage)
+    fs, root = filesystem(storage)
     folder = f"{root}/{record.run_name}"
     fs.create_dir(folder, recursive=True)
     data = record.model_dump_json(indent=1).encode()
@@ -140,7 +132,7 @@ def records(storage: str, model: str) -> list[RunRecord]:
     """Every recorded run of ``model`` under ``storage``, oldest first."""
     import pyarrow.fs
 
-    fs, root = _storage(storage)
+    fs, root = filesystem(storage)
     try:
         folders = fs.get_file_info(pyarrow.fs.FileSelector(root, allow_not_found=True))
     except OSError:
@@ -189,7 +181,7 @@ def _checkpointed(storage: str, record: RunRecord) -> bool:
     """Whether the run's folder holds a checkpoint."""
     import pyarrow.fs
 
-    fs, root = _storage(storage)
+    fs, root = filesystem(storage)
     try:
         entries = fs.get_file_info(pyarrow.fs.FileSelector(f"{root}/{record.run_name}"))
     except OSError:
@@ -275,3 +267,23 @@ def newest_checkpoint(storage: str, run_name: str) -> tuple[str, int] | None:
         ):
             best = (str(folder), int(epoch))
     return best
+
+
+def local_checkpoint(checkpoint) -> str:
+    """A Ray Train checkpoint as a folder on this machine, for what reads it after training
+    (metrics, evaluation, the registry): the checkpoint's own folder on local storage (a
+    folder or ``file://``), else a copy downloaded once from the object store into
+    ``TRAINFLOW_HOME/checkpoints/<run name>/<checkpoint>``, published whole."""
+    import pyarrow.fs
+
+    from trainflow.files import publishing_folder
+    from trainflow.runtime import workspace
+
+    if isinstance(checkpoint.filesystem, pyarrow.fs.LocalFileSystem):
+        return checkpoint.path
+    parts = checkpoint.path.rstrip("/").split("/")
+    copy = workspace().home / "checkpoints" / parts[-2] / parts[-1]
+    if not copy.is_dir():
+        with publishing_folder(copy, finished=Path.is_dir) as tmp:
+            checkpoint.to_directory(str(tmp))
+    return str(copy)

@@ -123,9 +123,12 @@ def balanced_class_weights(path: str, num_classes: int) -> list[float]:
     import numpy as np
     import pyarrow.dataset as pads
 
+    from trainflow.files import join
+    from trainflow.pipelines.entry import split_files
     from trainflow.pipelines.preprocess import LABEL
 
-    labels = pads.dataset(f"{path}/train", format="parquet").to_table(columns=[LABEL])[LABEL]
+    fs, files = split_files(join(path, "train"))
+    labels = pads.dataset(files, filesystem=fs, format="parquet").to_table(columns=[LABEL])[LABEL]
     counts = np.bincount(labels.to_numpy(), minlength=num_classes).astype(np.float64)
     weights = np.divide(counts.sum(), num_classes * counts, out=np.zeros_like(counts), where=counts > 0)
     return [float(w) for w in weights]

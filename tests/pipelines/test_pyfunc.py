@@ -12,11 +12,15 @@ from trainflow.runtime import workspace
 
 @pytest.fixture
 def mlflow_registry(trainflow_home):
+    # As a user points MLflow at trainflow's registry (MLFLOW_TRACKING_URI): the tracking
+    # store too, else MLflow opens its default, ./mlflow.db, to download the artifacts.
     ws = workspace()
-    previous = mlflow.get_registry_uri()
+    previous = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+    mlflow.set_tracking_uri(registry.tracking_uri(ws))
     mlflow.set_registry_uri(registry.tracking_uri(ws))
     yield ws
-    mlflow.set_registry_uri(previous)
+    mlflow.set_tracking_uri(previous[0])
+    mlflow.set_registry_uri(previous[1])
 
 
 def test_pyfunc_load_model_predicts_as_trainflow_does(mlflow_registry, tmp_path):

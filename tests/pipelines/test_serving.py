@@ -281,3 +281,27 @@ def test_the_app_follows_champion_as_it_moves_without_dropping_a_request(server)
     assert httpx.post(f"{server}/pinned/predict", json=GOOD).json()["version"] == "1"
     predicted = httpx.post(f"{server}/toy/predict", json={"rows": ROWS}).json()
     assert predicted["predictions"] == registry.load_model("toy/1").predict(pd.DataFrame(ROWS)).tolist()
+
+
+def test_an_alias_moved_to_a_model_from_another_module_keeps_the_served_version(
+    server, tmp_path, monkeypatch
+):
+    """The replicas carry the module of the version served at start: a champion built
+    from another module cannot load there, so they keep answering with the old version
+    and /model says why and what to do."""
+    (tmp_path / "serving_other_net.py").write_text(USER_NET)
+    monkeypatch.syspath_prepend(str(tmp_path))  # this driver has it; the replicas do not
+    ws = workspace()
+    other = ModelConfig(kind="serving_other_net:build")
+    assert register(ws, make_checkpoint(tmp_path / "o2", seed=6, model=other), 0.9, name="own").champion
+    deadline = time.monotonic() + POLL_S + 10.0
+    while (info := httpx.get(f"{server}/own/model").json())["follow_error"] is None:
+        assert time.monotonic() < deadline, info
+        time.sleep(0.1)
+    assert info["version"] == "1"
+    assert info["follow_error"].startswith(
+        "ConfigError: model.kind serving_other_net:build: module 'serving_other_net' is not importable"
+    )
+    assert info["follow_error"].endswith("restart the server to serve a version built from another module")
+    r = httpx.post(f"{server}/own/predict", json={"rows": [{"a": 0.5, "b": 1.0}]})
+    assert r.status_code == 200 and r.json()["version"] == "1"

@@ -60,6 +60,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
 
+from trainflow.config import ConfigError
 from trainflow.pipelines import registry
 from trainflow.pipelines.checkpoint import SPEC, Predictor, load_checkpoint, model_actor_options, read_json
 from trainflow.pipelines.data import IMAGE, DataError
@@ -500,8 +501,14 @@ class ModelServer:
                     log.warning("%s: now serving version %s (was %s)", self._uri, new.version, old)
                 self._checked_at, self._follow_error = _now(), None
             except Exception as e:  # the registry unreachable, a checkpoint refused: keep serving
-                self._follow_error = f"{type(e).__name__}: {e}"
-                log.warning("%s: cannot follow the alias: %s", self._uri, self._follow_error)
+                error = f"{type(e).__name__}: {e}"
+                if isinstance(e, (ImportError, ConfigError)):
+                    # The model could not be built here: the replicas carry the module of
+                    # the version served at start only (model.kind: package.module:callable).
+                    error += "; restart the server to serve a version built from another module"
+                if error != self._follow_error:  # once per failure, not every poll
+                    log.warning("%s: cannot follow the alias: %s", self._uri, error)
+                self._follow_error = error
 
     @serve.batch(max_batch_size=BATCH_MAX_ROWS, batch_wait_timeout_s=BATCH_WAIT_S, batch_size_fn=_rows_in)
     async def _predict_batch(self, batch: list[Inputs]) -> list[dict[str, Any] | RequestError]:

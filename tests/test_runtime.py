@@ -296,3 +296,38 @@ def test_warm_workers_start_one_per_cpu_with_the_preprocessing_code_imported(ray
     assert len(refs) == min(int(ray.cluster_resources()["CPU"]), 8)
     ray.get(refs, timeout=60)  # a worker that cannot import trainflow.pipelines.prepare fails here
     assert len(warm_workers(["trainflow.pipelines.prepare"], most=1)) == 1
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_blocking_ray_call_inside_a_flow_run(ray_cluster, prefect_harness):
+    """Prefect's SIGTERM handler raises its own exception, which ``ray.get`` swallows: a
+    SIGTERM to a `trainflow run` alone (Kubernetes, a worker's cancellation) went unheard
+    until training ended. Around ``fit()``, it ends the call as SystemExit(143)."""
+    import os
+    import signal
+
+    import ray
+    from prefect import flow
+
+    from trainflow.runtime import stop_on_sigterm
+
+    @ray.remote(num_cpus=0)
+    def slow() -> None:
+        time.sleep(60)
+
+    ref = slow.remote()
+
+    @flow
+    def waits() -> None:
+        with stop_on_sigterm():
+            threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            ray.get(ref)
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            waits()
+    finally:
+        ray.cancel(ref, force=True)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert time.monotonic() - started < 30

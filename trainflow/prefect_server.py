@@ -35,6 +35,21 @@ TIMEOUT_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 _STARTUP_FAILED = 3
 
 
+# The server's process: uvicorn, ended by the kernel when the command that started it
+# dies however it dies (PR_SET_PDEATHSIG, Linux), since it is in a session of its own.
+# argv: the command's pid, then uvicorn's arguments.
+_ENDS_WITH_PARENT = """
+import ctypes, os, runpy, signal, sys
+parent = int(sys.argv[1])
+if sys.platform.startswith("linux"):
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+if os.getppid() != parent:  # the command died before the line above ran
+    sys.exit(1)
+sys.argv = ["uvicorn", *sys.argv[2:]]
+runpy.run_module("uvicorn", run_name="__main__", alter_sys=True)
+"""
+
+
 class PrefectServerError(RuntimeError):
     """The temporary server did not come up; the message says what to do."""
 
@@ -117,8 +132,9 @@ class TemporaryServer:
             self.process = subprocess.Popen(
                 [
                     sys.executable,
-                    "-m",
-                    "uvicorn",
+                    "-c",
+                    _ENDS_WITH_PARENT,
+                    str(os.getpid()),
                     "--app-dir",
                     str(Path(prefect.__file__).parent.parent),
                     "--factory",
@@ -136,6 +152,11 @@ class TemporaryServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                # Out of the command's process group: Ctrl-C (SIGINT to the terminal's
+                # foreground group) or a stop of the whole group must not take the API
+                # away while the flow run still reports its end to it (Prefect would then
+                # retry against nothing, a traceback at a time). The command stops it.
+                start_new_session=True,
             )
         self.started = time.monotonic()
 

@@ -12,7 +12,9 @@ import importlib.machinery
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -372,8 +374,109 @@ def _shutdown() -> None:
     import ray
 
     _shipped_to = None
+    if _cluster_watch is not None:
+        _cluster_watch.set()
+    for name, process in _local_cluster_processes().items():
+        code = process.poll()  # a cluster gone: ray.shutdown() would wait 60 s for it
+        if code is not None and (not _WATCHED[name] or -code in _STOP_SIGNALS):
+            _end_with_the_cluster(name, code)
     ray.shutdown()
     timeline("ray shut down")
+
+
+# The processes of a local cluster whose end ends the run: the GCS and the raylet however
+# they exit (the cluster is gone); Ray's log monitor when a stop signal killed it, which
+# happens at once when the signal went to the whole process group (the raylet takes
+# seconds to exit, the GCS stays up, and the driver waits on them for 60 s).
+_WATCHED = {"gcs_server": False, "raylet": False, "log_monitor": True}
+# (Ctrl-C's SIGINT to the group is left to the graceful stop, which ends in seconds.)
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _local_cluster_processes() -> dict:
+    """The processes of :data:`_WATCHED` of the local cluster this process started, by
+    name; none for a cluster started elsewhere. Ray keeps them in its node's table."""
+    try:
+        import ray._private.worker as ray_worker
+
+        node = ray_worker._global_node
+        table = node.all_processes if node is not None else {}
+        return {name: table[name][0].process for name in _WATCHED if table.get(name)}
+    except Exception:  # noqa: BLE001 - Ray's internals moved: no watch, Ray's own behaviour
+        return {}
+
+
+@contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Around a blocking Ray call in the main thread (a training's ``fit()``): SIGTERM
+    ends it as SystemExit, which ``ray.get`` lets through. Prefect's SIGTERM handler,
+    in force during a flow run, raises its own TerminationSignal, which ``ray.get``
+    swallows: a SIGTERM to the driver alone (Kubernetes, Docker, a Prefect worker's
+    cancellation) was ignored until the training ended by itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    received: list[int] = []
+
+    def stop(signum, frame) -> None:
+        received.append(signum)
+        raise SystemExit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    except SystemExit:
+        if received:  # Ray hands it back as SystemExit(1)
+            raise SystemExit(128 + received[0]) from None
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+
+
+# Set to stop watching the local cluster (before a shutdown stops it on purpose).
+_cluster_watch: threading.Event | None = None
+
+
+def _watch_the_local_cluster() -> None:
+    """While the session lasts, end the process in one line when its local cluster's GCS
+    exits under it: a stop signal sent to the whole process group (systemd's stop,
+    ``timeout``, ``kill -- -PGID``) or the kernel's OOM killer. Ray itself would wait 60 s
+    for the GCS, whatever the run was doing, and then print a native error; what a clean
+    stop would have done died with the cluster, and the run's record says it did not
+    finish (``--resume`` continues it)."""
+    global _cluster_watch
+    processes = _local_cluster_processes()
+    if not processes:
+        return
+    stop = _cluster_watch = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.25):
+            for name, process in processes.items():
+                code = process.poll()
+                if code is None or stop.is_set():
+                    continue
+                if not _WATCHED[name] or -code in _STOP_SIGNALS:
+                    _end_with_the_cluster(name, code)
+
+    threading.Thread(target=watch, name="trainflow-cluster-watch", daemon=True).start()
+
+
+def _end_with_the_cluster(process: str, code: int) -> None:
+    """Exit now, in one line: this process's local cluster is gone (its ``process``
+    exited with ``code``), and nothing Ray would do next can reach it."""
+    if code < 0 and -code in (*_STOP_SIGNALS, signal.SIGINT):
+        message, status = f"stopped ({signal.Signals(-code).name})", 128 - code
+    else:
+        message = (
+            f"error: the local Ray cluster stopped during the run (its {process} exited with {code}); "
+            f"its log: /tmp/ray/session_latest/logs/{process}.out"
+        )
+        status = 1
+    sys.stdout.flush()
+    print(message, file=sys.stderr, flush=True)
+    os._exit(status)
 
 
 def _connect(
@@ -399,6 +502,8 @@ def _connect(
     # shared when the config or RAY_ADDRESS says so.
     ray.init(address=address or "local", **ray_init_kwargs(py_modules))
     _shipped_to = address
+    if not address:
+        _watch_the_local_cluster()
     configure_ray_data()
     if warm:
         warm_workers(warm)

@@ -112,3 +112,85 @@ def test_a_cluster_address_where_nothing_answers_fails_before_anything_starts(tm
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: no Ray cluster answers at 127.0.0.1:{port}")
     assert not (home / "prefect-server.log").exists()
+
+
+@pytest.mark.slow
+def test_a_stop_of_the_whole_process_group_ends_a_run_at_once(tmp_path):
+    """systemd's stop, `timeout`, `kill -- -PGID`: the signal reaches the run's local Ray
+    cluster and its own Prefect server too. Ray's driver used to wait 60 s for the dead
+    cluster and print a native error; the run now ends in one line, and nothing it started
+    is left running (the server ends with the command, in a session of its own)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests.e2e.test_cli import REPO, TRAINFLOW
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PREFECT_API_URL")}
+    env.update(TRAINFLOW_HOME=str(tmp_path / "home"), PREFECT_HOME=str(tmp_path / "prefect-home"))
+    log = tmp_path / "run.log"
+    with log.open("w") as out:
+        run = subprocess.Popen(
+            [*TRAINFLOW, "run", "configs/digits.yaml", "--set", "train.epochs=50"],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while "epoch 2/50" not in log.read_text():
+            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        os.killpg(run.pid, signal.SIGTERM)
+        sent = time.monotonic()
+        assert run.wait(timeout=60) == 128 + signal.SIGTERM, log.read_text()[-3000:]
+        assert time.monotonic() - sent < 15, log.read_text()[-3000:]
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    lines = log.read_text().strip().splitlines()
+    assert lines[-1] == "stopped (SIGTERM)", lines[-5:]
+    assert not any("Traceback" in line or "GCS" in line for line in lines)
+    deadline = time.monotonic() + 15  # what the run started ends with it
+    while left := _in_session(run.pid):
+        assert time.monotonic() < deadline, left
+        time.sleep(0.2)
+
+
+def _in_session(sid: int) -> list[str]:
+    """The live processes of session ``sid`` (zombies are gone already)."""
+    import subprocess
+
+    ps = subprocess.run(["ps", "-o", "sid=,stat=,args=", "-e"], capture_output=True, text=True).stdout
+    return [
+        line
+        for line in ps.splitlines()
+        if line.split(None, 1)[0] == str(sid) and not line.split()[1].startswith("Z")
+    ]
+
+
+def test_the_temporary_server_ends_with_the_command_that_started_it(tmp_path):
+    """In a session of its own (Ctrl-C in the terminal must not stop it before the flow
+    run reports its end), yet gone when its command dies, even by SIGKILL."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    server_log = str(tmp_path / "server.log")
+    script = (
+        "import os, pathlib\n"
+        "from trainflow.prefect_server import TemporaryServer\n"
+        f"server = TemporaryServer(pathlib.Path({server_log!r}), timeout_s=120)\n"
+        "server.__enter__(); server.wait()\n"
+        "print(server.process.pid, os.getsid(server.process.pid), flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=180)
+    assert out.returncode == -9, out.stderr[-3000:]
+    pid, sid = (int(v) for v in out.stdout.split())
+    assert sid == pid != os.getsid(0)  # a session of its own
+    deadline = time.monotonic() + 15
+    while os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().split()[2]:
+        assert time.monotonic() < deadline, "the temporary server outlived its command"
+        time.sleep(0.1)

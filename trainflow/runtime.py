@@ -376,10 +376,9 @@ def _shutdown() -> None:
     _shipped_to = None
     if _cluster_watch is not None:
         _cluster_watch.set()
-    for name, process in _local_cluster_processes().items():
-        code = process.poll()  # a cluster gone: ray.shutdown() would wait 60 s for it
-        if code is not None and (not _WATCHED[name] or -code in _STOP_SIGNALS):
-            _end_with_the_cluster(name, code)
+    ended = _cluster_ended(_local_cluster_processes())
+    if ended is not None:  # a cluster gone: ray.shutdown() would wait 60 s for it
+        _end_with_the_cluster(*ended)
     ray.shutdown()
     timeline("ray shut down")
 
@@ -452,15 +451,23 @@ def _watch_the_local_cluster() -> None:
     stop = _cluster_watch = threading.Event()
 
     def watch() -> None:
-        while not stop.wait(0.25):
-            for name, process in processes.items():
-                code = process.poll()
-                if code is None or stop.is_set():
-                    continue
-                if not _WATCHED[name] or -code in _STOP_SIGNALS:
-                    _end_with_the_cluster(name, code)
+        # Often: the sooner, the fewer lines the dying cluster sends the console first.
+        while not stop.wait(0.05):
+            ended = _cluster_ended(processes)
+            if ended is not None and not stop.is_set():
+                _end_with_the_cluster(*ended)
 
     threading.Thread(target=watch, name="trainflow-cluster-watch", daemon=True).start()
+
+
+def _cluster_ended(processes: dict) -> tuple[str, int] | None:
+    """The watched process whose end ends the cluster, and its exit code; one that a stop
+    signal killed first (it says what happened), else the GCS or raylet that exited."""
+    codes = {name: process.poll() for name, process in processes.items()}
+    ended = [(name, code) for name, code in codes.items() if code is not None]
+    signalled = [(name, code) for name, code in ended if -code in _STOP_SIGNALS]
+    hard = [(name, code) for name, code in ended if not _WATCHED[name]]
+    return (signalled or hard or [None])[0]
 
 
 def _end_with_the_cluster(process: str, code: int) -> None:

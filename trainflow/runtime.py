@@ -370,12 +370,13 @@ _shipped_to: str | None = None
 
 
 def _shutdown() -> None:
-    global _shipped_to
+    global _shipped_to, _cluster_watch
     import ray
 
     _shipped_to = None
     if _cluster_watch is not None:
         _cluster_watch.set()
+        _cluster_watch = None
     ended = _cluster_ended(_local_cluster_processes())
     if ended is not None:  # a cluster gone: ray.shutdown() would wait 60 s for it
         _end_with_the_cluster(*ended)
@@ -438,12 +439,12 @@ _cluster_watch: threading.Event | None = None
 
 
 def _watch_the_local_cluster() -> None:
-    """While the session lasts, end the process in one line when its local cluster's GCS
-    exits under it: a stop signal sent to the whole process group (systemd's stop,
-    ``timeout``, ``kill -- -PGID``) or the kernel's OOM killer. Ray itself would wait 60 s
-    for the GCS, whatever the run was doing, and then print a native error; what a clean
-    stop would have done died with the cluster, and the run's record says it did not
-    finish (``--resume`` continues it)."""
+    """While the session lasts, end the process in one line when its local cluster ends
+    under it (:data:`_WATCHED`): a stop signal sent to the whole process group (systemd's
+    stop, ``timeout``, ``kill -- -PGID``), or the kernel's OOM killer taking the GCS or
+    the raylet. Ray itself would wait 60 s for them, whatever the run was doing, then
+    print a native error and exit; what a clean stop would have done died with the
+    cluster, and the run's record says it did not finish (``--resume`` continues it)."""
     global _cluster_watch
     processes = _local_cluster_processes()
     if not processes:

@@ -37,7 +37,9 @@ _STARTUP_FAILED = 3
 
 # The server's process: uvicorn, ended by the kernel when the command that started it
 # dies however it dies (PR_SET_PDEATHSIG, Linux), since it is in a session of its own.
-# argv: the command's pid, then uvicorn's arguments.
+# The kernel sends it when the thread that started the server ends: commands start it
+# in their main thread. Elsewhere (macOS) the command's own stop ends it, a SIGKILL does
+# not. argv: the command's pid, then uvicorn's arguments.
 _ENDS_WITH_PARENT = """
 import ctypes, os, runpy, signal, sys
 parent = int(sys.argv[1])

@@ -477,9 +477,15 @@ def _end_with_the_cluster(process: str, code: int) -> None:
     if code < 0 and -code in (*_STOP_SIGNALS, signal.SIGINT):
         message, status = f"stopped ({signal.Signals(-code).name})", 128 - code
     else:
+        try:  # where this session's logs are (RAY_TMPDIR moves them)
+            import ray._private.worker as ray_worker
+
+            logs = ray_worker._global_node.get_logs_dir_path()
+        except Exception:  # noqa: BLE001 - Ray's internals moved: its default place
+            logs = "/tmp/ray/session_latest/logs"
         message = (
             f"error: the local Ray cluster stopped during the run (its {process} exited with {code}); "
-            f"its log: /tmp/ray/session_latest/logs/{process}.out"
+            f"its log: {logs}/{process}.out"
         )
         status = 1
     sys.stdout.flush()

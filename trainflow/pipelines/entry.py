@@ -63,7 +63,7 @@ class PreparedEntry:
     @classmethod
     def open(cls, path: str, key: str, *, reused: bool = True, dropped: int = 0) -> PreparedEntry:
         """A finished entry, read from its folder."""
-        pre = Preprocessor.from_dict(json.loads(read_text(join(path, PREPROCESSOR))))
+        pre = Preprocessor.load(join(path, PREPROCESSOR))
         return cls(str(path), pre, json.loads(read_text(join(path, COUNTS))), key, reused, dropped)
 
     def with_run(self, *, reused: bool, dropped: int) -> PreparedEntry:
@@ -148,7 +148,7 @@ def finish_entry(folder: str, pre: Preprocessor, counts: dict[str, int]) -> None
     for name in SPLIT_NAMES:
         if not counts.get(name):
             raise DataError(f"the {name} split is empty; add rows or change data.split")
-    write_text(join(folder, PREPROCESSOR), json.dumps(pre.to_dict(), indent=2))
+    pre.save(join(folder, PREPROCESSOR))
     write_text(join(folder, COUNTS), json.dumps(counts))
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from trainflow.files import read_text, write_text
 from trainflow.pipelines.data import IMAGE, DataError
 
 if TYPE_CHECKING:
@@ -73,11 +74,15 @@ class Preprocessor:
         return cls(**state)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+        """Write it as JSON at ``path``, a local file or a URI."""
+        write_text(path, json.dumps(self.to_dict(), indent=2))
 
     @classmethod
     def load(cls, path: str | Path) -> Preprocessor:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        text = read_text(path)
+        if text is None:
+            raise FileNotFoundError(f"no preprocessor at {path}")
+        return cls.from_dict(json.loads(text))
 
     @property
     def input_columns(self) -> list[str]:

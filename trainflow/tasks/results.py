@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from trainflow.files import join
+
 
 class Prepared(BaseModel):
     path: str  # the cache entry: train/, val/, test/ Parquet and preprocessor.json
@@ -23,8 +25,6 @@ class Prepared(BaseModel):
     dropped: int = 0  # rows dropped for a missing value (data.missing=drop)
 
     def split_path(self, name: str) -> str:
-        from trainflow.files import join
-
         return join(self.path, name)
 
 

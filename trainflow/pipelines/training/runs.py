@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from trainflow.config import ConfigError, PipelineConfig
-from trainflow.files import filesystem
+from trainflow.files import filesystem, publishing_folder
 
 RUN_RECORD = "trainflow-run.json"
 FINISHED = ("completed", "early_stopped", "diverged")
@@ -276,7 +276,6 @@ def local_checkpoint(checkpoint) -> str:
     ``TRAINFLOW_HOME/checkpoints/<run name>/<checkpoint>``, published whole."""
     import pyarrow.fs
 
-    from trainflow.files import publishing_folder
     from trainflow.runtime import workspace
 
     if isinstance(checkpoint.filesystem, pyarrow.fs.LocalFileSystem):

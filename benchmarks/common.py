@@ -501,6 +501,8 @@ def run_measured(
         "tree_exit_s": round(tree_exit, 2),
         "stragglers_killed": len(stragglers),
         "driver_peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+        # What a shell's `time` reports: the command and the children it waited for.
+        "waited_cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
         "cpu_method": method,
         "stdout": out.get("stdout", b"").decode(errors="replace"),
         "stderr": out.get("stderr", b"").decode(errors="replace"),

@@ -30,6 +30,7 @@ SECTIONS = (
     "serve",
     "gpu",
     "sweep",
+    "suite",
 )
 # The script of each section, for results written before each JSON recorded its command.
 SCRIPTS = {s: f"benchmarks/{s}.py" for s in SECTIONS} | {"overhead_phases": "benchmarks/overhead.py --phases"}

@@ -51,7 +51,7 @@ def test_report_assembles_present_sections_in_order(bench_modules, tmp_path: Pat
     assert text.index("## Overhead") < text.index("### Where the time goes") < text.index("## Scaling")
     assert (
         "Not measured yet: overhead_phases, ingest, training, resnet, large_prepare, engine, "
-        "image_memory, batch_predict, serve, gpu, sweep." in text
+        "image_memory, batch_predict, serve, gpu, sweep, suite." in text
     )
     assert "- overhead: " in text and "CPUs" in text  # when, where, under what load, by what command
     doc = json.loads(js.read_text())
@@ -167,3 +167,32 @@ def test_run_measured_counts_the_cpu_of_processes_that_outlive_the_command(bench
     if r["cpu_method"].startswith("cgroup"):  # sampling /proc may miss a process that left
         assert r["cpu_s"] >= 0.6
     assert r["tree_exit_s"] >= r["wall_s"] and r["stragglers_killed"] == 0
+
+
+def test_the_suite_benchmark_counts_each_tests_cpu_with_what_its_daemons_spend(tmp_path: Path):
+    # A test whose work is done by a process that leaves it (as Ray's workers and the
+    # commands' servers do): a shell's `time` misses it, the suite's cgroup does not.
+    (tmp_path / "test_daemon.py").write_text(
+        "import os, time\n"
+        "def test_work_done_by_a_daemon(tmp_path):\n"
+        "    if os.fork() == 0:\n"
+        "        os.setsid()\n"
+        "        if os.fork() == 0:\n"
+        "            t = time.process_time()\n"
+        "            while time.process_time() - t < 0.6: pass\n"
+        "            (tmp_path / 'done').touch()\n"
+        "        os._exit(0)\n"
+        "    while not (tmp_path / 'done').exists(): time.sleep(0.01)\n"
+        "\n"
+        "def test_nothing():\n"
+        "    pass\n"
+    )
+    figures = run_script("suite", str(tmp_path / "test_daemon.py"), results=tmp_path / "r")
+
+    assert figures["returncode"] == 0 and "2 passed" in figures["summary"]
+    rows = {r["test"].rsplit("::", 1)[1]: r for r in figures["tests"]}
+    assert set(rows) == {"test_work_done_by_a_daemon", "test_nothing"}
+    assert figures["files"][next(iter(figures["files"]))]["tests"] == 2
+    if figures["cpu_method"].startswith("cgroup"):  # else the plugin says it counted less
+        assert rows["test_work_done_by_a_daemon"]["cpu_s"] >= 0.6
+        assert figures["cpu_s"] >= figures["waited_cpu_s"] + 0.6

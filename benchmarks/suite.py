@@ -95,8 +95,8 @@ def main() -> None:
         f"({figures['busy_cpus']} of the {cpus} CPUs busy on average; target about {TARGET_MIN:g} "
         f"wall-minutes on this machine type). CPU counted by the {measured['cpu_method']}, "
         f"every process the suite started. The CPU a shell's `time` reports for the same run "
-        f"(what pytest waited for) is {measured['waited_cpu_s'] / 60:.1f} minutes. Load average (1 min) {load_before:g} before, "
-        f"{load_after:g} after.",
+        f"(what pytest waited for) is {measured['waited_cpu_s'] / 60:.1f} minutes. "
+        f"Load average (1 min) {load_before:g} before, {load_after:g} after.",
         "",
         "| test file | tests | wall s | CPU s |",
         "|---|---|---|---|",

@@ -76,10 +76,11 @@ LOCAL_CLUSTER_ENV = {
     # starts an actor that Ray core reports as an ERROR line on every run (ray issue
     # 53727); one local node is never drained.
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
-    # Ray starts as many idle workers as the node has CPUs when the first driver connects,
-    # without a runtime_env: a trainflow job has one (its quiet settings), and Ray Train
-    # gives its controller and workers theirs, so no task or actor of a run can use them;
-    # each is a process that imports Ray for nothing (about 0.5 CPU-seconds).
+    # Ray starts as many idle workers as the node has CPUs when the first driver connects.
+    # A run used none of them (sampled in `trainflow run --smoke`): Ray Train gives its
+    # controller and workers a runtime_env of their own, which an idle worker started
+    # without it cannot take, and a small input is prepared in the driver. Each is a
+    # process that imports Ray (about 0.5 CPU-seconds); a task that needs a worker starts one.
     "RAY_prestart_worker_first_driver": "0",
 }
 

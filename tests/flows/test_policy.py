@@ -89,21 +89,27 @@ def test_a_slot_whose_holder_died_before_training_is_freed_by_the_next_run(
     prefect_harness, trainflow_home, caplog
 ):
     """A driver killed outright while it held the slot, before its train step wrote a run
-    record (starting Ray, preparing the data): the next run on the machine frees the slot."""
+    record (starting Ray, preparing the data): the next run on the machine frees the slot,
+    whichever TRAINFLOW_HOME each had (the holder is named beside Prefect's database,
+    which keeps the slot)."""
     import logging
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.settings import get_current_settings
 
     from tests.pipelines.test_runs import dead_driver
-    from trainflow.flows.training import SlotHolder
+    from trainflow.flows.training import SlotHolder, slot_holders
 
     limit = "trainflow-model-died-early"
     with get_client(sync_client=True) as client:
         client.create_global_concurrency_limit(
             GlobalConcurrencyLimitCreate(name=limit, limit=1, active_slots=1)
         )
-    holders = trainflow_home / "slots" / limit
+    holders = slot_holders(limit)
+    database = get_current_settings().server.database.connection_url.get_secret_value()
+    assert database.endswith(f"{holders.parent.parent}/{Path(database).name}")
+    assert trainflow_home not in holders.parents
     holders.mkdir(parents=True)
     gone = dead_driver()
     (holders / "gone.json").write_text(SlotHolder(driver=gone, since=1.0).model_dump_json())
@@ -136,3 +142,43 @@ def test_flow_parameters_resolve_paths_overrides_and_smoke():
     smoke = resolve_config(load_config({"name": "mine"}), smoke=True)
     assert smoke.name == "mine-smoke"
     assert (smoke.train.epochs, smoke.scaling.num_workers, smoke.data.limit) == (1, 1, 600)
+
+
+def test_a_live_holder_keeps_its_slot_beside_a_dead_holders_record(prefect_harness, trainflow_home):
+    """A record of a dead driver left beside a live holder's (a machine where both wrote
+    under one PREFECT_HOME) does not free the live run's slot."""
+    import logging
+    import os
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+    from tests.pipelines.test_runs import dead_driver
+    from trainflow.flows.training import SlotHolder, slot_holders
+    from trainflow.pipelines.training.runs import Driver
+
+    limit = "trainflow-model-held"
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(
+            GlobalConcurrencyLimitCreate(name=limit, limit=1, active_slots=1)
+        )
+    holders = slot_holders(limit)
+    holders.mkdir(parents=True)
+    (holders / "gone.json").write_text(SlotHolder(driver=dead_driver(), since=1.0).model_dump_json())
+    live = Driver.this()
+    assert live.pid == os.getpid()
+    (holders / "live.json").write_text(SlotHolder(driver=live, since=2.0).model_dump_json())
+    entered = threading.Event()
+
+    def next_run():
+        with one_run_per_model("held", logging.getLogger("test-policy")):
+            entered.set()
+
+    waiter = in_thread(next_run)
+    assert not entered.wait(1.0), "a run took the slot a live driver holds"
+    with get_client(sync_client=True) as client:
+        assert client.read_global_concurrency_limit_by_name(limit).active_slots == 1
+        (holders / "live.json").unlink()  # the live run ends: it releases its slot
+        client.release_concurrency_slots(names=[limit], slots=1, occupancy_seconds=1.0)
+    assert entered.wait(60), "the waiting run never got the released slot"
+    waiter.join(60)

@@ -92,16 +92,32 @@ def one_run_per_model(
 
 
 class SlotHolder(BaseModel):
-    """Who holds a model's concurrency slot, in a file of TRAINFLOW_HOME/slots while it does:
-    what tells a slot that a killed driver kept (in any step) from one a live run holds."""
+    """Who holds a model's concurrency slot, in a file of :func:`slot_holders` while it
+    does: what tells a slot that a killed driver kept (in any step) from one a live run
+    holds."""
 
     driver: Driver
     flow_run: str | None = None
     since: float
 
 
+def slot_holders(limit: str) -> Path:
+    """The folder naming who holds ``limit``'s slot, beside the Prefect database the slot
+    is kept in: a temporary server's (``PREFECT_HOME/prefect.db`` unless set otherwise),
+    which outlives any one run and whichever TRAINFLOW_HOME the run had. On a server
+    elsewhere, PREFECT_HOME: the drivers of this machine that share it."""
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    url = str(settings.server.database.connection_url.get_secret_value() or "")
+    _, _, database = url.partition(":///")
+    on_file = url.startswith("sqlite") and database and ":memory:" not in database
+    folder = Path(database).parent if on_file else settings.home
+    return folder / "trainflow-slots" / limit
+
+
 def _holders(limit: str) -> dict[Path, SlotHolder]:
-    folder = workspace().home / "slots" / limit
+    folder = slot_holders(limit)
     holders = {}
     for path in folder.glob("*.json"):
         try:
@@ -122,7 +138,7 @@ def _slot_holder(limit: str) -> Iterator[None]:
     me = SlotHolder(
         driver=Driver.this(), flow_run=str(flow_run.id) if flow_run.id else None, since=time.time()
     )
-    path = workspace().home / "slots" / limit / f"{me.driver.host}-{me.driver.pid}-{me.driver.start}.json"
+    path = slot_holders(limit) / f"{me.driver.host}-{me.driver.pid}-{me.driver.start}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     partial.write_text(me.model_dump_json())
@@ -139,9 +155,10 @@ def _free_dead_slots(client, limit: str, taken: int, storage: str | None, name: 
     slot is such a one (a driver alive, or on another machine, holds its slot). The runs
     they left under ``storage`` become ``interrupted`` (``--resume`` continues them) and
     their flow runs Crashed. Whether the slots were freed."""
-    dead = {path: h for path, h in _holders(limit).items() if h.driver.alive() is False}
-    if not dead or len(dead) < taken:
-        return False
+    holders = _holders(limit)
+    dead = {path: h for path, h in holders.items() if h.driver.alive() is False}
+    if not dead or len(dead) < taken or len(dead) < len(holders):
+        return False  # a live holder (or one on another machine) may hold what is taken
     held = max(time.time() - min(h.since for h in dead.values()), 1.0)  # the server takes only > 0
     client.release_concurrency_slots(names=[limit], slots=taken, occupancy_seconds=held)
     for path in dead:

@@ -309,7 +309,7 @@ def test_sigterm_ends_a_blocking_ray_call_inside_a_flow_run(ray_cluster, prefect
     import ray
     from prefect import flow
 
-    from trainflow.runtime import stop_on_sigterm
+    from trainflow.runtime import stop_on_signals
 
     @ray.remote(num_cpus=0)
     def slow() -> None:
@@ -319,7 +319,7 @@ def test_sigterm_ends_a_blocking_ray_call_inside_a_flow_run(ray_cluster, prefect
 
     @flow
     def waits() -> None:
-        with stop_on_sigterm():
+        with stop_on_signals():
             threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
             ray.get(ref)
 
@@ -331,3 +331,28 @@ def test_sigterm_ends_a_blocking_ray_call_inside_a_flow_run(ray_cluster, prefect
         ray.cancel(ref, force=True)
     assert stopped.value.code == 128 + signal.SIGTERM
     assert time.monotonic() - started < 30
+
+
+def test_a_ctrl_c_during_start_up_is_raised_at_its_end_not_where_it_lands():
+    """A KeyboardInterrupt raised inside an import beside other threads' imports can leave
+    importlib's module lock taken (a start-up then waited forever, seen by hand): inside
+    ``interrupts_deferred`` a Ctrl-C is only remembered, and raised once the block is done."""
+    import os
+    import signal
+
+    from trainflow import runtime
+
+    before, reached = signal.getsignal(signal.SIGINT), False
+    with runtime.sigint_stops_the_run(), pytest.raises(KeyboardInterrupt):
+        with runtime.interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            deadline = time.monotonic() + 30
+            while not runtime._interrupted.is_set():  # the handler runs between bytecodes
+                assert time.monotonic() < deadline, "the SIGINT never reached its handler"
+                time.sleep(0.01)
+            reached = True
+    assert reached
+    assert signal.getsignal(signal.SIGINT) is before  # put back
+    # A later command starts with nothing remembered.
+    with runtime.sigint_stops_the_run():
+        runtime.raise_if_interrupted()

@@ -137,9 +137,14 @@ def _run_flow(cfg: PipelineConfig, module: str, flow_name: str, what: str, sweep
     side by side, and call the flow with ``params`` besides the config. Expected errors
     end in one line."""
     from trainflow import checks, startup
+    from trainflow.runtime import raise_if_interrupted
 
-    with _one_line_errors():
-        checked = checks.before_run(cfg, sweep=sweep, hold=True, resume=params.get("resume", False))
+    try:
+        with _one_line_errors():
+            checked = checks.before_run(cfg, sweep=sweep, hold=True, resume=params.get("resume", False))
+        raise_if_interrupted()
+    except KeyboardInterrupt as e:
+        raise _stopped(e) from None
     return _call_flow(
         startup.started(module, cfg, warm=checked.warm), module, flow_name, what, config=cfg, **params
     )
@@ -150,10 +155,11 @@ def _call_flow(starting, module: str, flow_name: str, what: str, **params):
     (see ``flows.logs``) ends in its one line, exit code 2; any other in one line naming
     the flow, exit code 1 (the flow's logs above hold the traceback)."""
     from trainflow import prefect_server
-    from trainflow.runtime import timeline
+    from trainflow.runtime import sigint_stops_the_run, timeline
 
     try:
-        with starting:
+        # Ctrl-C ends the run in one line (_stopped), wherever it lands.
+        with sigint_stops_the_run(), starting:
             from trainflow.flows.logs import drop_expected_errors_on_console
 
             # On the console, a flow's expected failure is this command's one ``error:``
@@ -163,6 +169,8 @@ def _call_flow(starting, module: str, flow_name: str, what: str, **params):
             timeline("flow returned")
     except prefect_server.PrefectServerError as e:
         raise _fail(str(e), code=1) from None
+    except (KeyboardInterrupt, SystemExit) as e:
+        raise _stopped(e) from None
     except Exception as e:
         from trainflow.flows.logs import EXPECTED_ERRORS
 
@@ -170,6 +178,19 @@ def _call_flow(starting, module: str, flow_name: str, what: str, **params):
             raise _fail(str(e)) from None
         raise _fail(f"the {what} flow failed: {type(e).__name__}: {e}", code=1) from None
     return result
+
+
+def _stopped(e: KeyboardInterrupt | SystemExit) -> typer.Exit:
+    """A run stopped by Ctrl-C or a stop signal (``runtime.stop_on_signals``): one line,
+    the shell's exit code for the signal. Prefect's records of the crash stay in the
+    run's logs (the flow run ends Crashed) and off this console (``flows.logs``)."""
+    import signal
+
+    code = 128 + signal.SIGINT if isinstance(e, KeyboardInterrupt) else e.code
+    if isinstance(code, int) and code - 128 in signal.Signals._value2member_map_:
+        typer.echo(f"stopped ({signal.Signals(code - 128).name})", err=True)
+        return typer.Exit(code)
+    return _fail(f"the flow ended with sys.exit({code!r})", code=1)
 
 
 @app.command()
@@ -405,10 +426,12 @@ def models_serve(
 
 def main() -> None:
     import atexit
+    import signal
 
-    from trainflow.runtime import timeline
+    from trainflow.runtime import on_sigint, timeline
 
     atexit.register(timeline, "exit")  # registered first, so it runs after every other exit hook
+    signal.signal(signal.SIGINT, on_sigint)  # a Ctrl-C that lands where it is swallowed still stops a run
     app(prog_name="trainflow")
 
 

@@ -412,13 +412,70 @@ def _local_cluster_processes() -> dict:
         return {}
 
 
+_interrupted = threading.Event()  # a Ctrl-C that sigint_stops_the_run's handler took
+_deferring = 0  # > 0 inside interrupts_deferred()
+
+
+def on_sigint(signum, frame) -> None:
+    """The SIGINT handler of :func:`sigint_stops_the_run`."""
+    _interrupted.set()
+    if not _deferring:
+        raise KeyboardInterrupt
+
+
 @contextmanager
-def stop_on_sigterm() -> Iterator[None]:
-    """Around a blocking Ray call in the main thread (a training's ``fit()``): SIGTERM
-    ends it as SystemExit, which ``ray.get`` lets through. Prefect's SIGTERM handler,
-    in force during a flow run, raises its own TerminationSignal, which ``ray.get``
-    swallows: a SIGTERM to the driver alone (Kubernetes, Docker, a Prefect worker's
-    cancellation) was ignored until the training ended by itself."""
+def sigint_stops_the_run() -> Iterator[None]:
+    """A command's Ctrl-C: KeyboardInterrupt, as Python's own handler raises it, and
+    remembered. Prefect's engine, interrupted at some points of its own work between
+    tasks, goes on as if nothing happened: :func:`raise_if_interrupted` (before every
+    step and every training) stops the run then. Inside :func:`interrupts_deferred`,
+    only remembered."""
+    before = signal.signal(signal.SIGINT, on_sigint)
+    if before is not on_sigint:  # (the ``trainflow`` command's own since its start)
+        _interrupted.clear()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """A Ctrl-C during the block is raised at its end, or where the block calls
+    :func:`raise_if_interrupted`, not where it lands: a KeyboardInterrupt raised inside an
+    import while other threads import (a command's start-up) can leave one of importlib's
+    module locks taken, and the start-up waiting for it forever."""
+    global _deferring
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+    raise_if_interrupted()
+
+
+def raise_if_interrupted() -> None:
+    """KeyboardInterrupt, if a Ctrl-C taken by :func:`sigint_stops_the_run` has not ended
+    the run yet."""
+    if _interrupted.is_set():
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Around a blocking Ray call in the main thread (a training's ``fit()``), a stop
+    signal ends it as Python would without Ray in the way.
+
+    SIGTERM ends it as SystemExit(143). Prefect's SIGTERM handler, in force during a
+    flow run, raises its own TerminationSignal, which ``ray.get`` swallows: a SIGTERM to
+    the driver alone (Kubernetes, Docker, a Prefect worker's cancellation) was ignored
+    until the training ended by itself.
+
+    Ctrl-C (SIGINT) ends it as KeyboardInterrupt. Ray Train's own SIGINT handler, which
+    ``fit()`` installs, aborts the run's controller (its workers stop, its checkpoints
+    stay) and then ends the call as SystemExit(1), which reads as a crash; its handler is
+    put back to what it was once the call ends."""
+    raise_if_interrupted()
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -429,15 +486,38 @@ def stop_on_sigterm() -> Iterator[None]:
         received.append(signum)
         raise SystemExit(128 + signum)
 
+    # Whichever handler runs, Python writes each signal's number here: how a Ctrl-C that
+    # Ray's handler took is known.
+    read, write = os.pipe()
+    for fd in (read, write):
+        os.set_blocking(fd, False)
+    wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
     before = signal.signal(signal.SIGTERM, stop)
+    before_int = signal.getsignal(signal.SIGINT)
+
+    def interrupted() -> bool:
+        try:
+            return signal.SIGINT in os.read(read, 512)
+        except BlockingIOError:
+            return False
+
     try:
         yield
     except SystemExit:
         if received:  # Ray hands it back as SystemExit(1)
             raise SystemExit(128 + received[0]) from None
+        if interrupted():
+            raise KeyboardInterrupt from None
         raise
+    else:
+        if interrupted():
+            raise KeyboardInterrupt
     finally:
+        signal.set_wakeup_fd(wakeup)
         signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+        signal.signal(signal.SIGINT, before_int if before_int is not None else signal.default_int_handler)
+        os.close(read)
+        os.close(write)
 
 
 # Set to stop watching the local cluster (before a shutdown stops it on purpose).

@@ -17,11 +17,18 @@ import logging
 import threading
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 
 from trainflow import prefect_server
 from trainflow.config import PipelineConfig
-from trainflow.runtime import apply_quiet_env, ray_ahead, timeline, workspace
+from trainflow.runtime import (
+    apply_quiet_env,
+    interrupts_deferred,
+    raise_if_interrupted,
+    ray_ahead,
+    timeline,
+    workspace,
+)
 
 
 def command_logger() -> logging.Logger:
@@ -55,12 +62,14 @@ def started(
     # MLflow hides this pydantic warning in warnings.catch_warnings(), which is not
     # thread-safe: imported beside other threads, it leaks through now and then.
     warnings.filterwarnings("ignore", message=r'Field name "schema" in "JsonSchemaSpec" shadows')
-    with _prefect_api() as server:
+    with _prefect_api() as server, ExitStack() as ray:
         timeline("prefect server started" if server else "prefect server configured")
-        flow = _Background("import-flow", lambda: importlib.import_module(flow_module))
-        store = _Background("mlflow-store", _open_registry) if open_registry else None
-        # this thread, which outlives the run; the flow's logs follow the line with Ray's address
-        with ray_ahead(ray_config, command_logger(), warm):
+        # Imports in three threads: a Ctrl-C waits for a safe point (raised by wait()).
+        with interrupts_deferred():
+            flow = _Background("import-flow", lambda: importlib.import_module(flow_module))
+            store = _Background("mlflow-store", _open_registry) if open_registry else None
+            # this thread, which outlives the run; the flow's logs follow the line with Ray's address
+            ray.enter_context(ray_ahead(ray_config, command_logger(), warm))
             flow.wait()
             timeline("flow imported")
             if server is not None:
@@ -69,7 +78,7 @@ def started(
             if store is not None:
                 store.wait()
                 timeline("mlflow store open")
-            yield
+        yield
     timeline("prefect server stopped")
 
 
@@ -97,7 +106,9 @@ class _Background:
             self.error = e
 
     def wait(self) -> None:
-        self.thread.join()
+        while self.thread.is_alive():
+            self.thread.join(0.1)
+            raise_if_interrupted()
         if self.error is not None:
             raise self.error
 

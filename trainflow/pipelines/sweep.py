@@ -22,7 +22,7 @@ from trainflow.files import replacing_file
 from trainflow.pipelines.training.placements import PlacementTracker
 from trainflow.pipelines.training.run import checkpoint_metrics, run_training
 from trainflow.pipelines.training.settings import PreparedSplits
-from trainflow.runtime import configure_ray_data, stop_on_sigterm
+from trainflow.runtime import configure_ray_data, stop_on_signals
 
 # What a trial's report row holds besides the metrics (set by TuneReportCallback).
 CHECKPOINT_PATH = "checkpoint_path"
@@ -191,7 +191,7 @@ def run_sweep(
             callbacks=[trial_events(on_event, placements.release)],
             placements=placements.name,
         )
-        with stop_on_sigterm():
+        with stop_on_signals():
             grid = tuner.fit()
     finally:
         placements.close()

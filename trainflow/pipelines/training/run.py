@@ -23,7 +23,7 @@ from trainflow.pipelines.training.loop import SETTINGS, Outcome, train_loop_per_
 from trainflow.pipelines.training.progress import Progress, clear_progress, follow_progress
 from trainflow.pipelines.training.runs import local_checkpoint, newest_checkpoint
 from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings, balanced_class_weights
-from trainflow.runtime import stop_on_sigterm, timeline, worker_runtime_env
+from trainflow.runtime import stop_on_signals, timeline, worker_runtime_env
 
 if TYPE_CHECKING:
     import ray.data
@@ -139,7 +139,7 @@ def run_training(
     timeline("train fit start")
     with (
         follow_progress(progress, on_row) if progress else nullcontext(Progress()) as seen,
-        stop_on_sigterm(),
+        stop_on_signals(),
     ):
         try:
             result = trainer.fit()

@@ -429,7 +429,10 @@ def sigint_stops_the_run() -> Iterator[None]:
     remembered. Prefect's engine, interrupted at some points of its own work between
     tasks, goes on as if nothing happened: :func:`raise_if_interrupted` (before every
     step and every training) stops the run then. Inside :func:`interrupts_deferred`,
-    only remembered."""
+    only remembered. Outside the main thread (where Python runs signal handlers), nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     before = signal.signal(signal.SIGINT, on_sigint)
     if before is not on_sigint:  # (the ``trainflow`` command's own since its start)
         _interrupted.clear()

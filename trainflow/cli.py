@@ -187,10 +187,12 @@ def _stopped(e: KeyboardInterrupt | SystemExit) -> typer.Exit:
     import signal
 
     code = 128 + signal.SIGINT if isinstance(e, KeyboardInterrupt) else e.code
-    if isinstance(code, int) and code - 128 in signal.Signals._value2member_map_:
-        typer.echo(f"stopped ({signal.Signals(code - 128).name})", err=True)
-        return typer.Exit(code)
-    return _fail(f"the flow ended with sys.exit({code!r})", code=1)
+    try:
+        stop = signal.Signals(code - 128)
+    except (TypeError, ValueError):  # sys.exit() inside the flow, not a signal
+        return _fail(f"the flow ended with sys.exit({code!r})", code=1)
+    typer.echo(f"stopped ({stop.name})", err=True)
+    return typer.Exit(code)
 
 
 @app.command()

@@ -23,6 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 # Seconds to wait for the server's health check, counted from its start: an empty
@@ -162,9 +163,10 @@ class TemporaryServer:
             )
         self.started = time.monotonic()
 
-    def wait(self) -> None:
+    def wait(self, check: Callable[[], None] = lambda: None) -> None:
         """Return once the server answers its health check; PrefectServerError if it exits
-        or has not answered within the deadline (counted from its start)."""
+        or has not answered within the deadline (counted from its start). ``check`` is
+        called between tries (it may raise: a Ctrl-C the caller holds back)."""
         deadline = self.started + self.timeout_s
         retries = 3
         while True:
@@ -194,6 +196,7 @@ class TemporaryServer:
                     f"{TIMEOUT_ENV} higher, or start a server with `prefect server start` and set "
                     "PREFECT_API_URL=http://127.0.0.1:4200/api"
                 )
+            check()
             time.sleep(0.1)
 
     def _log(self) -> str:

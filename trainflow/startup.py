@@ -73,7 +73,7 @@ def started(
             flow.wait()
             timeline("flow imported")
             if server is not None:
-                server.wait()
+                server.wait(check=raise_if_interrupted)
                 timeline("prefect server answered")
             if store is not None:
                 store.wait()

@@ -212,6 +212,7 @@ def test_ctrl_c_stops_a_training_in_one_line_and_leaves_it_to_resume(ray_cluster
 
     import ray
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
     from tests.e2e.test_cli import REPO, TRAINFLOW, session_services
     from trainflow.testing import small_config
@@ -245,7 +246,9 @@ def test_ctrl_c_stops_a_training_in_one_line_and_leaves_it_to_resume(ray_cluster
     (record,) = home.glob("runs/stop-test-*/trainflow-run.json")
     assert json.loads(record.read_text())["status"] == "interrupted"  # `--resume` continues it
     with get_client(sync_client=True) as client:
-        (flow_run,) = [r for r in client.read_flow_runs() if r.name.startswith("stop-test-")]
+        (flow_run,) = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_="stop-test-"))
+        )
     assert flow_run.state.type.value == "CRASHED"
     # Ray's abort stopped the run's workers on the cluster it shares: their CPUs are free.
     deadline = time.monotonic() + 60

@@ -122,31 +122,15 @@ def test_a_stop_of_the_whole_process_group_ends_a_run_at_once(tmp_path):
     is left running (the server ends with the command, in a session of its own)."""
     import os
     import signal
-    import subprocess
     import time
-
-    from tests.e2e.test_cli import REPO, TRAINFLOW
 
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PREFECT_API_URL")}
     env.update(TRAINFLOW_HOME=str(tmp_path / "home"), PREFECT_HOME=str(tmp_path / "prefect-home"))
     log = tmp_path / "run.log"
-    with log.open("w") as out:
-        run = subprocess.Popen(
-            [*TRAINFLOW, "run", "configs/digits.yaml", "--set", "train.epochs=50"],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 300
-        while "epoch 2/50" not in log.read_text():
-            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        os.killpg(run.pid, signal.SIGTERM)
-        sent = time.monotonic()
-        assert run.wait(timeout=60) == 128 + signal.SIGTERM, log.read_text()[-3000:]
-        assert time.monotonic() - sent < 15, log.read_text()[-3000:]
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
+    run, code, took = _signal_at_epoch_2(["configs/digits.yaml", "--set", "train.epochs=50"], env, log,
+                                         signal.SIGTERM)  # fmt: skip
+    assert code == 128 + signal.SIGTERM, log.read_text()[-3000:]
+    assert took < 15, log.read_text()[-3000:]
     lines = log.read_text().strip().splitlines()
     assert lines[-1] == "stopped (SIGTERM)", lines[-5:]
     assert not any("Traceback" in line or "GCS" in line for line in lines)
@@ -207,14 +191,13 @@ def test_ctrl_c_stops_a_training_in_one_line_and_leaves_it_to_resume(ray_cluster
     import json
     import os
     import signal
-    import subprocess
     import time
 
     import ray
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
-    from tests.e2e.test_cli import REPO, TRAINFLOW, session_services
+    from tests.e2e.test_cli import session_services
     from trainflow.testing import small_config
 
     config = tmp_path / "stop.json"
@@ -224,21 +207,8 @@ def test_ctrl_c_stops_a_training_in_one_line_and_leaves_it_to_resume(ray_cluster
     env.update(session_services(), TRAINFLOW_HOME=str(home))
     log = tmp_path / "run.log"
     free_before = ray.available_resources().get("CPU", 0)
-    with log.open("w") as out:
-        run = subprocess.Popen(
-            [*TRAINFLOW, "run", str(config)],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 300
-        while "epoch 2/50" not in log.read_text():
-            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        os.killpg(run.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
-        assert run.wait(timeout=60) == 128 + signal.SIGINT, log.read_text()[-3000:]
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
+    _, code, _ = _signal_at_epoch_2([str(config)], env, log, signal.SIGINT)  # what Ctrl-C sends
+    assert code == 128 + signal.SIGINT, log.read_text()[-3000:]
     lines = log.read_text().strip().splitlines()
     assert lines[-1] == "stopped (SIGINT)", lines[-5:]
     assert not [line for line in lines if "ERROR" in line or "Traceback" in line or "Crash" in line]
@@ -255,3 +225,33 @@ def test_ctrl_c_stops_a_training_in_one_line_and_leaves_it_to_resume(ray_cluster
     while (free := ray.available_resources().get("CPU", 0)) < free_before:
         assert time.monotonic() < deadline, (free, free_before)
         time.sleep(0.2)
+
+
+def _signal_at_epoch_2(args: list[str], env: dict[str, str], log, signum: int):
+    """`trainflow run ARGS` in a process group of its own, its output in ``log``; once the
+    log shows epoch 2 of 50, ``signum`` to the whole group (as a terminal or systemd
+    sends it). The process, its exit code and the seconds from the signal to its exit."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests.e2e.test_cli import REPO, TRAINFLOW
+
+    with log.open("w") as out:
+        run = subprocess.Popen(
+            [*TRAINFLOW, "run", *args],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while "epoch 2/50" not in log.read_text():
+            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        os.killpg(run.pid, signum)
+        sent = time.monotonic()
+        code = run.wait(timeout=60)
+        return run, code, time.monotonic() - sent
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)

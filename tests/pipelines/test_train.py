@@ -162,36 +162,6 @@ def fit(splits, storage, run_name=None, **train):
     return result, [r for r in rows if r["kind"] == "epoch"], rows
 
 
-@pytest.mark.slow
-def test_run_training_trains_reports_its_progress_and_picks_the_best_checkpoint(splits, tmp_path):
-    from ray.experimental.internal_kv import _internal_kv_list
-
-    result, history, rows = fit(splits, tmp_path, run_name="direct", epochs=2)
-    # The plan first, from the driver; then the worker group's start and each epoch.
-    assert rows[0] == {
-        "kind": "plan",
-        "in_memory": ["train", "val"],  # what auto picks for splits this small
-        "streamed": [],
-        "run_path": f"{tmp_path}/direct",
-        "parameters": "2,410 of 2,410 parameters train",
-        "loss": "cross_entropy",
-        "class_weights": None,
-    }
-    assert [(r["kind"], r.get("epoch")) for r in rows[1:]] == [("start", None), ("epoch", 1), ("epoch", 2)]
-    assert (result.status, result.epoch, result.message) == ("completed", 2, "")
-    assert result.starts == [0] and len(result.nodes) == 1 and result.in_memory == ("train", "val")
-    assert result.run_path.endswith("direct")
-    # The history is every epoch's figures, as the workers reported them.
-    assert [{k: h[k] for k in ("epoch", "val_accuracy")} for h in result.history] == [
-        {k: r[k] for k in ("epoch", "val_accuracy")} for r in history
-    ]
-    # The best checkpoint is the epoch with the best val_accuracy (checkpoint.metric), and loads.
-    best = max(history, key=lambda r: r["val_accuracy"])
-    assert result.best_metrics["epoch"] == best["epoch"] and "history" not in result.best_metrics
-    assert load_checkpoint(result.best_checkpoint).metrics["epoch"] == best["epoch"]
-    assert _internal_kv_list("trainflow/progress/", namespace=PROGRESS_NAMESPACE) == []
-
-
 def test_progress_rows_arrive_in_order_once_each_and_are_deleted_after(ray_cluster):
     from ray.experimental.internal_kv import _internal_kv_list
 
@@ -338,6 +308,7 @@ def test_a_streamed_train_split_validates_on_the_whole_val_split_and_early_stopp
     monkeypatch.setattr(inputs, "IN_MEMORY_BYTES", (train + val) / 4)
     memory_splits, datasets = inputs.split_inputs(prepared.path, in_memory=("val",))
     assert list(memory_splits) == ["val"] and list(datasets) == ["train"]
+    managers = dataset_managers()
     # No epoch can beat the first by 10: the run stops after 1 + patience epochs, every
     # worker together (a worker that trained on would wait for the others' all-reduce).
     result, history, rows = fit(
@@ -347,6 +318,7 @@ def test_a_streamed_train_split_validates_on_the_whole_val_split_and_early_stopp
         early_stopping={"metric": "val_loss", "mode": "min", "patience": 2, "min_delta": 10.0},
     )
     assert (rows[0]["in_memory"], rows[0]["streamed"]) == (["val"], ["train"])
+    assert dataset_managers() == managers + 1  # Ray Train's, to shard the streamed train split
     assert (result.status, result.epoch) == ("early_stopped", 3)
     assert result.message == "val_loss did not improve for 2 epochs"
     assert [m["epoch"] for m in history] == [1, 2, 3]
@@ -361,16 +333,56 @@ def test_a_streamed_train_split_validates_on_the_whole_val_split_and_early_stopp
     assert best["val_accuracy"] == pytest.approx((logits.argmax(dim=1) == y).float().mean().item())
 
 
+def dataset_managers() -> int:
+    """Ray Train's dataset-manager actors this cluster has started, alive or ended."""
+    import ray._private.state
+
+    return sum(a["ActorClassName"] == "DatasetManager" for a in ray._private.state.actors().values())
+
+
 @pytest.mark.slow
-def test_a_run_that_lost_a_worker_resumes_exactly_where_it_stopped(splits, tmp_path):
+def test_a_run_reports_its_progress_picks_its_best_checkpoint_and_resumes_exactly_after_losing_a_worker(
+    splits, tmp_path
+):
+    from ray.experimental.internal_kv import _internal_kv_list
+
     # Dropout, SGD momentum, a cosine schedule with warm-up: all of it must resume.
-    # Killed after epoch 2 of 3 was collected (tests/faults.py waits for it): the restart
-    # resumes from epoch 2's checkpoint and trains the last epoch again.
     settings = dict(
         epochs=3, optimizer="sgd", lr=0.05, scheduler="cosine", warmup_epochs=1, deterministic=True
     )
-    result, straight, _ = fit(splits, tmp_path / "straight", **settings)
-    assert result.starts == [0]
+    managers = dataset_managers()
+    result, straight, rows = fit(splits, tmp_path, run_name="straight", **settings)
+    # The plan first, from the driver; then the worker group's start and each epoch.
+    assert rows[0] == {
+        "kind": "plan",
+        "in_memory": ["train", "val"],  # what auto picks for splits this small
+        "streamed": [],
+        "run_path": f"{tmp_path}/straight",
+        "parameters": "2,410 of 2,410 parameters train",
+        "loss": "cross_entropy",
+        "class_weights": None,
+    }
+    assert [(r["kind"], r.get("epoch")) for r in rows[1:]] == [("start", None)] + [
+        ("epoch", e) for e in (1, 2, 3)
+    ]
+    assert (result.status, result.epoch, result.message) == ("completed", 3, "")
+    assert result.starts == [0] and len(result.nodes) == 1 and result.in_memory == ("train", "val")
+    assert result.run_path.endswith("straight")
+    # No Datasets to shard, so no dataset manager: an actor process fewer per training.
+    assert dataset_managers() == managers
+    # The history is every epoch's figures, as the workers reported them.
+    assert [{k: h[k] for k in ("epoch", "val_accuracy")} for h in result.history] == [
+        {k: r[k] for k in ("epoch", "val_accuracy")} for r in straight
+    ]
+    # The best checkpoint is the epoch with the best val_accuracy (checkpoint.metric), and loads.
+    best = max(straight, key=lambda r: r["val_accuracy"])
+    assert result.best_metrics["epoch"] == best["epoch"] and "history" not in result.best_metrics
+    assert load_checkpoint(result.best_checkpoint).metrics["epoch"] == best["epoch"]
+    assert _internal_kv_list("trainflow/progress/", namespace=PROGRESS_NAMESPACE) == []
+
+    # The same run, its rank 1 killed after epoch 2 of 3 was collected (tests/faults.py
+    # waits for it): the restart resumes from epoch 2's checkpoint and trains the last
+    # epoch again.
     result, resumed, _ = fit(
         splits, tmp_path / "killed", callbacks=["tests.faults:kill_rank1_at_epoch2"], **settings
     )

@@ -162,6 +162,13 @@ def fit(splits, storage, run_name=None, **train):
     return result, [r for r in rows if r["kind"] == "epoch"], rows
 
 
+def dataset_managers() -> int:
+    """Ray Train's dataset-manager actors this cluster has started, alive or ended."""
+    import ray._private.state
+
+    return sum(a["ActorClassName"] == "DatasetManager" for a in ray._private.state.actors().values())
+
+
 def test_progress_rows_arrive_in_order_once_each_and_are_deleted_after(ray_cluster):
     from ray.experimental.internal_kv import _internal_kv_list
 
@@ -331,13 +338,6 @@ def test_a_streamed_train_split_validates_on_the_whole_val_split_and_early_stopp
     best = result.best_metrics
     assert best["val_loss"] == pytest.approx(nn.functional.cross_entropy(logits, y).item(), rel=1e-5)
     assert best["val_accuracy"] == pytest.approx((logits.argmax(dim=1) == y).float().mean().item())
-
-
-def dataset_managers() -> int:
-    """Ray Train's dataset-manager actors this cluster has started, alive or ended."""
-    import ray._private.state
-
-    return sum(a["ActorClassName"] == "DatasetManager" for a in ray._private.state.actors().values())
 
 
 @pytest.mark.slow

@@ -138,6 +138,10 @@ def quiet_worker() -> None:
     # coordinator actor (a fixed local cluster has nothing to scale) and, when that call
     # misses its timeout on a busy machine, logs a traceback it calls safe to ignore.
     _errors_only("ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client")
+    # When a sweep stops a trial, trainflow removes its worker group's placement group
+    # (training/placements.py) and the trial's controller, shutting down a backend whose
+    # workers are gone, logs a warning and a traceback it calls expected.
+    _errors_only("ray.train.v2._internal.callbacks.backend_setup")
     # A worker whose training function raised logs the traceback; when it is trainflow's
     # error for the user (a model module the worker cannot import, say), the driver
     # reports it in one line (run_training), so the traceback stays in the worker's log.

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_sweep_stops_weak_trials_reports_a_failed_one_and_registers_the_best(
-    ray_cluster, prefect_harness, trainflow_home
+    ray_cluster, prefect_harness, trainflow_home, capfd
 ):
     # Four trials, two at a time: lr 1e6 diverges (a failed trial), lr 0.001 trails the
     # first two at ASHA's first rung and is stopped there. Two at a time is set, not left
@@ -65,3 +65,10 @@ def test_sweep_stops_weak_trials_reports_a_failed_one_and_registers_the_best(
     table = artifacts["digits-test-sweep-trials"].data
     assert table.count('"status"') == 4 and "stopped early" in table and "failed" in table
     assert "## The best config" in artifacts["digits-test-sweep"].data
+
+    # The console holds trainflow's lines: none of Tune's own output (its experiment box,
+    # results folder and TensorBoard command), and no warning with a traceback from the
+    # controller of the trial that ASHA stopped, whose workers trainflow removed.
+    console = "".join(capfd.readouterr())
+    for noise in ("Configuration for experiment", "View detailed results", "tensorboard", "Traceback"):
+        assert noise not in console, console[-3000:]

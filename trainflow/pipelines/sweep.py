@@ -10,9 +10,12 @@ per trial and the best trial's config and checkpoint.
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,7 +194,7 @@ def run_sweep(
             callbacks=[trial_events(on_event, placements.release)],
             placements=placements.name,
         )
-        with stop_on_signals():
+        with stop_on_signals(), _tune_console_quiet():
             grid = tuner.fit()
     finally:
         placements.close()
@@ -207,6 +210,33 @@ def run_sweep(
         f"{best.best_epoch}) of sweep {name}.\nTrain it again with: trainflow run {path}",
     )
     return SweepOutcome(trials, best, best_config, path, checkpoint_metrics(best.best_checkpoint))
+
+
+# Tune's choice of console output: its output engine ("1", the default) or the legacy reporter.
+_TUNE_NEW_OUTPUT = "RAY_AIR_NEW_OUTPUT"
+
+
+@contextmanager
+def _tune_console_quiet() -> Iterator[None]:
+    """Tune's own console output off for the sweep: trainflow logs each trial's epochs,
+    prints the trial table and says `stopped (SIGINT)` itself. ``verbose=0`` is not
+    enough in Ray 2.60: Tune's output engine still prints its experiment box, the results
+    folder and a TensorBoard command (its legacy reporter prints nothing at
+    ``verbose=0``), and on a Ctrl-C Tune's logger warns that the stop was received,
+    points at ``Tuner.restore`` (which trainflow's sweep does not use) and at trials with
+    no results yet. Its errors stay."""
+    tune_log = logging.getLogger("ray.tune")
+    before = os.environ.get(_TUNE_NEW_OUTPUT), tune_log.level
+    os.environ[_TUNE_NEW_OUTPUT] = "0"
+    tune_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        tune_log.setLevel(before[1])
+        if before[0] is None:
+            os.environ.pop(_TUNE_NEW_OUTPUT, None)
+        else:
+            os.environ[_TUNE_NEW_OUTPUT] = before[0]
 
 
 def build_tuner(

@@ -10,6 +10,7 @@ test data). The metrics are scikit-learn's.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -91,15 +92,14 @@ def predict_dataset(
     ds: ray.data.Dataset, checkpoint_dir: str, batch_size: int, concurrency: int = 1
 ) -> ray.data.Dataset:
     """A prepared split -> label, predicted class index and probabilities, per row."""
-    from ray.data import ActorPoolStrategy
-
-    return ds.map_batches(
+    return _on_actor_pool(
+        ds,
         BatchPredictor,
+        checkpoint_dir,
+        concurrency,
         fn_constructor_kwargs={"checkpoint_dir": checkpoint_dir},
         batch_size=batch_size,
         batch_format="numpy",
-        compute=ActorPoolStrategy(size=concurrency),  # the model loads once per actor
-        **model_actor_options(checkpoint_dir),
     )
 
 
@@ -114,17 +114,43 @@ def predict_rows(
     keep: tuple[str, ...] = (),
 ) -> ray.data.Dataset:
     """Raw rows -> predictions with the checkpoint's own preprocessing (see RowPredictor)."""
-    from ray.data import ActorPoolStrategy
-
-    return ds.map_batches(
+    return _on_actor_pool(
+        ds,
         RowPredictor,
+        checkpoint_dir,
+        concurrency,
         fn_constructor_kwargs={"checkpoint_dir": checkpoint_dir, "version": version, "keep": tuple(keep)},
         batch_size=batch_size,
         batch_format="pandas",
         num_gpus=num_gpus,
-        compute=ActorPoolStrategy(size=concurrency),
-        **model_actor_options(checkpoint_dir),
     )
+
+
+def _on_actor_pool(
+    ds: ray.data.Dataset, predictor: type, checkpoint_dir: str, concurrency: int, **map_batches
+) -> ray.data.Dataset:
+    """``ds.map_batches(predictor)`` on a pool of ``concurrency`` actors, each loading the
+    checkpoint's model once.
+
+    The actors do not restart. Ray Data restarts a pool's actor that died by default, and
+    for every pool it starts Ray's core then logs an ERROR line in the driver (the actors'
+    constructor arguments sit in the object store, where a restart could miss them: ray
+    issue 53727), a line on every good run that no user can act on. A lost actor fails
+    the evaluation or the prediction instead, which writes nothing (batch prediction
+    publishes its output only when complete) and can run again. Ray 2.60 names no
+    parameter for it and deprecates passing it as a remote argument, removed in Ray
+    2.64, where this call fails loudly."""
+    from ray.data import ActorPoolStrategy
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated", DeprecationWarning)
+        return ds.map_batches(
+            predictor,
+            compute=ActorPoolStrategy(size=concurrency),
+            max_restarts=0,
+            **map_batches,
+            **model_actor_options(checkpoint_dir),
+        )
 
 
 def classification_metrics(

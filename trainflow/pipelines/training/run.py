@@ -229,10 +229,11 @@ def build_trainer(
 @functools.cache
 def _trainer_class() -> type[TorchTrainer]:
     """TorchTrainer, less the dataset manager that Ray Train starts for every run: an
-    actor whose process imports Ray Data, pandas and pyarrow (about 1.2 CPU-seconds per
-    training, measured) to shard the trainer's Datasets. A run whose splits all sit in
-    the workers' memory gives it none, so it starts none. Where Ray has moved that
-    callback, every run keeps it (tests/pipelines/test_train.py fails)."""
+    actor whose process imports Ray Data, pandas and pyarrow (1.0-1.6 CPU-seconds per
+    training, measured: benchmarks/analysis/overhead.md) to shard the trainer's
+    Datasets. A run whose splits all sit in the workers' memory gives it none, so it
+    starts none. Where Ray has moved that callback, every run keeps it
+    (tests/pipelines/test_train.py fails)."""
     from ray.train.torch import TorchTrainer
 
     try:

@@ -134,6 +134,10 @@ def quiet_worker() -> None:
     # Each Dataset execution in a worker (the training splits) warns that progress
     # bars are off: trainflow turns them off on purpose away from a terminal.
     logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
+    # A streamed split's coordinator (an actor) logs "Dataset ... execution finished in
+    # N seconds" at INFO once per epoch, on the driver's console; the train task logs
+    # each epoch already.
+    logging.getLogger("ray.data._internal.execution.streaming_executor").setLevel(logging.WARNING)
     # Train's controller registers the workers' resources with an autoscaling
     # coordinator actor (a fixed local cluster has nothing to scale) and, when that call
     # misses its timeout on a busy machine, logs a traceback it calls safe to ignore.

@@ -420,6 +420,12 @@ def _local_cluster_processes() -> dict:
         return {}
 
 
+def started_local_cluster() -> bool:
+    """Whether this process's Ray session is a local cluster it started itself (one that
+    no autoscaler can grow), not one it connected to."""
+    return "gcs_server" in _local_cluster_processes()
+
+
 _interrupted = threading.Event()  # a Ctrl-C that sigint_stops_the_run's handler took
 _deferring = 0  # > 0 inside interrupts_deferred()
 

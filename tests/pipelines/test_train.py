@@ -4,6 +4,7 @@ stopped. Fits run on real Ray Train workers over the prepared digits."""
 
 import math
 import pickle
+import time
 import uuid
 from pathlib import Path
 
@@ -169,6 +170,28 @@ def dataset_managers() -> int:
     return sum(a["ActorClassName"] == "DatasetManager" for a in ray._private.state.actors().values())
 
 
+def autoscaling_coordinator():
+    """Ray's autoscaling coordinator of this cluster (a detached actor, one per cluster,
+    started by the first user that asks it for resources), or None."""
+    import ray
+
+    try:
+        return ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator")
+    except ValueError:
+        return None
+
+
+def without_autoscaling_coordinator() -> None:
+    """End the cluster's autoscaling coordinator, if another test's run started one."""
+    import ray
+
+    if (coordinator := autoscaling_coordinator()) is not None:
+        ray.kill(coordinator, no_restart=True)
+        deadline = time.monotonic() + 30
+        while autoscaling_coordinator() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
 def test_progress_rows_arrive_in_order_once_each_and_are_deleted_after(ray_cluster):
     from ray.experimental.internal_kv import _internal_kv_list
 
@@ -326,6 +349,9 @@ def test_a_streamed_train_split_validates_on_the_whole_val_split_and_early_stopp
     )
     assert (rows[0]["in_memory"], rows[0]["streamed"]) == (["val"], ["train"])
     assert dataset_managers() == managers + 1  # Ray Train's, to shard the streamed train split
+    # Ray Data shares the cluster with the workers: Ray Train's requests to the
+    # autoscaling coordinator stay.
+    assert autoscaling_coordinator() is not None
     assert (result.status, result.epoch) == ("early_stopped", 3)
     assert result.message == "val_loss did not improve for 2 epochs"
     assert [m["epoch"] for m in history] == [1, 2, 3]
@@ -351,6 +377,7 @@ def test_a_run_reports_its_progress_picks_its_best_checkpoint_and_resumes_exactl
         epochs=3, optimizer="sgd", lr=0.05, scheduler="cosine", warmup_epochs=1, deterministic=True
     )
     managers = dataset_managers()
+    without_autoscaling_coordinator()
     result, straight, rows = fit(splits, tmp_path, run_name="straight", **settings)
     # The plan first, from the driver; then the worker group's start and each epoch.
     assert rows[0] == {
@@ -370,6 +397,8 @@ def test_a_run_reports_its_progress_picks_its_best_checkpoint_and_resumes_exactl
     assert result.run_path.endswith("straight")
     # No Datasets to shard, so no dataset manager: an actor process fewer per training.
     assert dataset_managers() == managers
+    # A local cluster that the session started cannot grow: no autoscaling coordinator.
+    assert autoscaling_coordinator() is None
     # The history is every epoch's figures, as the workers reported them.
     assert [{k: h[k] for k in ("epoch", "val_accuracy")} for h in result.history] == [
         {k: r[k] for k in ("epoch", "val_accuracy")} for r in straight

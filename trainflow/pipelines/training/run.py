@@ -24,7 +24,7 @@ from trainflow.pipelines.training.loop import SETTINGS, Outcome, train_loop_per_
 from trainflow.pipelines.training.progress import Progress, clear_progress, follow_progress
 from trainflow.pipelines.training.runs import local_checkpoint, newest_checkpoint
 from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings, balanced_class_weights
-from trainflow.runtime import stop_on_signals, timeline, worker_runtime_env
+from trainflow.runtime import started_local_cluster, stop_on_signals, timeline, worker_runtime_env
 
 if TYPE_CHECKING:
     import ray.data
@@ -228,16 +228,27 @@ def build_trainer(
 
 @functools.cache
 def _trainer_class() -> type[TorchTrainer]:
-    """TorchTrainer, less the dataset manager that Ray Train starts for every run: an
-    actor whose process imports Ray Data, pandas and pyarrow (1.0-1.6 CPU-seconds per
-    training, measured: benchmarks/analysis/overhead.md) to shard the trainer's
-    Datasets. A run whose splits all sit in the workers' memory gives it none, so it
-    starts none. Where Ray has moved that callback, every run keeps it
-    (tests/pipelines/test_train.py fails)."""
+    """TorchTrainer, less two of the helper processes Ray Train starts for a run that
+    does not need them (benchmarks/analysis/overhead.md has the measurements):
+
+    - the dataset manager, started for every run: an actor whose process imports Ray
+      Data, pandas and pyarrow (1.0-1.6 CPU-seconds per training) to shard the trainer's
+      Datasets. A run whose splits all sit in the workers' memory gives it none, so it
+      starts none;
+    - on a local cluster that this process started, and with no Datasets to share the
+      cluster with, the autoscaling coordinator (about 1.3 CPU-seconds, once per
+      cluster): Ray Train's fixed scaling policy asks it for the workers' resources on
+      behalf of an autoscaler that a local cluster does not have (:mod:`.fixed_cluster`).
+
+    Where Ray has moved either, every run keeps it (tests/pipelines/test_train.py fails).
+    """
     from ray.train.torch import TorchTrainer
 
     try:
         from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+        from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
+
+        from trainflow.pipelines.training.fixed_cluster import FixedClusterPolicy
     except ImportError:
         return TorchTrainer
 
@@ -247,5 +258,11 @@ def _trainer_class() -> type[TorchTrainer]:
             if self.datasets:
                 return callbacks
             return [c for c in callbacks if not isinstance(c, DatasetsCallback)]
+
+        def _initialize_and_run_controller(self, **controller_init_kwargs):
+            policy = controller_init_kwargs.get("scaling_policy")
+            if type(policy) is FixedScalingPolicy and not self.datasets and started_local_cluster():
+                controller_init_kwargs["scaling_policy"] = FixedClusterPolicy(policy.scaling_config)
+            return super()._initialize_and_run_controller(**controller_init_kwargs)
 
     return Trainer

@@ -101,3 +101,22 @@ def test_serve_and_deploy_refuse_to_start_without_a_server(tmp_path):
     assert missing.stderr.strip() == "error: config file configs/nope.yaml: no such file"
     deployed = trainflow("deploy", home=tmp_path)
     assert deployed.returncode == 2 and "deploy needs a Prefect server" in deployed.stderr
+
+
+@pytest.mark.parametrize(
+    "args, code, printed",
+    [
+        (["validate", "configs/digits.yaml"], 0, "ok: digits (config hash"),
+        (["run", "--set", "train.epochs=ten"], 2, ""),
+    ],
+)
+def test_a_command_ends_with_its_exit_code_once_every_exit_hook_ran(tmp_path, args, code, printed):
+    import re
+
+    # The command ends its process without the interpreter's teardown, after the exit
+    # hooks (cli._exit_without_teardown): the timeline's mark, the first hook registered,
+    # runs last, and what the command printed before is all there.
+    out = trainflow(*args, home=tmp_path / "home", env={"TRAINFLOW_TIMELINE": "1"})
+    assert out.returncode == code, out.stderr
+    assert re.fullmatch(r"timeline [\d.]+ exit", out.stderr.strip().splitlines()[-1]), out.stderr
+    assert printed in out.stdout

@@ -240,7 +240,7 @@ def _trainer_class() -> type[TorchTrainer]:
       cluster): Ray Train's fixed scaling policy asks it for the workers' resources on
       behalf of an autoscaler that a local cluster does not have (:mod:`.fixed_cluster`).
 
-    Where Ray has moved either, every run keeps it (tests/pipelines/test_train.py fails).
+    Where Ray has moved either, every run keeps both (tests/pipelines/test_train.py fails).
     """
     from ray.train.torch import TorchTrainer
 

@@ -5,7 +5,8 @@ Ray Train's own fixed policy also sends its workers' resources to Ray's autoscal
 coordinator, a detached actor it starts on first use: a process importing Ray Data,
 pandas and pyarrow (about 1.3 CPU-seconds, measured), so that an autoscaler can add
 nodes. A local cluster has no autoscaler to tell. Imported by Ray Train's controller
-process, so it imports nothing but Ray Train.
+process, so it imports nothing but Ray Train (and, as every trainflow module, the
+package root's config: about 20 ms beside Ray, measured with ``-X importtime``).
 """
 
 from __future__ import annotations

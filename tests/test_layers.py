@@ -141,3 +141,16 @@ def test_importing_pipelines_and_the_bottom_layers_loads_no_prefect():
     code += "print(sorted(m for m in sys.modules if m.split('.')[0] == 'prefect'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_what_ray_trains_controller_unpickles_of_a_run_imports_no_torch():
+    # pipelines/training/controller.py: the controller of every training imports it.
+    code = (
+        "import sys, pickle\n"
+        "from trainflow.pipelines.training.controller import FixedClusterPolicy, TorchConfig\n"
+        "pickle.loads(pickle.dumps(TorchConfig()))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

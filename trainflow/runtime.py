@@ -140,7 +140,7 @@ def quiet_worker() -> None:
     logging.getLogger("ray.data._internal.execution.streaming_executor").setLevel(logging.WARNING)
     # Train's controller registers the workers' resources with an autoscaling
     # coordinator actor (on a local cluster the run started, only where Ray Data streams
-    # a split, or in a sweep's trials: training/fixed_cluster.py) and, when that call
+    # a split, or in a sweep's trials: training/controller.py) and, when that call
     # misses its timeout on a busy machine, logs a traceback it calls safe to ignore.
     _errors_only("ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client")
     # When a sweep stops a trial, trainflow removes its worker group's placement group

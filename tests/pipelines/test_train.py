@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.controller_probe import ControllerModules, controller_imported_torch
 from trainflow.config import ConfigError, DataConfig, PipelineConfig, PreprocessConfig, load_config
 from trainflow.pipelines.checkpoint import load_checkpoint
 from trainflow.pipelines.data import inspect_source
@@ -148,10 +149,11 @@ def splits(prepared):
     return PreparedSplits(str(prepared.path), pre.to_dict(), pre.num_features, len(pre.classes))
 
 
-def fit(splits, storage, run_name=None, **train):
+def fit(splits, storage, run_name=None, ray_callbacks=(), **train):
     """Train the small MLP as the train task does, on two workers (what these tests are
     about: shards, every worker stopping together, a rank other than 0 lost); (result,
-    the epoch rows, every row)."""
+    the epoch rows, every row). ``ray_callbacks``: Ray Train callbacks, run in the
+    controller."""
     rows = []
     result = run_training(
         load_config(small_config(train=train, scaling={"num_workers": 2})),
@@ -159,6 +161,7 @@ def fit(splits, storage, run_name=None, **train):
         run_name=run_name or f"test-{uuid.uuid4().hex[:8]}",
         storage=str(storage),
         on_row=rows.append,
+        callbacks=ray_callbacks,
     )
     return result, [r for r in rows if r["kind"] == "epoch"], rows
 
@@ -378,13 +381,14 @@ def test_a_run_reports_its_progress_picks_its_best_checkpoint_and_resumes_exactl
     )
     managers = dataset_managers()
     without_autoscaling_coordinator()
-    result, straight, rows = fit(splits, tmp_path, run_name="straight", **settings)
+    run_name = f"straight-{uuid.uuid4().hex[:8]}"
+    result, straight, rows = fit(splits, tmp_path, run_name, ray_callbacks=[ControllerModules()], **settings)
     # The plan first, from the driver; then the worker group's start and each epoch.
     assert rows[0] == {
         "kind": "plan",
         "in_memory": ["train", "val"],  # what auto picks for splits this small
         "streamed": [],
-        "run_path": f"{tmp_path}/straight",
+        "run_path": f"{tmp_path}/{run_name}",
         "parameters": "2,410 of 2,410 parameters train",
         "loss": "cross_entropy",
         "class_weights": None,
@@ -394,11 +398,14 @@ def test_a_run_reports_its_progress_picks_its_best_checkpoint_and_resumes_exactl
     ]
     assert (result.status, result.epoch, result.message) == ("completed", 3, "")
     assert result.starts == [0] and len(result.nodes) == 1 and result.in_memory == ("train", "val")
-    assert result.run_path.endswith("straight")
+    assert result.run_path.endswith(run_name)
     # No Datasets to shard, so no dataset manager: an actor process fewer per training.
     assert dataset_managers() == managers
     # A local cluster that the session started cannot grow: no autoscaling coordinator.
     assert autoscaling_coordinator() is None
+    # Ray Train's controller, which never holds a tensor, imported no torch
+    # (pipelines/training/controller.py): 1.3 CPU-seconds less per training.
+    assert controller_imported_torch(run_name) is False
     # The history is every epoch's figures, as the workers reported them.
     assert [{k: h[k] for k in ("epoch", "val_accuracy")} for h in result.history] == [
         {k: r[k] for k in ("epoch", "val_accuracy")} for r in straight

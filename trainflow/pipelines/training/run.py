@@ -195,11 +195,15 @@ def build_trainer(
     user's model (``model.kind: package.module:callable``) shipped to them."""
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
+    from trainflow.pipelines.training.controller import TorchConfig
+
     config = settings.config
     return _trainer_class()(
         train_loop_per_worker,
         train_loop_config={SETTINGS: settings},
         datasets=datasets,
+        # Ray's TorchConfig but for TPUs, without torch in the controller (:mod:`.controller`).
+        torch_config=None if "TPU" in config.scaling.resources_per_worker else TorchConfig(),
         scaling_config=ScalingConfig(
             num_workers=config.scaling.num_workers,
             use_gpu=config.scaling.use_gpu,
@@ -238,7 +242,7 @@ def _trainer_class() -> type[TorchTrainer]:
     - on a local cluster that this process started, and with no Datasets to share the
       cluster with, the autoscaling coordinator (about 1.3 CPU-seconds, once per
       cluster): Ray Train's fixed scaling policy asks it for the workers' resources on
-      behalf of an autoscaler that a local cluster does not have (:mod:`.fixed_cluster`).
+      behalf of an autoscaler that a local cluster does not have (:mod:`.controller`).
 
     Where Ray has moved either, every run keeps both (tests/pipelines/test_train.py fails).
     """
@@ -248,7 +252,7 @@ def _trainer_class() -> type[TorchTrainer]:
         from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
         from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
 
-        from trainflow.pipelines.training.fixed_cluster import FixedClusterPolicy
+        from trainflow.pipelines.training.controller import FixedClusterPolicy
     except ImportError:
         return TorchTrainer
 

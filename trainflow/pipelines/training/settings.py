@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainflow.config import ConfigError, PipelineConfig, TrainConfig
-from trainflow.pipelines.models import image_shape, model_spec
 
 
 @dataclass(frozen=True)
@@ -60,6 +59,10 @@ class TrainSettings:
         """The settings of a run of ``config`` on data of ``num_features`` inputs and
         ``num_outputs`` outputs (its classes, or 1 for a regression); a model that does not
         fit them raises ConfigError here."""
+        # Here, not at the top: Ray Train's controller unpickles the settings (they are the
+        # trainer's train_loop_config) and must not import torch for it (training/controller.py).
+        from trainflow.pipelines.models import image_shape, model_spec
+
         return cls(
             config=config,
             model_spec=model_spec(

@@ -140,7 +140,7 @@ def measure(source: str, work: str, in_memory: str, size: int, batch_size: int) 
         pre = entry.preprocessor
         out["prepared_mb"] = {n: round(split_bytes(entry.split_path(n)) / 2**20, 1) for n in entry.counts}
         out["rows"] = entry.counts
-        out["in_memory"] = list(splits_in_memory(config, entry.path, pre.to_dict()))
+        out["in_memory"] = list(splits_in_memory(config, entry.path))
         start = time.perf_counter()
         prepared = PreparedSplits(str(entry.path), pre.to_dict(), pre.num_features, pre.num_outputs)
         run_training(config, prepared, run_name="image-memory", storage=str(Path(work) / "runs"))

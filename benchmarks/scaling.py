@@ -74,7 +74,7 @@ def measure(source: str, work: str) -> dict:
             entry = prepare(info, cfg.data.split, cfg.preprocess, cache)
         with memory.phase("epoch"):
             pre = entry.preprocessor
-            in_memory = splits_in_memory(cfg, entry.path, pre.to_dict())
+            in_memory = splits_in_memory(cfg, entry.path)
             memory_splits, datasets = split_inputs(entry.path, in_memory=in_memory)
             settings = TrainSettings.from_config(
                 cfg,

@@ -49,14 +49,6 @@ def test_split_must_leave_training_rows():
         load_config({"data": {"split": {"val": 0.5, "test": 0.5}}})
 
 
-def test_augmentation_cannot_be_read_once_into_memory():
-    with pytest.raises(
-        ConfigError, match=r"^invalid config: train\.in_memory: 'always' .* preprocess\.augment"
-    ):
-        load_config({"preprocess": {"augment": True}, "train": {"in_memory": "always"}})
-    load_config({"preprocess": {"augment": True}, "train": {"in_memory": "auto"}})
-
-
 def test_config_errors_are_one_line():
     with pytest.raises(ConfigError) as err:
         load_config({"train": {"epochs": 0, "lr": "x"}, "model": {"kind": "transformer"}})

@@ -246,10 +246,10 @@ class TrainConfig(_Section):
     class_weights: Literal["balanced"] | None = None
     # Read each worker's shards once, straight from the prepared Parquet, and keep them in
     # memory instead of streaming them from Ray Data every epoch. "auto" decides per
-    # split: the val split when its prepared Parquet is under 1 GB per worker, the train
-    # split when it is too and is not augmented (so a large train split streams while a
-    # small val split stays in memory). "always" keeps both; "never" streams both, for workers
-    # whose memory cannot spare them.
+    # split: each one whose prepared Parquet is under 1 GB per worker (so a large train
+    # split streams while a small val split stays in memory). "always" keeps both; "never"
+    # streams both, for workers whose memory cannot spare them. An augmented train split
+    # draws new crops and flips each epoch either way.
     in_memory: Literal["auto", "always", "never"] = "auto"
 
     @field_validator("precision", mode="before")
@@ -520,15 +520,6 @@ class PipelineConfig(_Section):
     def loss(self) -> str:
         """The loss training uses: train.loss, or the task's default."""
         return self.train.loss or TASK_LOSSES[self.task][0]
-
-    @model_validator(mode="after")
-    def _augment_streams(self) -> PipelineConfig:
-        if self.preprocess.augment and self.train.in_memory == "always":
-            raise ValueError(
-                "train.in_memory: 'always' reads the train split once, so preprocess.augment's "
-                "crops and flips could not be drawn anew each epoch; use auto or never"
-            )
-        return self
 
     def config_hash(self) -> str:
         """A stable short hash of the canonical JSON of the whole config."""

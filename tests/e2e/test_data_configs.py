@@ -49,8 +49,8 @@ def test_shapes_image_folder_runs_and_predicts_class_names(
     # In this process, from the checkout's root as a user runs it: the run, not the
     # command's start-up, is what this test is about.
     monkeypatch.chdir(REPO)
-    # One worker: the images' path (decoding, augmentation streamed from Ray Data, the
-    # class map) is the point; several workers' shards are tests/pipelines/test_train.py's.
+    # One worker: the images' path (decoding, augmentation in the worker, the class map)
+    # is the point; several workers' shards are tests/pipelines/test_train.py's.
     out = trainflow_in_process(
         "run", "configs/shapes.yaml", "--set", "train.epochs=1", "--set", "scaling.num_workers=1"
     )

@@ -259,22 +259,60 @@ def test_a_shard_read_from_parquet_is_every_world_size_th_row(prepared):
 
 def test_auto_keeps_each_split_in_memory_by_its_own_size():
     small, large = 1 << 20, inputs.IN_MEMORY_BYTES
-    assert inputs.in_memory_splits("auto", {"train": large, "val": small}, augment=False) == ("val",)
-    assert inputs.in_memory_splits("auto", {"train": small, "val": small}, augment=False) == ("train", "val")
-    # Augmented crops are drawn anew each epoch, so that train split streams however small.
-    assert inputs.in_memory_splits("auto", {"train": small, "val": small}, augment=True) == ("val",)
-    assert inputs.in_memory_splits("auto", {"train": large, "val": large}, augment=False) == ()
+    assert inputs.in_memory_splits("auto", {"train": large, "val": small}) == ("val",)
+    assert inputs.in_memory_splits("auto", {"train": small, "val": small}) == ("train", "val")
+    assert inputs.in_memory_splits("auto", {"train": large, "val": large}) == ()
     # What counts is each worker's share: two workers hold half a large split each.
-    assert inputs.in_memory_splits("auto", {"train": large, "val": small}, augment=False, workers=2) == (
-        "train",
-        "val",
-    )
+    assert inputs.in_memory_splits("auto", {"train": large, "val": small}, workers=2) == ("train", "val")
     # The explicit settings hold whatever the sizes.
-    assert inputs.in_memory_splits("never", {"train": small, "val": small}, augment=False) == ()
-    assert inputs.in_memory_splits("always", {"train": large, "val": large}, augment=False) == (
-        "train",
-        "val",
+    assert inputs.in_memory_splits("never", {"train": small, "val": small}) == ()
+    assert inputs.in_memory_splits("always", {"train": large, "val": large}) == ("train", "val")
+
+
+def test_an_in_memory_augmented_train_split_draws_new_crops_and_flips_each_batch():
+    # Four 2x6x6 images of distinct values, flattened as prepared rows.
+    x = torch.arange(4 * 2 * 6 * 6, dtype=torch.float32).reshape(4, -1)
+    y = torch.arange(4)
+    image = {"shape": [2, 6, 6], "mean": [0.0, 0.0], "std": [1.0, 1.0], "augment": True}
+
+    def one_epoch(seed: int) -> list[dict]:
+        torch.manual_seed(seed)  # the loop seeds every epoch (epoch_seed)
+        batches = inputs.tensor_batches(x, y, 2)
+        return list(inputs.augmented_batches(batches, {"image": image}))
+
+    first, again, other = one_epoch(1), one_epoch(1), one_epoch(2)
+    assert [b[LABEL].tolist() for b in first] == [[0, 1], [2, 3]]  # labels untouched
+    assert all(b[FEATURES].shape == (2, 72) for b in first)
+    seen = torch.cat([b[FEATURES] for b in first])
+    assert not torch.equal(seen, x)  # cropped or flipped
+    # Each image keeps its own values (a crop pads with zeros; a flip moves pixels).
+    for i in range(4):
+        assert set(seen[i].unique().tolist()) <= set(x[i].tolist()) | {0.0}
+    # Drawn from torch's generator: the same epoch seed draws the same, another does not.
+    assert torch.equal(seen, torch.cat([b[FEATURES] for b in again]))
+    assert not torch.equal(seen, torch.cat([b[FEATURES] for b in other]))
+    # Without augment the batches pass as they are.
+    plain = list(
+        inputs.augmented_batches(inputs.tensor_batches(x, y, 2), {"image": {**image, "augment": False}})
     )
+    assert torch.equal(torch.cat([b[FEATURES] for b in plain]), x)
+
+
+@pytest.mark.slow
+def test_a_streamed_augmented_train_split_is_augmented_in_ray_datas_tasks(ray_cluster):
+    import ray.data
+
+    from trainflow.pipelines.preprocess import augment_dataset
+
+    x = np.arange(4 * 2 * 6 * 6, dtype=np.float32).reshape(4, -1)
+    ds = ray.data.from_items([{FEATURES: x[i], LABEL: i} for i in range(4)])
+    image = {"shape": [2, 6, 6], "mean": [0.0, 0.0], "std": [1.0, 1.0], "augment": True}
+    rows = sorted(augment_dataset(ds, {"image": image}).take_all(), key=lambda r: r[LABEL])
+    seen = np.stack([r[FEATURES] for r in rows])
+    assert seen.shape == x.shape and not np.array_equal(seen, x)
+    for i in range(4):
+        assert set(np.unique(seen[i]).tolist()) <= set(x[i].tolist()) | {0.0}
+    assert augment_dataset(ds, {"image": {**image, "augment": False}}) is ds
 
 
 def test_split_inputs_hands_trainer_a_dataset_only_for_streamed_splits(prepared):

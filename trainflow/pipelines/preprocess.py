@@ -23,6 +23,7 @@ from trainflow.pipelines.data import IMAGE, DataError
 
 if TYPE_CHECKING:
     import ray.data
+    import torch
 
 FEATURES = "features"
 LABEL = "label"
@@ -232,17 +233,27 @@ def image_features(images, image: dict[str, Any]) -> np.ndarray:
     return out
 
 
-def augment_batch(batch: dict[str, np.ndarray], *, shape: list[int]) -> dict[str, np.ndarray]:
-    """Train-only augmentation of prepared image rows: a random crop (the image padded by an
-    eighth of its side) and a random horizontal flip, drawn per image."""
+def augment_images(x: torch.Tensor, shape: list[int]) -> torch.Tensor:
+    """Train-only augmentation of prepared image rows (``x``: one flattened image per row,
+    ``shape``: channels, height, width): a random crop (the image padded by an eighth of
+    its side) and a random horizontal flip, drawn per image from torch's generator."""
     import torch
     from torchvision.transforms import v2
 
     c, h, w = shape
     transform = v2.Compose([v2.RandomCrop((h, w), padding=max(1, h // 8)), v2.RandomHorizontalFlip()])
-    x = torch.from_numpy(np.ascontiguousarray(batch[FEATURES], dtype=np.float32)).reshape(-1, c, h, w)
-    out = torch.stack([transform(img) for img in x]) if len(x) else x
-    return {FEATURES: out.reshape(len(x), -1).numpy(), LABEL: batch[LABEL]}
+    images = x.reshape(-1, c, h, w)
+    out = torch.stack([transform(img) for img in images]) if len(images) else images
+    return out.reshape(len(x), -1)
+
+
+def augment_batch(batch: dict[str, np.ndarray], *, shape: list[int]) -> dict[str, np.ndarray]:
+    """:func:`augment_images` of a batch of prepared rows, as Ray Data maps a streamed
+    train split."""
+    import torch
+
+    x = torch.from_numpy(np.ascontiguousarray(batch[FEATURES], dtype=np.float32))
+    return {FEATURES: augment_images(x, shape).numpy(), LABEL: batch[LABEL]}
 
 
 def augment_dataset(ds: ray.data.Dataset, preprocessor: dict[str, Any]) -> ray.data.Dataset:

@@ -38,16 +38,15 @@ STREAM_CHUNK_BYTES = 128 << 20
 IN_MEMORY_BYTES = 1 << 30
 
 
-def in_memory_splits(
-    setting: str, split_bytes: dict[str, int], *, augment: bool, workers: int = 1
-) -> tuple[str, ...]:
+def in_memory_splits(setting: str, split_bytes: dict[str, int], *, workers: int = 1) -> tuple[str, ...]:
     """The splits each worker reads once into memory under ``train.in_memory``.
 
     ``always``: train and val; ``never``: neither, both stream from Ray Data every epoch;
     ``auto``: each split whose share per worker (its prepared Parquet, ``split_bytes``,
     over ``workers``) is under :data:`IN_MEMORY_BYTES`, decided per split, so a small
     val split stays in memory while a large train split streams. An augmented train
-    split always streams, so its crops and flips are drawn anew each epoch.
+    split draws new crops and flips each epoch either way: in the worker, batch by batch
+    (:func:`augmented_batches`), when it is in memory; in Ray Data's tasks when it streams.
 
     Per worker, because that is what a worker holds. Streaming is no free saving of
     memory: it costs processes of its own (a split coordinator, Ray Data's readers),
@@ -57,11 +56,7 @@ def in_memory_splits(
         return TRAIN_SPLITS
     if setting == "never":
         return ()
-    return tuple(
-        name
-        for name in TRAIN_SPLITS
-        if split_bytes[name] / max(workers, 1) < IN_MEMORY_BYTES and not (name == "train" and augment)
-    )
+    return tuple(name for name in TRAIN_SPLITS if split_bytes[name] / max(workers, 1) < IN_MEMORY_BYTES)
 
 
 def stream_chunk_rows(batch_size: int, num_features: int) -> int:
@@ -76,15 +71,11 @@ def augments(preprocessor: dict[str, Any]) -> bool:
     return bool((preprocessor.get("image") or {}).get("augment"))
 
 
-def splits_in_memory(
-    config: PipelineConfig, path: str | Path, preprocessor: dict[str, Any]
-) -> tuple[str, ...]:
+def splits_in_memory(config: PipelineConfig, path: str | Path) -> tuple[str, ...]:
     """The splits of the prepared entry at ``path`` that the workers of ``config`` read once
     into memory (:func:`in_memory_splits`); the rest stream from Ray Data."""
     sizes = {name: split_bytes(join(path, name)) for name in TRAIN_SPLITS}
-    return in_memory_splits(
-        config.train.in_memory, sizes, augment=augments(preprocessor), workers=config.scaling.num_workers
-    )
+    return in_memory_splits(config.train.in_memory, sizes, workers=config.scaling.num_workers)
 
 
 def split_inputs(
@@ -221,3 +212,17 @@ def tensor_batches(
     for i in range(0, len(y), batch_size):
         idx = order[i : i + batch_size]
         yield {FEATURES: x[idx], LABEL: y[idx]}
+
+
+def augmented_batches(batches, preprocessor: dict[str, Any]):
+    """In-memory train batches, each image augmented anew as it is drawn
+    (:func:`~trainflow.pipelines.preprocess.augment_images`, what Ray Data maps over a
+    streamed train split), when the preprocessor augments; else the batches as they are."""
+    if not augments(preprocessor):
+        yield from batches
+        return
+    from trainflow.pipelines.preprocess import augment_images
+
+    shape = preprocessor["image"]["shape"]
+    for batch in batches:
+        yield {FEATURES: augment_images(batch[FEATURES], shape), LABEL: batch[LABEL]}

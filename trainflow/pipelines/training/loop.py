@@ -26,6 +26,7 @@ from trainflow.pipelines.models import initial_model
 from trainflow.pipelines.preprocess import FEATURES, LABEL
 from trainflow.pipelines.training.inputs import (
     StreamedEpochs,
+    augmented_batches,
     chunk_batches,
     split_source,
     stream_chunk_rows,
@@ -343,6 +344,7 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
         seed_everything(this_seed)
         if isinstance(train, tuple):
             train_batches = tensor_batches(*train, batch_size, torch.Generator().manual_seed(this_seed))
+            train_batches = augmented_batches(train_batches, settings.preprocessor)
         else:
             # Chunks of whole batches from Ray Data (stream_chunk_rows), each shuffled and cut
             # into batches here.

@@ -96,7 +96,7 @@ def run_training(
 
     Raises TrainingDiverged when the loss became NaN or infinite.
     """
-    in_memory = splits_in_memory(config, prepared.path, prepared.preprocessor)
+    in_memory = splits_in_memory(config, prepared.path)
     memory_splits, datasets = split_inputs(
         prepared.path, in_memory=in_memory, preprocessor=prepared.preprocessor
     )

@@ -1,12 +1,16 @@
 """The test suite's wall time and its real CPU time, whole and test by test.
 
-Runs `python -m pytest` (what `make test` runs) in a cgroup of its own, so that its CPU
+Runs `python -m pytest` as `make test` does (the test files on parallel pytest-xdist
+workers, one per core up to 4: :data:`WORKERS`; ``--serial`` runs them in one process) in a
+cgroup of its own, so that its CPU
 seconds count every process the suite makes work: Ray's workers and actors, the `trainflow`
 commands the end-to-end tests start and the clusters and servers those start. A shell's
 `time` (which .ci/run prints) counts only the processes pytest itself waits for, and
 misses most of that; both are reported, side by side. Each test's CPU seconds are the
 suite's while it ran (its setup, call and teardown; a module's shared fixture counts
-towards its first test), from benchmarks/suite_plugin.py.
+towards its first test), from benchmarks/suite_plugin.py; with several workers a test's
+CPU seconds include what the other workers' tests spent meanwhile, so only the whole
+suite's CPU is that of its own processes.
 
     python benchmarks/suite.py                       # the whole suite
     python benchmarks/suite.py --quick               # the fast tier, -m "not slow"
@@ -29,6 +33,8 @@ from pathlib import Path
 from common import HERE, add_results_arg, load1, run_measured, write_section
 
 TARGET_MIN = 5.0  # issue #14: about 5 minutes on this machine type
+# What the Makefile's test target passes pytest (WORKERS=auto): keep the two the same.
+WORKERS = ["-n", "auto", "--maxprocesses=4", "--dist", "loadfile"]
 
 
 def main() -> None:
@@ -38,10 +44,12 @@ def main() -> None:
     add_results_arg(parser)
     parser.add_argument("--top", type=int, default=20, help="how many of the slowest tests to list")
     parser.add_argument("--quick", action="store_true", help='the fast tier only (-m "not slow")')
+    parser.add_argument("--serial", action="store_true", help="in one pytest process, no workers")
     parser.add_argument("pytest_args", nargs="*", help="after --: arguments for pytest")
     args = parser.parse_args()
     if args.quick:
         args.pytest_args = ["-m", "not slow", *args.pytest_args]
+    args.pytest_args = [*(["-n", "0"] if args.serial else WORKERS), *args.pytest_args]
 
     with tempfile.TemporaryDirectory(prefix="trainflow-suite-") as tmp:
         log = Path(tmp) / "tests.jsonl"
@@ -98,6 +106,16 @@ def main() -> None:
         f"(what pytest waited for) is {measured['waited_cpu_s'] / 60:.1f} minutes. "
         f"Load average (1 min) {load_before:g} before, {load_after:g} after.",
         "",
+        *(
+            []
+            if args.serial
+            else [
+                "The test files ran on parallel pytest-xdist workers: a test's CPU seconds below "
+                "are the suite's while it ran, what the other workers' tests spent meanwhile "
+                "included.",
+                "",
+            ]
+        ),
         "| test file | tests | wall s | CPU s |",
         "|---|---|---|---|",
         *[f"| {name} | {n} | {w:.1f} | {c:.1f} |" for name, (w, c, n) in files],

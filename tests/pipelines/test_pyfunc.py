@@ -11,16 +11,19 @@ from trainflow.runtime import workspace
 
 
 @pytest.fixture
-def mlflow_registry(trainflow_home):
-    # As a user points MLflow at trainflow's registry (MLFLOW_TRACKING_URI): the tracking
-    # store too, else MLflow opens its default, ./mlflow.db, to download the artifacts.
+def mlflow_registry(trainflow_home, monkeypatch):
+    # trainflow's embedded registry, its experiment made as trainflow makes it (artifacts
+    # beside the database); then MLflow pointed at it as a user points it
+    # (MLFLOW_TRACKING_URI; the tracking store too, else MLflow opens its default,
+    # ./mlflow.db, to download the artifacts). Through the environment, which the test's
+    # end restores: mlflow.set_tracking_uri would also set it, and restoring MLflow's
+    # previous URI that way leaves MLFLOW_TRACKING_URI naming ./mlflow.db for every later
+    # test and subprocess of the session.
     ws = workspace()
-    previous = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
-    mlflow.set_tracking_uri(registry.tracking_uri(ws))
-    mlflow.set_registry_uri(registry.tracking_uri(ws))
-    yield ws
-    mlflow.set_tracking_uri(previous[0])
-    mlflow.set_registry_uri(previous[1])
+    registry._experiment_id(registry.client(ws), ws)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", registry.tracking_uri(ws))
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", registry.tracking_uri(ws))
+    return ws
 
 
 def test_pyfunc_load_model_predicts_as_trainflow_does(mlflow_registry, tmp_path):

@@ -224,6 +224,24 @@ def test_an_altered_or_missing_checkpoint_file_is_refused(trainflow_home, tmp_pa
         registry.load_model("toy/1", ws)
 
 
+def test_a_registry_that_mlflow_tracking_uri_names_keeps_artifacts_beside_its_database(
+    trainflow_home, tmp_path, monkeypatch
+):
+    # A SQLite file of the user's own, named by MLFLOW_TRACKING_URI, and a run started from
+    # another folder: MLflow's default would put the artifacts in that folder's ./mlruns.
+    db = tmp_path / "registry" / "mlflow.db"
+    db.parent.mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    reg = register(workspace(), make_checkpoint(tmp_path / "c1"), 0.8)
+    assert reg.version == "1"
+    assert list((db.parent / "mlartifacts").rglob("model.pt"))
+    assert not (elsewhere / "mlruns").exists()
+    assert registry.load_model("toy/1").version == "1"  # and loads from there
+
+
 def test_weights_load_with_weights_only(tmp_path):
     import torch
 

@@ -70,6 +70,19 @@ def _embedded() -> bool:
     return not os.environ.get("MLFLOW_TRACKING_URI")
 
 
+def _artifact_location(ws: Workspace) -> str | None:
+    """Where a new experiment keeps its artifacts: beside its SQLite database (the embedded
+    store's, or one that MLFLOW_TRACKING_URI names), not in ./mlruns of whatever folder
+    the run started in, MLflow's default for a database it did not create through a
+    server; an MLflow server's own artifact root (None) otherwise."""
+    if _embedded():
+        return ws.artifacts.as_uri()
+    uri = tracking_uri(ws)
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+    return None
+
+
 def _locked_database(e: BaseException) -> bool:
     return "database is locked" in str(e) or "database table is locked" in str(e)
 
@@ -145,8 +158,7 @@ def _experiment_id(c: MlflowClient, ws: Workspace) -> str:
     exp = c.get_experiment_by_name(EXPERIMENT)
     if exp is not None:
         return exp.experiment_id
-    # The embedded store keeps artifacts beside its database, not in ./mlruns.
-    location = ws.artifacts.as_uri() if _embedded() else None
+    location = _artifact_location(ws)
     try:
         return c.create_experiment(EXPERIMENT, artifact_location=location)
     except Exception:

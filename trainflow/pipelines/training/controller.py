@@ -73,6 +73,14 @@ class TorchConfig(BackendConfig):
         return {"backend": self.backend, "init_method": self.init_method, "timeout_s": self.timeout_s}
 
 
+def process_group_backend(config: TorchConfig, resources_per_worker: dict[str, float]) -> str:
+    """torch.distributed's backend for workers with these resources, as Ray picks it:
+    the config's own, else nccl for workers with GPUs and gloo for CPU workers."""
+    if config.backend:
+        return config.backend
+    return "nccl" if resources_per_worker.get("GPU", 0) > 0 else "gloo"
+
+
 class _TorchBackend(Backend):
     """``ray.train.torch.config._TorchBackend``'s steps for a V2 worker group on CPUs or
     CUDA GPUs, each worker-side function Ray's own."""
@@ -82,8 +90,7 @@ class _TorchBackend(Backend):
     def on_start(self, worker_group, backend_config: TorchConfig) -> None:
         if backend_config.init_method != "env":
             raise ValueError(f"init_method {backend_config.init_method!r}: only 'env' is supported")
-        gpus = worker_group.get_resources_per_worker().get("GPU", 0)
-        backend = backend_config.backend or ("nccl" if gpus > 0 else "gloo")
+        backend = process_group_backend(backend_config, worker_group.get_resources_per_worker())
         address, port = worker_group.execute_single(0, get_address_and_port)
         worker_group.execute(_set_master, address=address, port=port)
         worker_group.execute(_set_distributed_env_vars)

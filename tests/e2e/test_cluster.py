@@ -145,7 +145,12 @@ def test_a_cluster_without_trainflow_waits_for_its_second_node_then_trains_on_bo
     head_args = ["--head", f"--port={port}", "--num-cpus=2", trainer, "--include-dashboard=false",
                  f"--temp-dir={temp}"]  # fmt: skip
     driver_env = {
-        **{k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PREFECT_API_URL")},
+        # Each run's registry is its TRAINFLOW_HOME's, whatever the session's environment holds.
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("RAY_ADDRESS", "PREFECT_API_URL", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+        },
         **session_services(ray_address=False),
         "RAY_ADDRESS": f"127.0.0.1:{port}",
         "RAY_AUTH_MODE": "token",

@@ -18,7 +18,7 @@ import torch
 
 from trainflow.files import join
 from trainflow.pipelines.entry import read_split_batches, split_bytes, split_dataset, split_rows
-from trainflow.pipelines.preprocess import FEATURES, LABEL
+from trainflow.pipelines.preprocess import FEATURES, LABEL, augment_dataset, augment_images
 
 if TYPE_CHECKING:
     import ray.data
@@ -93,8 +93,6 @@ def split_inputs(
     streamed = [name for name in TRAIN_SPLITS if name not in in_memory]
     if not streamed:
         return memory_splits, None
-    from trainflow.pipelines.preprocess import augment_dataset
-
     datasets = {name: split_dataset(join(path, name)) for name in streamed}
     if "train" in datasets:
         datasets["train"] = augment_dataset(datasets["train"], preprocessor or {})
@@ -221,8 +219,6 @@ def augmented_batches(batches, preprocessor: dict[str, Any]):
     if not augments(preprocessor):
         yield from batches
         return
-    from trainflow.pipelines.preprocess import augment_images
-
     shape = preprocessor["image"]["shape"]
     for batch in batches:
         yield {FEATURES: augment_images(batch[FEATURES], shape), LABEL: batch[LABEL]}

@@ -20,12 +20,13 @@ run: $(STAMP)
 	$(BIN)/trainflow run $(CONFIG) $(foreach s,$(SET),--set $(s))
 
 # The suite's test files on parallel pytest-xdist workers, one per core up to 4 (each
-# worker starts its own Ray cluster and Prefect test server); WORKERS=0 runs it in one
-# process. benchmarks/suite.py measures the same by default.
+# worker starts its own Ray cluster and Prefect test server), the slowest files first
+# (tests/conftest.py); WORKERS=0 runs it in one process. benchmarks/suite.py measures the
+# same by default.
 WORKERS ?= auto
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(WORKERS) --maxprocesses=4 --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(WORKERS) --maxprocesses=4 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Every benchmark section, then benchmarks/results.md; a subset: make bench SECTIONS="ingest training".
 # ROUNDS: the overhead section's alternating rounds; overhead also runs its --phases section.

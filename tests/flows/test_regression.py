@@ -1,12 +1,13 @@
 """A regression for real: scikit-learn's diabetes data through the training flow and a
-sweep of two trials, on the session's Ray cluster, the Prefect test server and MLflow."""
+sweep of two trials (`trainflow sweep`), on the session's Ray cluster, the Prefect test
+server and MLflow."""
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from tests.e2e.test_cli import trainflow_in_process
 from trainflow.config import load_config
-from trainflow.flows.sweep import sweep_pipeline
 from trainflow.flows.training import training_pipeline
 from trainflow.pipelines import registry
 from trainflow.pipelines.evaluate import MODEL_VERSION, PREDICTION, RowPredictor
@@ -21,7 +22,7 @@ CONFIG = "configs/diabetes-regression.yaml"
 
 
 def test_a_regression_trains_is_gated_on_rmse_and_predicts_numbers(
-    ray_cluster, prefect_harness, trainflow_home
+    ray_cluster, prefect_harness, trainflow_home, tmp_path
 ):
     # A model that has barely trained becomes the first champion: no bound by default.
     weak = training_pipeline(
@@ -33,29 +34,47 @@ def test_a_regression_trains_is_gated_on_rmse_and_predicts_numbers(
     test_line = next(line for line in render.summary_lines(weak) if line.startswith("test"))
     assert "rmse" in test_line and "mae" in test_line and "r2" in test_line and "accuracy" not in test_line
 
-    # A sweep of two trials (ranked by val_loss, the regression's default) registers its
-    # best, which the gate promotes for its lower rmse.
-    sweep = load_config(
-        CONFIG,
-        [
-            "name=diabetes-test",
-            "train.epochs=20",
-            "sweep.space={train.lr: {grid: [0.01, 0.003]}}",
-            "sweep.trials=1",
-            "sweep.max_concurrent=2",
-            "sweep.scheduler.kind=fifo",
-        ],
-    )
+    # A sweep of two trials (ranked by val_loss, the regression's default) as a user
+    # starts one, `trainflow sweep` (in this process, on the session's cluster and
+    # server): it registers its best, which the gate promotes for its lower rmse.
+    overrides = [
+        "name=diabetes-test",
+        "train.epochs=20",
+        "sweep.space={train.lr: {grid: [0.01, 0.003]}}",
+        "sweep.trials=1",
+        "sweep.max_concurrent=2",
+        "sweep.scheduler.kind=fifo",
+    ]
+    sweep = load_config(CONFIG, overrides)
     assert (sweep.sweep.metric, sweep.sweep.mode) == ("val_loss", "min")
-    state = sweep_pipeline(config=sweep, return_state=True)
-    assert state.is_completed(), state.message
-    result = state.result()
-    assert len(result.trials) == 2 and all(t["status"] == "completed" for t in result.trials)
-    reg = result.registered
-    assert reg.champion and reg.version == "2", reg.decision["reason"]
-    assert "(lower is better)" in reg.decision["reason"]
-    assert result.test_metrics["rmse"] < weak.test_metrics["rmse"]
-    assert result.test_metrics["r2"] >= 0.35
+    best_yaml = tmp_path / "best.yaml"
+    out = trainflow_in_process(
+        "sweep", CONFIG, *[arg for o in overrides for arg in ("--set", o)], "--best-config", best_yaml
+    )
+    assert out.returncode == 0, out.output[-3000:]
+    printed = out.stdout.splitlines()
+    header = next(i for i, line in enumerate(printed) if line.startswith("trial "))
+    assert printed[header].split() == ["trial", "status", "epochs", "val_loss", "params"]
+    trials = printed[header + 1 : header + 3]
+    assert all(" completed  20/20 " in row for row in trials), printed
+    assert {row.split()[-1] for row in trials} == {"train.lr=0.01", "train.lr=0.003"}
+    assert "model       diabetes-test version 2 -> champion" in printed, printed
+    (gate,) = [line for line in printed if line.startswith("gate")]
+    assert "(lower is better)" in gate
+    (test_line,) = [line for line in printed if line.startswith("test")]
+    assert "rmse" in test_line and "accuracy" not in test_line
+    assert "concurrency 2 trials at a time" in printed
+    # --best-config: the best trial's config, as `trainflow run` takes it.
+    best = load_config(best_yaml)
+    assert best.train.lr in (0.01, 0.003) and best.sweep is None and best.train.epochs == 20
+    assert f"(and {best_yaml})" in out.stdout
+
+    c = registry.client(workspace())
+    run = c.get_run(c.get_model_version("diabetes-test", "2").run_id)
+    test_metrics = {k.removeprefix("test_"): v for k, v in run.data.metrics.items() if k.startswith("test_")}
+    assert run.data.params["train.lr"] == str(best.train.lr)
+    assert test_metrics["rmse"] < weak.test_metrics["rmse"]
+    assert test_metrics["r2"] >= 0.35
 
     # The test metrics are scikit-learn's, on the champion's predictions of the test split.
     from sklearn.metrics import mean_absolute_error, r2_score, root_mean_squared_error
@@ -67,9 +86,9 @@ def test_a_regression_trains_is_gated_on_rmse_and_predicts_numbers(
     test = pq.read_table(prepared).to_pandas()
     y_true = entry.unscale(test[LABEL].to_numpy())
     y_pred = entry.unscale(model.predict_logits(np.stack(test[FEATURES].to_numpy())).reshape(-1))
-    assert result.test_metrics["rmse"] == pytest.approx(root_mean_squared_error(y_true, y_pred), rel=1e-5)
-    assert result.test_metrics["mae"] == pytest.approx(mean_absolute_error(y_true, y_pred), rel=1e-5)
-    assert result.test_metrics["r2"] == pytest.approx(r2_score(y_true, y_pred), rel=1e-5)
+    assert test_metrics["rmse"] == pytest.approx(root_mean_squared_error(y_true, y_pred), rel=1e-5)
+    assert test_metrics["mae"] == pytest.approx(mean_absolute_error(y_true, y_pred), rel=1e-5)
+    assert test_metrics["r2"] == pytest.approx(r2_score(y_true, y_pred), rel=1e-5)
 
     # Raw rows in, numbers in the label's units out; batch prediction writes the
     # prediction and the version, no class probabilities.

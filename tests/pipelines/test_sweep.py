@@ -1,0 +1,91 @@
+"""The sweep's own logic without running trials: the search space it hands Ray Tune, and
+the best trial it picks (tests/flows/test_sweep.py and tests/flows/test_regression.py run
+real sweeps, of grid dimensions)."""
+
+import random
+
+import numpy as np
+import pytest
+
+from trainflow.config import load_config
+from trainflow.pipelines.sweep import SweepFailed, TrialSummary, best_trial, search_space
+
+
+def sweep_config(space: dict, **section):
+    return load_config({"sweep": {"space": space, **section}})
+
+
+def samples(domain, n: int = 400) -> list:
+    random.seed(0)
+    np.random.seed(0)
+    return [domain.sample() for _ in range(n)]
+
+
+def test_each_dimension_kind_becomes_the_tune_domain_of_its_bounds():
+    space = search_space(
+        sweep_config(
+            {
+                "train.lr": {"loguniform": [1e-4, 1e-1]},
+                "train.weight_decay": {"uniform": [0.0, 0.01]},
+                "train.epochs": {"randint": [2, 4]},
+                "model.hidden_sizes": {"choice": [[16], [32, 16]]},
+                "train.batch_size": {"grid": [16, 64]},
+            }
+        ).sweep
+    )
+
+    lr = samples(space["train.lr"])
+    assert 1e-4 <= min(lr) and max(lr) <= 1e-1
+    # Log-uniform: as many samples in each decade, not nine tenths in the top one.
+    assert sum(v < 1e-2 for v in lr) / len(lr) == pytest.approx(2 / 3, abs=0.1)
+    decay = samples(space["train.weight_decay"])
+    assert 0.0 <= min(decay) and max(decay) <= 0.01
+    assert sorted(set(samples(space["train.epochs"]))) == [2, 3]  # randint's high is exclusive
+    assert {tuple(v) for v in samples(space["model.hidden_sizes"])} == {(16,), (32, 16)}
+    # grid: every value in every sample, which Tune expands itself.
+    assert space["train.batch_size"] == {"grid_search": [16, 64]}
+
+
+def trial(trial_id: str, best: float | None, checkpoint=None, status="completed", error="") -> TrialSummary:
+    return TrialSummary(
+        trial_id=trial_id,
+        params={"train.lr": 0.01},
+        status=status,
+        epochs=3 if best is not None else 0,
+        max_epochs=3,
+        best=best,
+        best_epoch=3 if best is not None else None,
+        best_checkpoint=str(checkpoint) if checkpoint else None,
+        run_path=None,
+        error=error,
+    )
+
+
+def test_the_best_trial_is_the_highest_or_lowest_by_mode_among_those_with_a_checkpoint(tmp_path):
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+    trials = [
+        trial("a", 0.8, tmp_path / "a"),
+        trial("b", 0.9, tmp_path / "b"),
+        trial("c", 0.7, tmp_path / "c"),
+        trial("gone", 0.95, tmp_path / "removed"),  # its checkpoint folder no longer exists
+        trial("failed", None, status="failed", error="ValueError: boom"),
+    ]
+    accuracy = sweep_config({"train.lr": {"grid": [0.01]}}, metric="val_accuracy", mode="max")
+    assert best_trial(accuracy, trials).trial_id == "b"
+    loss = sweep_config({"train.lr": {"grid": [0.01]}}, metric="val_loss", mode="min")
+    assert best_trial(loss, trials).trial_id == "c"
+
+
+def test_a_sweep_whose_every_trial_failed_says_why_each_did():
+    config = sweep_config({"train.lr": {"grid": [0.01, 1e6]}})
+    trials = [
+        trial("a1", None, status="failed", error="TrainingDiverged: train loss became nan in epoch 1"),
+        trial("a2", None, status="stopped early"),
+    ]
+    with pytest.raises(SweepFailed) as failed:
+        best_trial(config, trials)
+    assert str(failed.value) == (
+        "no trial of the sweep produced a checkpoint: trial a1: TrainingDiverged: train loss "
+        "became nan in epoch 1; trial a2: stopped early"
+    )

@@ -333,6 +333,70 @@ def test_sigterm_ends_a_blocking_ray_call_inside_a_flow_run(ray_cluster, prefect
     assert time.monotonic() - started < 30
 
 
+@pytest.mark.slow
+def test_from_a_ctrl_c_on_the_workers_output_stays_off_the_console_until_the_next_call(
+    ray_cluster, capfd, tmp_path
+):
+    """Ctrl-C during ``fit()``: what the run's workers print while Ray tears them down
+    (once, a worker's traceback under the command's one line) stays off the console. The
+    lines still reach the driver (a handler of the test's own sees them); the next call
+    shows them again."""
+    import os
+    import signal
+
+    import ray
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    from trainflow.runtime import stop_on_signals
+
+    arrived: list[str] = []
+    got = threading.Condition()
+
+    def receive(data) -> None:  # after Ray's own handler, which prints
+        with got:
+            arrived.extend(data["lines"])
+            got.notify_all()
+
+    def wait_for(text: str) -> None:
+        with got:
+            assert got.wait_for(lambda: any(text in line for line in arrived), timeout=120), arrived
+
+    @ray.remote(num_cpus=0)
+    def prints(first: str, then: str, when: str) -> None:
+        print(first, flush=True)
+        while not os.path.exists(when):
+            time.sleep(0.02)
+        print(then, flush=True)
+
+    def interrupt(signum, frame) -> None:  # as Ray Train's handler, which fit() installs
+        raise KeyboardInterrupt
+
+    stopped = tmp_path / "stopped"
+    dispatcher.add_handler("test-receive", receive)
+    try:
+        task = prints.remote("worker line before the stop", "worker line after the stop", str(stopped))
+        with pytest.raises(KeyboardInterrupt), stop_on_signals():
+            signal.signal(signal.SIGINT, interrupt)
+            wait_for("worker line before the stop")
+            os.kill(os.getpid(), signal.SIGINT)
+            while True:  # the handler runs between bytecodes
+                time.sleep(0.01)
+        stopped.touch()
+        ray.get(task)
+        wait_for("worker line after the stop")
+        shown = capfd.readouterr()
+        assert "worker line before the stop" in shown.out + shown.err
+        assert "worker line after the stop" not in shown.out + shown.err
+
+        with stop_on_signals():
+            ray.get(prints.remote("worker line of the next call", "", str(stopped)))
+            wait_for("worker line of the next call")
+        shown = capfd.readouterr()
+        assert "worker line of the next call" in shown.out + shown.err
+    finally:
+        dispatcher.remove_handler("test-receive")
+
+
 def test_a_ctrl_c_during_start_up_is_raised_at_its_end_not_where_it_lands():
     """A KeyboardInterrupt raised inside an import beside other threads' imports can leave
     importlib's module lock taken (a start-up then waited forever, seen by hand): inside

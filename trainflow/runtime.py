@@ -492,7 +492,10 @@ def stop_on_signals() -> Iterator[None]:
     Ctrl-C (SIGINT) ends it as KeyboardInterrupt. Ray Train's own SIGINT handler, which
     ``fit()`` installs, aborts the run's controller (its workers stop, its checkpoints
     stay) and then ends the call as SystemExit(1), which reads as a crash; its handler is
-    put back to what it was once the call ends."""
+    put back to what it was once the call ends. From the Ctrl-C on, the console no longer
+    shows what the run's workers print (:func:`_worker_output_shown`): the stop ends in
+    the command's one line, not in the output of workers being torn down (a worker's
+    traceback once printed there); the next call shows it again."""
     raise_if_interrupted()
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -504,20 +507,20 @@ def stop_on_signals() -> Iterator[None]:
         received.append(signum)
         raise SystemExit(128 + signum)
 
-    # Whichever handler runs, Python writes each signal's number here: how a Ctrl-C that
-    # Ray's handler took is known.
+    # Whichever handler runs, Python writes each signal's number here as the signal
+    # arrives: how a Ctrl-C that Ray's handler took is known, and at once.
     read, write = os.pipe()
     for fd in (read, write):
         os.set_blocking(fd, False)
+    _worker_output_shown(True)
+    ctrl_c = _SigintWatch(read)
     wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
     before = signal.signal(signal.SIGTERM, stop)
     before_int = signal.getsignal(signal.SIGINT)
 
     def interrupted() -> bool:
-        try:
-            return signal.SIGINT in os.read(read, 512)
-        except BlockingIOError:
-            return False
+        ctrl_c.stop()
+        return ctrl_c.seen.is_set()
 
     try:
         yield
@@ -534,8 +537,70 @@ def stop_on_signals() -> Iterator[None]:
         signal.set_wakeup_fd(wakeup)
         signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
         signal.signal(signal.SIGINT, before_int if before_int is not None else signal.default_int_handler)
+        ctrl_c.stop()
         os.close(read)
         os.close(write)
+
+
+class _SigintWatch:
+    """A thread reading the signal numbers Python writes to ``read`` (its wakeup fd): on
+    a SIGINT, ``seen`` is set and the workers' output leaves the console."""
+
+    def __init__(self, read: int) -> None:
+        self.seen = threading.Event()
+        self._read = read
+        self._stop_read, self._stop_write = os.pipe()
+        self._thread = threading.Thread(target=self._watch, name="trainflow-sigint-watch", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        import select
+
+        while True:
+            ready, _, _ = select.select([self._read, self._stop_read], [], [])
+            if self._read in ready:
+                self._take()
+            if self._stop_read in ready:
+                return
+
+    def _take(self) -> None:
+        """Reads the signals written since the last read; on a SIGINT among them, the
+        workers' output leaves the console."""
+        try:
+            signals = os.read(self._read, 512)
+        except (BlockingIOError, OSError):
+            return
+        if signal.SIGINT in signals:
+            self.seen.set()
+            _worker_output_shown(False)
+
+    def stop(self) -> None:
+        """Ends the thread (once), then takes what it had not read."""
+        if self._thread.is_alive():
+            os.write(self._stop_write, b"x")
+            self._thread.join()
+            os.close(self._stop_read)
+            os.close(self._stop_write)
+            self._take()
+
+
+_hidden_worker_output: list = []  # Ray's console handler, while taken away
+
+
+def _worker_output_shown(shown: bool) -> None:
+    """Show or hide, on this driver's console, what the cluster's workers print (Ray's
+    ``log_to_driver``, whose handler is taken away and put back)."""
+    try:
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+    except Exception:  # noqa: BLE001 - Ray's internals moved: its output stays shown
+        return
+    with dispatcher._lock:
+        if shown and _hidden_worker_output:
+            dispatcher.handlers.extend(_hidden_worker_output)
+            _hidden_worker_output.clear()
+        elif not shown:
+            _hidden_worker_output.extend(pair for pair in dispatcher.handlers if pair[0] == "ray_print_logs")
+            dispatcher.handlers = [pair for pair in dispatcher.handlers if pair[0] != "ray_print_logs"]
 
 
 # Set to stop watching the local cluster (before a shutdown stops it on purpose).

@@ -211,7 +211,7 @@ def test_ctrl_c_stops_a_training_in_one_line_and_leaves_it_to_resume(ray_cluster
     assert code == 128 + signal.SIGINT, log.read_text()[-3000:]
     lines = log.read_text().strip().splitlines()
     assert lines[-1] == "stopped (SIGINT)", lines[-5:]
-    assert not [line for line in lines if "ERROR" in line or "Traceback" in line or "Crash" in line]
+    assert not [line for line in lines if "ERROR" in line or "Traceback" in line or "Crash" in line], lines
 
     (record,) = home.glob("runs/stop-test-*/trainflow-run.json")
     assert json.loads(record.read_text())["status"] == "interrupted"  # `--resume` continues it

@@ -117,21 +117,24 @@ def source(config: PipelineConfig) -> SourceInfo:
     return inspect_source(config.data, cache_folder(config), task=config.task)
 
 
-def cluster(config: PipelineConfig, workers: str | None, *, hold: bool = False) -> None:
+def cluster(
+    config: PipelineConfig, workers: str | None, *, gpus_per_actor: float = 0, hold: bool = False
+) -> None:
     """A cluster address where something answers (``ray.init`` would retry one for
     minutes), else a local cluster that can hold the run's training workers
-    (``workers="train"``) or one sweep trial (``"sweep"``); ``None``: nothing asked of it."""
+    (``workers="train"``), one sweep trial (``"sweep"``) or one prediction actor of
+    ``gpus_per_actor`` GPUs; ``None`` and no GPUs: nothing asked of it."""
     from trainflow.runtime import check_reachable, preflight_local, ray_address
 
     def check() -> bool:
         address = ray_address(config)
         if address:
             check_reachable(address)
-        elif workers:
-            preflight_local(config, sweep=workers == "sweep")
+        elif workers or gpus_per_actor:
+            preflight_local(config, sweep=workers == "sweep", gpus_per_actor=gpus_per_actor)
         return True
 
-    _once(("cluster", config.config_hash(), ray_address(config), workers), hold, check)
+    _once(("cluster", config.config_hash(), ray_address(config), workers, gpus_per_actor), hold, check)
 
 
 class ModelRef(BaseModel):

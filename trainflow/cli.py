@@ -213,7 +213,7 @@ def predict(
         ref = checks.model(model, hold=True)
         checks.predict_input(str(input), str(output), ref, hold=True)
         cluster = ref.cluster()  # RAY_ADDRESS, else a local cluster
-        checks.cluster(cluster, workers=None, hold=True)
+        checks.cluster(cluster, workers=None, gpus_per_actor=1 if gpu else 0, hold=True)
     result = _call_flow(
         startup.started(module, cluster, open_registry=False),
         module,

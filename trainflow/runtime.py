@@ -723,11 +723,12 @@ def local_cluster_resources() -> dict[str, float] | None:
         return None
 
 
-def preflight_local(config: PipelineConfig, sweep: bool = False) -> None:
+def preflight_local(config: PipelineConfig, sweep: bool = False, gpus_per_actor: float = 0) -> None:
     """PreflightError now, before Prefect or Ray start, when the run will start a local
-    Ray cluster that cannot hold its training workers (or one sweep trial): a GPU on a
-    machine without one, more CPUs than it has. A run on a cluster elsewhere is checked
-    by :func:`preflight` once connected."""
+    Ray cluster that cannot hold its training workers (or one sweep trial, or, given
+    ``gpus_per_actor``, one prediction actor): a GPU on a machine without one, more CPUs
+    than it has. A run on a cluster elsewhere is checked by :func:`preflight` once
+    connected."""
     import ray
 
     if ray.is_initialized() or ray_address(config):
@@ -736,7 +737,9 @@ def preflight_local(config: PipelineConfig, sweep: bool = False) -> None:
     if total is None:
         return
     try:
-        if sweep and config.sweep is not None:
+        if gpus_per_actor:
+            fit_gpu_actors(gpus_per_actor, total)
+        elif sweep and config.sweep is not None:
             sweep_concurrency(config.sweep, total)
         else:
             fit_scaling(config.scaling, total)
@@ -899,6 +902,19 @@ def worker_resources(scaling: ScalingSection) -> tuple[float, float]:
     cpu = float(res.get("CPU", 1.0))
     gpu = float(res.get("GPU", 1.0 if scaling.use_gpu else 0.0))
     return cpu, gpu
+
+
+def fit_gpu_actors(gpus_per_actor: float, total: dict[str, float]) -> None:
+    """PreflightError when a cluster with ``total`` resources has no room for one actor
+    of ``gpus_per_actor`` GPUs (batch prediction's ``--gpu``): Ray Data would wait for a
+    GPU forever instead of failing. Fewer GPUs than actors is fine: the pool runs on the
+    actors that start."""
+    gpus = total.get("GPU", 0.0)
+    if gpus_per_actor and gpus < gpus_per_actor:
+        raise PreflightError(
+            f"use_gpu (--gpu) asks for {gpus_per_actor:g} GPU per actor, the Ray cluster has {gpus:g}: "
+            "predict without --gpu, or run on a cluster with GPUs"
+        )
 
 
 def fit_scaling(scaling: ScalingSection, total: dict[str, float]) -> ScalingSection:

@@ -78,6 +78,31 @@ def test_a_run_the_machine_cannot_hold_fails_in_one_line_before_anything_starts(
     assert not (home / "prefect-server.log").exists() and not (home / "mlflow.db").exists()
 
 
+def test_predict_on_a_gpu_the_machine_lacks_fails_in_one_line_before_anything_starts(
+    trainflow_home, tmp_path
+):
+    """`trainflow predict --gpu` where the local cluster would have no GPU (Ray Data would
+    wait for one forever): refused before Prefect or Ray start. The machine's GPUs are
+    overridden to none, the way Ray reads RAY_OVERRIDE_RESOURCES, so this runs anywhere."""
+    import pandas as pd
+
+    from tests.pipelines.test_registry import make_checkpoint, register
+    from trainflow.runtime import workspace
+
+    register(workspace(), make_checkpoint(tmp_path / "checkpoint"), 0.9)
+    pd.DataFrame({"a": [0.5], "b": [1.0]}).to_parquet(tmp_path / "rows.parquet")
+    out = trainflow(
+        "predict", "toy@champion", str(tmp_path / "rows.parquet"), str(tmp_path / "out"), "--gpu",
+        home=trainflow_home, env={"RAY_OVERRIDE_RESOURCES": '{"GPU": 0}'},
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == (
+        "error: use_gpu (--gpu) asks for 1 GPU per actor, the local Ray cluster on this machine "
+        "would have 0: predict without --gpu, or run on a cluster with GPUs"
+    )
+    assert not (trainflow_home / "prefect-server.log").exists() and not (tmp_path / "out").exists()
+
+
 def test_the_temporary_server_that_exits_says_so_in_one_line(tmp_path):
     from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL, temporary_settings
 

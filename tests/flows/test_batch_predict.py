@@ -177,7 +177,8 @@ def test_asking_for_a_gpu_the_cluster_lacks_fails_instead_of_waiting(
         use_gpu=True,
         return_state=True,
     )
-    with pytest.raises(PreflightError, match="use_gpu asks for 1 GPU per actor, the Ray cluster has 0"):
+    asks = r"use_gpu \(--gpu\) asks for 1 GPU per actor, the Ray cluster has 0"
+    with pytest.raises(PreflightError, match=asks):
         state.result()
     assert not (tmp_path / "out").exists()
 

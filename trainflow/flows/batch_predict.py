@@ -42,7 +42,7 @@ def batch_predict(
     ref = resolve_model(model)
     info = check_input(input, output, ref)
     cluster = ref.cluster(ray_address)
-    checks.cluster(cluster, workers=None)
+    checks.cluster(cluster, workers=None, gpus_per_actor=1 if use_gpu else 0)
     # predict: no warm-up workers, the prediction's actor pool starts processes of its own
     with ray_session(cluster):
         # on a cluster started elsewhere: its versions, and that it imports a user's model

@@ -101,16 +101,10 @@ def predict_to_parquet(
     import ray
     import ray.data
 
-    from trainflow.runtime import PreflightError
+    from trainflow.runtime import fit_gpu_actors
 
     out = check_output(output)
-    gpus = ray.cluster_resources().get("GPU", 0.0)
-    if num_gpus and gpus < num_gpus:
-        # Ray Data would wait for a GPU forever instead of failing.
-        raise PreflightError(
-            f"use_gpu asks for {num_gpus:g} GPU per actor, the Ray cluster has {gpus:g}: "
-            "predict without --gpu, or run on a cluster with GPUs"
-        )
+    fit_gpu_actors(num_gpus, ray.cluster_resources())
     ds = ray.data.read_parquet(info.files) if info.format == "parquet" else ray.data.read_csv(info.files)
     keep = tuple(c for c in info.columns if c not in input_columns)
     predicted = predict_rows(

@@ -24,7 +24,7 @@ from trainflow.pipelines.training import inputs
 from trainflow.pipelines.training import loop as tl
 from trainflow.pipelines.training.placements import PlacementTracker, record_placement
 from trainflow.pipelines.training.progress import PROGRESS_NAMESPACE, ProgressLog, follow_progress
-from trainflow.pipelines.training.run import run_training
+from trainflow.pipelines.training.run import build_trainer, run_training
 from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings
 from trainflow.testing import small_config
 
@@ -132,9 +132,51 @@ def test_gradient_clipping_bounds_each_update():
     assert (after - before).norm() == pytest.approx(0.01, rel=1e-4)  # lr x clipped norm
 
 
+def test_the_trainer_keeps_and_places_what_the_config_says(tmp_path):
+    """checkpoint.keep, its metric and mode, scaling.placement_strategy and the retries
+    reach Ray Train's own configs as given (no run: Ray Train's to honour them)."""
+    config = load_config(
+        small_config(
+            checkpoint={"keep": 3, "metric": "val_loss", "mode": "min"},
+            scaling={"num_workers": 2, "placement_strategy": "SPREAD"},
+            failure={"max_failures": 4},
+        )
+    )
+    settings = TrainSettings.from_config(config, preprocessor={}, num_features=64, num_outputs=10)
+    trainer = build_trainer(settings, None, run_name="placed", storage_path=str(tmp_path))
+    kept = trainer.run_config.checkpoint_config
+    assert (kept.num_to_keep, kept.checkpoint_score_attribute, kept.checkpoint_score_order) == (
+        3,
+        "val_loss",
+        "min",
+    )
+    assert trainer.scaling_config.placement_strategy == "SPREAD"
+    assert trainer.scaling_config.num_workers == 2
+    assert trainer.run_config.failure_config.max_failures == 4
+    assert (trainer.run_config.name, trainer.run_config.storage_path) == ("placed", str(tmp_path))
+
+
 def test_momentum_reaches_sgd():
     opt = tl.make_optimizer("sgd", nn.Linear(2, 2).parameters(), 0.1, 0.0, momentum=0.5)
     assert opt.param_groups[0]["momentum"] == 0.5
+
+
+def test_adamw_decays_the_weights_apart_from_the_gradient_and_adam_through_it():
+    """train.optimizer: adamw with weight_decay shrinks each weight by lr x decay whatever
+    its gradient (decoupled decay); adam adds the decay to the gradient instead, where its
+    normalised step makes a zero-gradient weight move by about lr."""
+
+    def one_step(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        weight = nn.Parameter(torch.full((3,), 2.0))
+        opt = tl.make_optimizer(name, [weight], 0.1, 0.01)
+        weight.grad = torch.zeros(3)  # the loss does not move it
+        opt.step()
+        return weight.detach(), torch.full((3,), 2.0)
+
+    after, before = one_step("adamw")
+    assert torch.allclose(after, before * (1 - 0.1 * 0.01))  # 2.0 -> 1.998
+    after, before = one_step("adam")
+    assert torch.allclose(after, before - 0.1, atol=1e-4)  # 2.0 -> 1.9: a normalised step
 
 
 @pytest.fixture(scope="module")

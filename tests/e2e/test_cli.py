@@ -103,6 +103,28 @@ def test_serve_and_deploy_refuse_to_start_without_a_server(tmp_path):
     assert deployed.returncode == 2 and "deploy needs a Prefect server" in deployed.stderr
 
 
+def test_serve_takes_exactly_one_schedule_and_deploy_an_existing_file(monkeypatch, tmp_path):
+    """In this process (the refusals come before anything is reached or started): serve
+    with neither or both of --cron and --interval, deploy with a deployments file that is
+    not there."""
+    from typer.testing import CliRunner
+
+    from trainflow.cli import app
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # a server is named, never asked
+    monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
+    config = str(REPO / "configs" / "digits.yaml")
+    for schedule in ([], ["--cron", "0 2 * * *", "--interval", "60"]):
+        out = CliRunner().invoke(app, ["serve", config, *schedule])
+        assert out.exit_code == 2, out.output
+        assert out.stderr.strip() == "error: give one schedule: --cron '0 2 * * *' or --interval SECONDS"
+    out = CliRunner().invoke(app, ["deploy", "--prefect-file", str(tmp_path / "nope.yaml")])
+    assert out.exit_code == 2, out.output
+    assert out.stderr.strip() == (
+        f"error: {tmp_path}/nope.yaml: no such file; run trainflow deploy from the trainflow checkout"
+    )
+
+
 @pytest.mark.parametrize(
     "args, code, printed",
     [

@@ -145,12 +145,20 @@ def test_importing_pipelines_and_the_bottom_layers_loads_no_prefect():
 
 @pytest.mark.slow
 def test_what_ray_trains_controller_unpickles_of_a_run_imports_no_torch():
-    # pipelines/training/controller.py: the controller of every training imports it.
+    # pipelines/training/controller.py: the controller of every training imports it. And
+    # at the end, the controller unpickles what the workers' training function returned
+    # (an Outcome) from their last status: the class's module is imported there too.
+    import pickle
+
+    from trainflow.pipelines.training.settings import Outcome
+
+    returned = pickle.dumps(Outcome("completed", 3))
     code = (
         "import sys, pickle\n"
         "from trainflow.pipelines.training.controller import FixedClusterPolicy, TorchConfig\n"
         "pickle.loads(pickle.dumps(TorchConfig()))\n"
+        "pickle.loads(sys.stdin.buffer.read())\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    out = subprocess.run([sys.executable, "-c", code], input=returned, capture_output=True, check=True)
+    assert out.stdout.decode().strip() == "[]"

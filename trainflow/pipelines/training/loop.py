@@ -13,7 +13,6 @@ import math
 import tempfile
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,23 +33,11 @@ from trainflow.pipelines.training.inputs import (
 )
 from trainflow.pipelines.training.placements import record_placement
 from trainflow.pipelines.training.progress import ProgressLog
+from trainflow.pipelines.training.settings import SETTINGS, Outcome
 
 if TYPE_CHECKING:
     from trainflow.config import TrainConfig
     from trainflow.pipelines.training.settings import TrainSettings
-
-# The key under which TorchTrainer hands every worker its TrainSettings.
-SETTINGS = "settings"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How training ended, the same on every worker: ``completed``, ``early_stopped``
-    (``message`` says why) or ``diverged`` (``message`` says what to change), after ``epoch``."""
-
-    status: str
-    epoch: int
-    message: str = ""
 
 
 def make_optimizer(

@@ -20,10 +20,16 @@ from trainflow.pipelines.checkpoint import METRICS, read_json
 from trainflow.pipelines.data import DataError
 from trainflow.pipelines.models import describe_parameters
 from trainflow.pipelines.training.inputs import TRAIN_SPLITS, split_inputs, splits_in_memory
-from trainflow.pipelines.training.loop import SETTINGS, Outcome, train_loop_per_worker
+from trainflow.pipelines.training.loop import train_loop_per_worker
 from trainflow.pipelines.training.progress import Progress, clear_progress, follow_progress
 from trainflow.pipelines.training.runs import local_checkpoint, newest_checkpoint
-from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings, balanced_class_weights
+from trainflow.pipelines.training.settings import (
+    SETTINGS,
+    Outcome,
+    PreparedSplits,
+    TrainSettings,
+    balanced_class_weights,
+)
 from trainflow.runtime import started_local_cluster, stop_on_signals, timeline, worker_runtime_env
 
 if TYPE_CHECKING:

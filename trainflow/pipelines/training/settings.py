@@ -11,6 +11,23 @@ from typing import Any
 
 from trainflow.config import ConfigError, PipelineConfig, TrainConfig
 
+# The key under which the trainer hands every worker its TrainSettings.
+SETTINGS = "settings"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How training ended, the same on every worker: ``completed``, ``early_stopped``
+    (``message`` says why) or ``diverged`` (``message`` says what to change), after ``epoch``.
+
+    What the workers' training function returns. Ray Train's controller unpickles it from
+    their last status, importing its module: here, not beside the loop, whose module
+    imports torch (the controller never holds a tensor; training/controller.py)."""
+
+    status: str
+    epoch: int
+    message: str = ""
+
 
 @dataclass(frozen=True)
 class TrainSettings:

@@ -7,7 +7,10 @@ session's earlier work for it (three runs by hand of the lost-worker test of
 tests/pipelines/test_train.py after the streamed-split test: each controller's process
 had started before the run), with whatever that work imported. So the probe records when
 its process started, against when the driver made the probe (just before ``fit()``), and
-whether torch was there already when the controller unpickled the probe."""
+whether torch was there already when the controller unpickled the probe. (Its last
+record can come after the controller unpickled what the workers returned at the end,
+training/settings.py's Outcome: when that class lived beside the loop, that import
+brought torch, and the probe saw it.)"""
 
 import json
 import os

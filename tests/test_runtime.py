@@ -379,7 +379,8 @@ def test_from_a_ctrl_c_on_the_workers_output_stays_off_the_console_until_the_nex
             signal.signal(signal.SIGINT, interrupt)
             wait_for("worker line before the stop")
             os.kill(os.getpid(), signal.SIGINT)
-            while True:  # the handler runs between bytecodes
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the handler runs between bytecodes
                 time.sleep(0.01)
         stopped.touch()
         ray.get(task)

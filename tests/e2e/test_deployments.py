@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from tests.e2e.test_cli import session_services, trainflow_in_process
+from tests.web import POLL_TIMEOUT_S, http
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +82,7 @@ def server(tmp_path_factory):
     deadline = time.monotonic() + 90
     while True:
         try:
-            if httpx.get(f"{env['PREFECT_API_URL']}/health", timeout=2).status_code == 200:
+            if http.get(f"{env['PREFECT_API_URL']}/health", timeout=POLL_TIMEOUT_S).status_code == 200:
                 break
         except httpx.HTTPError:
             pass
@@ -93,13 +94,13 @@ def server(tmp_path_factory):
 
 def flow_runs(env, deployment_name: str) -> list[dict]:
     api = env["PREFECT_API_URL"]
-    deployments = httpx.post(
+    deployments = http.post(
         f"{api}/deployments/filter", json={"deployments": {"name": {"any_": [deployment_name]}}}
     ).json()
     if not deployments:
         return []
     body = {"flow_runs": {"deployment_id": {"any_": [deployments[0]["id"]]}}}
-    return httpx.post(f"{api}/flow_runs/filter", json=body).json()
+    return http.post(f"{api}/flow_runs/filter", json=body).json()
 
 
 def models_show(env, model: str):
@@ -123,7 +124,7 @@ def test_deployments_run_on_a_worker_and_a_served_schedule_fires(server, ray_clu
         assert f"training-pipeline/{name}" in deployed.stdout
 
     # The nightly deployment carries its cron schedule.
-    nightly = httpx.post(
+    nightly = http.post(
         f"{env['PREFECT_API_URL']}/deployments/filter", json={"deployments": {"name": {"any_": ["nightly"]}}}
     ).json()[0]
     assert [s["schedule"]["cron"] for s in nightly["schedules"]] == ["0 2 * * *"]

@@ -155,11 +155,12 @@ def test_a_stop_of_the_whole_process_group_ends_a_run_at_once(tmp_path):
     run, code, took = _signal_at_epoch_2(["configs/digits.yaml", "--set", "train.epochs=50"], env, log,
                                          signal.SIGTERM)  # fmt: skip
     assert code == 128 + signal.SIGTERM, log.read_text()[-3000:]
-    assert took < 15, log.read_text()[-3000:]
+    # Ray alone would wait 60 s for the dead cluster; a busy, slow host still ends well before.
+    assert took < 40, log.read_text()[-3000:]
     lines = log.read_text().strip().splitlines()
     assert lines[-1] == "stopped (SIGTERM)", lines[-5:]
     assert not any("Traceback" in line or "GCS" in line for line in lines)
-    deadline = time.monotonic() + 15  # what the run started ends with it
+    deadline = time.monotonic() + 60  # what the run started ends with it
     while left := _in_session(run.pid):
         assert time.monotonic() < deadline, left
         time.sleep(0.2)
@@ -199,7 +200,7 @@ def test_the_temporary_server_ends_with_the_command_that_started_it(tmp_path):
     assert out.returncode == -9, out.stderr[-3000:]
     pid, sid = (int(v) for v in out.stdout.split())
     assert sid == pid != os.getsid(0)  # a session of its own
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60
     while os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().split()[2]:
         assert time.monotonic() < deadline, "the temporary server outlived its command"
         time.sleep(0.1)

@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.pipelines.test_registry import FRAME, make_checkpoint, register
+from tests.web import POLL_TIMEOUT_S, http
 from trainflow.cli import app
 from trainflow.pipelines import registry
 from trainflow.runtime import workspace
@@ -77,14 +78,14 @@ def test_serves_until_sigterm_and_stops_cleanly(toy):
         while True:
             assert proc.poll() is None, proc.communicate()
             try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                if http.get(f"{url}/healthz", timeout=POLL_TIMEOUT_S).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
             assert time.monotonic() < deadline, "the endpoint never answered"
             time.sleep(0.5)
         rows = FRAME.to_dict(orient="records")
-        answer = httpx.post(f"{url}/predict", json={"rows": rows}).json()
+        answer = http.post(f"{url}/predict", json={"rows": rows}).json()
         assert answer["version"] == "1"
         assert answer["predictions"] == registry.load_model("toy/1").predict(FRAME).tolist()
     finally:

@@ -10,6 +10,7 @@ import pytest
 
 from tests.pipelines.test_registry import make_checkpoint, register
 from tests.pipelines.test_serving import _free_port
+from tests.web import POLL_TIMEOUT_S, TIMEOUT_S, http
 from trainflow.flows.serving import serve_model
 from trainflow.pipelines import registry
 from trainflow.pipelines.preprocess import Preprocessor
@@ -33,11 +34,11 @@ def test_the_serving_flow_answers_while_it_runs_and_stops(
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                if http.get(f"{url}/healthz", timeout=POLL_TIMEOUT_S).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)
-        answers.append(httpx.post(f"{url}/predict", json={"rows": [{"a": 1.0, "b": 0.0}]}, timeout=10).json())
+        answers.append(http.post(f"{url}/predict", json={"rows": [{"a": 1.0, "b": 0.0}]}).json())
 
     asking = threading.Thread(target=client, daemon=True)
     asking.start()
@@ -46,14 +47,14 @@ def test_the_serving_flow_answers_while_it_runs_and_stops(
                             stop_after_s=3.0, return_state=True)  # fmt: skip
     finally:
         serve.shutdown()  # the session's cluster keeps Serve otherwise; later modules start their own
-    asking.join(10)
+    asking.join(TIMEOUT_S)
     assert state.is_completed(), state.message
     assert state.result() == url
     (answer,) = answers
     expected = registry.load_model("toy/1").predict(pd.DataFrame({"a": [1.0], "b": [0.0]}))
     assert (answer["model"], answer["version"], answer["predictions"]) == ("toy", "1", expected.tolist())
     with pytest.raises(httpx.ConnectError):  # stopped: nothing listens any more
-        httpx.get(f"{url}/healthz", timeout=1)
+        http.get(f"{url}/healthz", timeout=POLL_TIMEOUT_S)
 
 
 def test_an_unknown_model_fails_the_flow_in_one_line_before_ray_serve_starts(prefect_harness, trainflow_home):

@@ -26,7 +26,7 @@ from ray.train import Checkpoint, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from trainflow.config import ModelConfig
-from trainflow.pipelines.models import build_model, model_spec
+from trainflow.pipelines.models.build import build_model, model_spec
 
 
 def in_memory_batches(arrays, batch_size):

@@ -128,7 +128,8 @@ def start_ray(num_cpus: int = 2, object_store_mb: int | None = None, **extra) ->
     """A local Ray cluster of this process's own, set up as trainflow sets up its own."""
     import ray
 
-    from trainflow.runtime import configure_ray_data, ray_init_kwargs
+    from trainflow.cluster.quiet import configure_ray_data
+    from trainflow.cluster.session import ray_init_kwargs
 
     kwargs = ray_init_kwargs()
     if object_store_mb:

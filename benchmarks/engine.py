@@ -76,8 +76,8 @@ def _scan_batch(batch, *, info, split, scaler, shape) -> dict:
 
     import numpy as np
 
-    from trainflow.pipelines import split as sp
-    from trainflow.pipelines import stats as st
+    from trainflow.pipelines.data import split as sp
+    from trainflow.pipelines.data import stats as st
 
     counts, fitted = st.RowCounts(), st.FitStats()
     counts.add(batch, info)
@@ -93,9 +93,9 @@ def _scan_batch(batch, *, info, split, scaler, shape) -> dict:
 def _write_batch(batch, *, info, split, state) -> dict:
     import numpy as np
 
-    from trainflow.pipelines import split as sp
-    from trainflow.pipelines.preprocess import FEATURES as X
-    from trainflow.pipelines.preprocess import LABEL, Preprocessor
+    from trainflow.pipelines.data import split as sp
+    from trainflow.pipelines.data.preprocess import FEATURES as X
+    from trainflow.pipelines.data.preprocess import LABEL, Preprocessor
 
     pre = Preprocessor.from_dict(state)
     codes = sp.hash_split_codes(sp.row_keys(batch, info, split.seed), val=split.val, test=split.test)
@@ -106,8 +106,8 @@ def _write_batch(batch, *, info, split, state) -> dict:
 def ray_data_dataset(info):
     import ray.data
 
-    from trainflow.pipelines.data import filesystem
-    from trainflow.pipelines.readers import image_labels
+    from trainflow.pipelines.data.readers import image_labels
+    from trainflow.pipelines.data.schema import filesystem
 
     fs = filesystem(info)
     if info.is_images:
@@ -122,7 +122,7 @@ def ray_data_dataset(info):
 def ray_data_scan(info, split, scaler, shape):
     import pickle
 
-    from trainflow.pipelines import stats as st
+    from trainflow.pipelines.data import stats as st
 
     rows = (
         ray_data_dataset(info)
@@ -152,9 +152,9 @@ def ray_data_write(info, split, pre, out: Path) -> None:
 
 
 def tasks_scan(info, split, scaler, shape):
-    from trainflow.pipelines import prepare as pp
-    from trainflow.pipelines import readers, runner
-    from trainflow.pipelines import stats as st
+    from trainflow.pipelines.data import prepare as pp
+    from trainflow.pipelines.data import readers, runner
+    from trainflow.pipelines.data import stats as st
 
     fragments = readers.plan_fragments(info)
     scans = runner.run(pp.scan_fragment, [(info, f, split, scaler, False, shape) for f in fragments])
@@ -166,8 +166,8 @@ def tasks_scan(info, split, scaler, shape):
 
 
 def tasks_write(info, split, pre, out: Path, fragments, scans) -> None:
-    from trainflow.pipelines import prepare as pp
-    from trainflow.pipelines import runner
+    from trainflow.pipelines.data import prepare as pp
+    from trainflow.pipelines.data import runner
 
     calls = [
         (info, f, split, s.codes, pre.to_dict(), str(out), f"part-{f.index:05d}.parquet")
@@ -180,13 +180,13 @@ def measure(substrate: str, source: str, out: str) -> dict:
     """Both passes on one substrate, in this (fresh) process: wall and CPU seconds each."""
     import ray
 
+    from trainflow.cluster.session import warm_workers
     from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
-    from trainflow.pipelines.data import inspect_source
-    from trainflow.pipelines.prepare import image_shape
-    from trainflow.runtime import warm_workers
+    from trainflow.pipelines.data.prepare import image_shape
+    from trainflow.pipelines.data.schema import inspect_source
 
     start_ray(num_cpus=2)
-    ray.get(warm_workers(["trainflow.pipelines.prepare"]))
+    ray.get(warm_workers(["trainflow.pipelines.data.prepare"]))
     split, cfg = SplitConfig(), PreprocessConfig()
     info = inspect_source(DataConfig(source=source), Path(out) / "cache")
     shape = image_shape(info, cfg)

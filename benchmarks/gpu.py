@@ -1,7 +1,7 @@
 """GPU throughput: trainflow's own cnn (``model.kind: cnn``, ``image_shape: [3, 32, 32]``,
 10 classes, the default channels and head) on 32x32 images in bf16, images/s.
 
-Only a model trainflow builds is measured (``trainflow.pipelines.models``: mlp and cnn).
+Only a model trainflow builds is measured (``trainflow.pipelines.models.build``: mlp and cnn).
 Runs when ``torch.cuda.is_available()``; otherwise records that the section was skipped
 and why. Two loops over the same synthetic batches held on the GPU, on the same model:
 trainflow's ``train_epoch`` with ``Precision("bf16-mixed")`` (what
@@ -35,7 +35,7 @@ def skipped_reason() -> str | None:
 
 def spec() -> dict:
     from trainflow.config import ModelConfig
-    from trainflow.pipelines.models import model_spec
+    from trainflow.pipelines.models.build import model_spec
 
     return model_spec(ModelConfig(kind="cnn", image_shape=[3, 32, 32]), 3 * 32 * 32, 10)
 
@@ -43,8 +43,8 @@ def spec() -> dict:
 def measure(steps: int, warmup: int, batch_size: int) -> dict:
     import torch
 
-    from trainflow.pipelines.models import build_model
-    from trainflow.pipelines.preprocess import FEATURES, LABEL
+    from trainflow.pipelines.data.preprocess import FEATURES, LABEL
+    from trainflow.pipelines.models.build import build_model
     from trainflow.pipelines.training.loop import Precision, train_epoch
 
     model_spec = spec()

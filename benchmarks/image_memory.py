@@ -109,14 +109,15 @@ def measure(source: str, work: str, in_memory: str, size: int, batch_size: int) 
     """Runs in its own process: one local Ray cluster, one prepare and one training run."""
     import ray
 
+    from trainflow.cluster.quiet import configure_ray_data
+    from trainflow.cluster.session import ray_init_kwargs
     from trainflow.config import load_config
-    from trainflow.pipelines.data import inspect_source
-    from trainflow.pipelines.entry import split_bytes
-    from trainflow.pipelines.prepare import prepare
+    from trainflow.pipelines.data.entry import split_bytes
+    from trainflow.pipelines.data.prepare import prepare
+    from trainflow.pipelines.data.schema import inspect_source
     from trainflow.pipelines.training.inputs import splits_in_memory
     from trainflow.pipelines.training.run import run_training
     from trainflow.pipelines.training.settings import PreparedSplits
-    from trainflow.runtime import configure_ray_data, ray_init_kwargs
 
     config = load_config(
         {
@@ -156,7 +157,7 @@ def time_conversion(rows: int) -> dict:
     pixels; six sevenths train, as MNIST's) into what the image path reads."""
     import numpy as np
 
-    from trainflow.pipelines import sources
+    from trainflow.pipelines.data import sources
 
     work = Path(tempfile.mkdtemp(prefix="trainflow-bench-"))
     try:

@@ -68,14 +68,14 @@ def trainflow_prepare(source: str, cache: str, warm: bool) -> dict:
     beside its own start-up) before the clock; else they start during the first pass."""
     import ray
 
+    from trainflow.cluster.session import warm_workers
     from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
-    from trainflow.pipelines.data import inspect_source
-    from trainflow.pipelines.prepare import prepare
-    from trainflow.runtime import warm_workers
+    from trainflow.pipelines.data.prepare import prepare
+    from trainflow.pipelines.data.schema import inspect_source
 
     start_ray(num_cpus=2)
     if warm:
-        ray.get(warm_workers(["trainflow.pipelines.prepare"]))
+        ray.get(warm_workers(["trainflow.pipelines.data.prepare"]))
     with MemorySampler() as memory:
         start = time.perf_counter()
         with memory.phase("ingest"):
@@ -105,9 +105,10 @@ def phases(source: str, cache: str) -> None:
     from common import tree_cpu_s
 
     from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
-    from trainflow.pipelines import data, prepare, preprocess, readers, runner
-    from trainflow.pipelines import split as sp
-    from trainflow.pipelines.stats import FitStats, RowCounts
+    from trainflow.pipelines.data import prepare, preprocess, readers, runner
+    from trainflow.pipelines.data import schema as data
+    from trainflow.pipelines.data import split as sp
+    from trainflow.pipelines.data.stats import FitStats, RowCounts
 
     start_ray(num_cpus=2)
     clock, cpu = time.perf_counter(), tree_cpu_s(os.getpid())
@@ -189,7 +190,7 @@ def markdown(results: list[dict], note: str, quick: bool) -> str:
             "every split as Parquet) on a local Ray cluster of 2 CPUs started before the clock: "
             "cold, its worker processes start during the first pass; warm, they were started "
             "before the clock, as `trainflow run` starts them beside its own start-up "
-            "(`trainflow.runtime.warm_workers`). "
+            "(`trainflow.cluster.session.warm_workers`). "
             "Floor: `pyarrow.parquet.read_table` + NumPy standardization in one process. The input "
             "is in the page cache for both; each run is a fresh process, floor and trainflow "
             "alternating; figures are medians. CPU s: user + system seconds of the process and "

@@ -2,7 +2,7 @@
 
 For each size this writes a Parquet folder of random float32 features and an integer
 label, then runs trainflow's own preparation (row checks, split, fit, transform, write:
-``trainflow.pipelines.preprocess.prepare``) in a fresh process whose local Ray cluster
+``trainflow.pipelines.data.preprocess.prepare``) in a fresh process whose local Ray cluster
 has a small object store, and prints the time and the driver's peak resident memory.
 The driver's peak should stay flat as the input grows: every pass streams.
 
@@ -56,10 +56,11 @@ def measure(source: str, cache: str, object_store_mb: int) -> dict:
     """Runs in its own process: one local Ray cluster, one prepare, the driver's peak RSS."""
     import ray
 
+    from trainflow.cluster.quiet import configure_ray_data
+    from trainflow.cluster.session import ray_init_kwargs
     from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
-    from trainflow.pipelines.data import inspect_source
-    from trainflow.pipelines.prepare import prepare
-    from trainflow.runtime import configure_ray_data, ray_init_kwargs
+    from trainflow.pipelines.data.prepare import prepare
+    from trainflow.pipelines.data.schema import inspect_source
 
     ray.init(address="local", num_cpus=2, object_store_memory=object_store_mb << 20, **ray_init_kwargs())
     configure_ray_data()

@@ -52,13 +52,13 @@ TARGETS = {
 
 
 def tuned_env() -> dict[str, str]:
-    """The Ray settings trainflow gives its own runs (trainflow/runtime.py), for the tuned
+    """The Ray settings trainflow gives its own runs (trainflow/cluster/quiet.py), for the tuned
     bare script: RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=0.05, and whatever else trainflow sets
     for Ray (a local cluster's settings included) when it sets more."""
-    from trainflow import runtime
+    from trainflow.cluster import quiet
 
-    env = {k: v for k, v in runtime.QUIET_ENV.items() if k.startswith("RAY_")}
-    env.update(getattr(runtime, "LOCAL_CLUSTER_ENV", {}))
+    env = {k: v for k, v in quiet.QUIET_ENV.items() if k.startswith("RAY_")}
+    env.update(quiet.LOCAL_CLUSTER_ENV)
     return env
 
 

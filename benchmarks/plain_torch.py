@@ -9,7 +9,7 @@ import torch
 from digits_split import standardized_splits
 
 from trainflow.config import ModelConfig
-from trainflow.pipelines.models import build_model, model_spec
+from trainflow.pipelines.models.build import build_model, model_spec
 
 
 def main():

@@ -65,8 +65,8 @@ SPLIT = {"val": 0.1, "test": 0.1}
 def prepare_images(work: Path, rows: int):
     """The image folder, prepared by trainflow's engine; returns its PreparedSplits."""
     from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
-    from trainflow.pipelines.data import inspect_source
-    from trainflow.pipelines.prepare import prepare
+    from trainflow.pipelines.data.prepare import prepare
+    from trainflow.pipelines.data.schema import inspect_source
     from trainflow.pipelines.training.settings import PreparedSplits
 
     folder = work / "images"
@@ -102,7 +102,7 @@ def config(args, source: Path):
 
 def trainflow_parameters(args, prepared) -> int:
     """How many parameters the model trainflow builds for the prepared data has."""
-    from trainflow.pipelines.models import image_shape, model_spec
+    from trainflow.pipelines.models.build import image_shape, model_spec
 
     cfg = config(args, Path(prepared.path))
     shape = image_shape(prepared.preprocessor)

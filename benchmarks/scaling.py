@@ -49,8 +49,8 @@ def measure(source: str, work: str) -> dict:
     """Runs in its own process: ingest, preprocess and one epoch, each timed and sampled."""
 
     from trainflow.config import PipelineConfig
-    from trainflow.pipelines.data import inspect_source
-    from trainflow.pipelines.prepare import prepare
+    from trainflow.pipelines.data.prepare import prepare
+    from trainflow.pipelines.data.schema import inspect_source
     from trainflow.pipelines.training.inputs import split_inputs, splits_in_memory
     from trainflow.pipelines.training.run import build_trainer
     from trainflow.pipelines.training.settings import TrainSettings

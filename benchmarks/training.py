@@ -127,7 +127,7 @@ def plain_torch(rows: int, epochs: int, batch_size: int, threads: int) -> dict:
     import torch
 
     from trainflow.config import ModelConfig
-    from trainflow.pipelines.models import build_model, model_spec
+    from trainflow.pipelines.models.build import build_model, model_spec
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

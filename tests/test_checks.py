@@ -7,8 +7,8 @@ import pytest
 
 from trainflow import checks
 from trainflow.config import ConfigError, load_config
-from trainflow.pipelines import data
-from trainflow.pipelines.data import DataError
+from trainflow.pipelines.data import schema as data
+from trainflow.pipelines.data.schema import DataError
 
 
 @pytest.fixture

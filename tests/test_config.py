@@ -212,7 +212,8 @@ def test_the_regression_example_config_loads():
 
 
 def test_the_cache_is_a_folder_or_a_uri_and_does_not_change_the_hash(tmp_path, monkeypatch):
-    from trainflow.runtime import cache_folder, cache_location, shared_folders
+    from trainflow.cluster.checks import shared_folders
+    from trainflow.workspace import cache_folder, cache_location
 
     monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
     default, moved = load_config({}), load_config({}, [f"cache={tmp_path / 'shared' / 'cache'}"])

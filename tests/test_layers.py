@@ -1,10 +1,11 @@
 """The import direction that docs/architecture.md states, checked on the source.
 
-Layers, from the bottom: ``config`` and ``files``; ``runtime`` and ``prefect_server``;
-``pipelines`` and ``serving``; ``tasks``; ``flows``; ``cli`` and ``testing``. A module imports only from
-its own layer or below, wherever the import statement sits (a lazy import inside a
-function is a dependency too). Prefect is imported only from the orchestration layers,
-never by ``pipelines`` or the bottom layer. And no module depends on itself through
+Layers, from the bottom: ``config``, ``files``, ``timeline`` and ``ray_internals``;
+``workspace``, ``signals``, ``cluster`` and ``prefect_server``; ``pipelines`` and
+``serving``; ``tasks`` and ``checks``; ``flows`` and ``startup``; ``cli`` and ``testing``.
+A module imports only from its own layer or below, wherever the import statement sits
+(a lazy import inside a function is a dependency too). Prefect is imported only from the
+orchestration layers, never by ``pipelines`` or the layers below. And no module depends on itself through
 others: no two modules import each other, directly or around a longer loop, at import
 time or lazily.
 """
@@ -22,7 +23,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "trainflow"
 LAYERS = {
     "config": 0,
     "files": 0,
-    "runtime": 1,
+    "timeline": 0,
+    "ray_internals": 0,  # every use of Ray's private names (tests/test_ray_internals.py)
+    "workspace": 1,
+    "signals": 1,
+    "cluster": 1,
     "prefect_server": 1,
     "pipelines": 2,
     "serving": 2,  # the facade of pipelines.serving for users: trainflow.serving.app
@@ -135,7 +140,12 @@ def test_no_import_cycles():
 
 @pytest.mark.slow
 def test_importing_pipelines_and_the_bottom_layers_loads_no_prefect():
-    modules = [m for m in MODULES if _part(m) in {"config", "files", "runtime", "pipelines"}]
+    modules = [
+        m
+        for m in MODULES
+        if _part(m)
+        in {"config", "files", "timeline", "ray_internals", "workspace", "signals", "cluster", "pipelines"}
+    ]
     assert len(modules) >= 10
     code = "import sys\n" + "".join(f"import {m}\n" for m in modules)
     code += "print(sorted(m for m in sys.modules if m.split('.')[0] == 'prefect'))"
@@ -145,20 +155,22 @@ def test_importing_pipelines_and_the_bottom_layers_loads_no_prefect():
 
 @pytest.mark.slow
 def test_what_ray_trains_controller_unpickles_of_a_run_imports_no_torch():
-    # pipelines/training/controller.py: the controller of every training imports it. And
-    # at the end, the controller unpickles what the workers' training function returned
-    # (an Outcome) from their last status: the class's module is imported there too.
+    # The controller of every training unpickles its trainer's backend config and its
+    # scaling policy (trainflow.ray_internals, defined there on first use), and at the
+    # end what the workers' training function returned (an Outcome) from their last
+    # status: each class's module is imported there.
     import pickle
 
+    from trainflow import ray_internals
     from trainflow.pipelines.training.settings import Outcome
 
-    returned = pickle.dumps(Outcome("completed", 3))
+    sent = pickle.dumps((ray_internals.torch_config(), Outcome("completed", 3)))
     code = (
         "import sys, pickle\n"
-        "from trainflow.pipelines.training.controller import FixedClusterPolicy, TorchConfig\n"
-        "pickle.loads(pickle.dumps(TorchConfig()))\n"
-        "pickle.loads(sys.stdin.buffer.read())\n"
+        "config, outcome = pickle.loads(sys.stdin.buffer.read())\n"
+        "from trainflow.ray_internals import FixedClusterPolicy, TorchConfig\n"
+        "assert type(config) is TorchConfig and outcome.status == 'completed'\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
     )
-    out = subprocess.run([sys.executable, "-c", code], input=returned, capture_output=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], input=sent, capture_output=True, check=True)
     assert out.stdout.decode().strip() == "[]"

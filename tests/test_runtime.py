@@ -7,8 +7,9 @@ import time
 
 import pytest
 
+from trainflow.cluster.checks import PreflightError
+from trainflow.cluster.preflight import fit_scaling, preflight
 from trainflow.config import PipelineConfig, ScalingSection
-from trainflow.runtime import PreflightError, fit_scaling, preflight
 
 
 def config(**scaling) -> PipelineConfig:
@@ -113,7 +114,7 @@ def test_the_default_scaling_fits_a_two_core_machine(ray_cluster):
 def test_a_single_node_shares_its_own_disk_and_is_not_asked(ray_cluster, tmp_path):
     """The shared storage check (a marker task per node) costs nothing on one node: a
     folder no node could write into passes, since nothing is written."""
-    from trainflow.runtime import alive_nodes, check_shared
+    from trainflow.cluster.checks import alive_nodes, check_shared
 
     assert len(alive_nodes()) == 1
     check_shared({"storage": str(tmp_path / "missing" / "runs")})
@@ -125,7 +126,7 @@ def test_the_versions_check_reads_a_workers_python_ray_and_torch(ray_cluster):
 
     import ray
 
-    from trainflow.runtime import check_versions
+    from trainflow.cluster.checks import check_versions
 
     seen = check_versions(ray.get_runtime_context().gcs_address)
     assert seen["torch"] == metadata.version("torch") and seen["Ray"] == ray.__version__
@@ -134,7 +135,7 @@ def test_the_versions_check_reads_a_workers_python_ray_and_torch(ray_cluster):
 def test_the_versions_check_refuses_a_model_module_the_clusters_workers_cannot_import(ray_cluster):
     import ray
 
-    from trainflow.runtime import check_versions
+    from trainflow.cluster.checks import check_versions
 
     address = ray.get_runtime_context().gcs_address
     assert check_versions(address, module="json")["module_error"] is None
@@ -152,8 +153,8 @@ def test_a_workers_traceback_of_trainflows_own_errors_stays_in_its_log(caplog):
     reports a ConfigError or DataError in one line, so the worker's hook drops those."""
     from ray.train.v2._internal.util import construct_user_exception_with_traceback
 
+    from trainflow.cluster.quiet import _NoExpectedTrainErrors
     from trainflow.config import ConfigError
-    from trainflow.runtime import _NoExpectedTrainErrors
 
     logger = logging.getLogger("ray.train.v2._internal.util")
     logger.addFilter(only := _NoExpectedTrainErrors())
@@ -176,7 +177,7 @@ def test_a_shipped_trainflow_comes_before_one_the_cluster_has(ray_cluster, tmp_p
     import ray
 
     from trainflow import __version__
-    from trainflow.runtime import trainflow_package, uploaded_modules
+    from trainflow.cluster.shipping import trainflow_package, uploaded_modules
 
     # An older release of trainflow, as a cluster's image might hold (a copy, since every
     # worker of this job runs trainflow's setup hook from whichever copy it imports).
@@ -254,7 +255,7 @@ def test_an_address_where_no_cluster_answers_fails_at_once():
     """ray_session checks an address before ray.init, which would retry it for minutes."""
     import socket
 
-    from trainflow.runtime import check_reachable
+    from trainflow.cluster.checks import check_reachable
 
     with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
         s.bind(("127.0.0.1", 0))
@@ -269,8 +270,8 @@ def test_an_address_where_no_cluster_answers_fails_at_once():
 
 
 def test_sweep_concurrency_fits_trials_beside_a_cpu_for_ray_data():
+    from trainflow.cluster.preflight import sweep_concurrency
     from trainflow.config import SweepConfig
-    from trainflow.runtime import sweep_concurrency
 
     one_worker = SweepConfig(space={"train.lr": {"choice": [0.1]}})  # 1 worker x 0.5 CPU
     assert sweep_concurrency(one_worker, {"CPU": 2.0}) == 2
@@ -290,12 +291,12 @@ def test_sweep_concurrency_fits_trials_beside_a_cpu_for_ray_data():
 def test_warm_workers_start_one_per_cpu_with_the_preprocessing_code_imported(ray_cluster):
     import ray
 
-    from trainflow.runtime import warm_workers
+    from trainflow.cluster.session import warm_workers
 
-    refs = warm_workers(["trainflow.pipelines.prepare"], most=8)
+    refs = warm_workers(["trainflow.pipelines.data.prepare"], most=8)
     assert len(refs) == min(int(ray.cluster_resources()["CPU"]), 8)
-    ray.get(refs, timeout=60)  # a worker that cannot import trainflow.pipelines.prepare fails here
-    assert len(warm_workers(["trainflow.pipelines.prepare"], most=1)) == 1
+    ray.get(refs, timeout=60)  # a worker that cannot import trainflow.pipelines.data.prepare fails here
+    assert len(warm_workers(["trainflow.pipelines.data.prepare"], most=1)) == 1
 
 
 @pytest.mark.slow
@@ -309,7 +310,7 @@ def test_sigterm_ends_a_blocking_ray_call_inside_a_flow_run(ray_cluster, prefect
     import ray
     from prefect import flow
 
-    from trainflow.runtime import stop_on_signals
+    from trainflow.signals import stop_on_signals
 
     @ray.remote(num_cpus=0)
     def slow() -> None:
@@ -347,7 +348,7 @@ def test_from_a_ctrl_c_on_the_workers_output_stays_off_the_console_until_the_nex
     import ray
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
-    from trainflow.runtime import stop_on_signals
+    from trainflow.signals import stop_on_signals
 
     arrived: list[str] = []
     got = threading.Condition()
@@ -405,19 +406,19 @@ def test_a_ctrl_c_during_start_up_is_raised_at_its_end_not_where_it_lands():
     import os
     import signal
 
-    from trainflow import runtime
+    from trainflow import signals
 
     before, reached = signal.getsignal(signal.SIGINT), False
-    with runtime.sigint_stops_the_run(), pytest.raises(KeyboardInterrupt):
-        with runtime.interrupts_deferred():
+    with signals.sigint_stops_the_run(), pytest.raises(KeyboardInterrupt):
+        with signals.interrupts_deferred():
             os.kill(os.getpid(), signal.SIGINT)
             deadline = time.monotonic() + 30
-            while not runtime._interrupted.is_set():  # the handler runs between bytecodes
+            while not signals._interrupted.is_set():  # the handler runs between bytecodes
                 assert time.monotonic() < deadline, "the SIGINT never reached its handler"
                 time.sleep(0.01)
             reached = True
     assert reached
     assert signal.getsignal(signal.SIGINT) is before  # put back
     # A later command starts with nothing remembered.
-    with runtime.sigint_stops_the_run():
-        runtime.raise_if_interrupted()
+    with signals.sigint_stops_the_run():
+        signals.raise_if_interrupted()

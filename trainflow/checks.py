@@ -26,12 +26,12 @@ from pydantic import BaseModel
 
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.files import is_uri, redacted
-from trainflow.pipelines.data import SourceInfo
+from trainflow.pipelines.data.schema import SourceInfo
 from trainflow.pipelines.training.runs import RunRecord
 
 if TYPE_CHECKING:
     # Prediction imports torch (seconds): a run's checks, made before anything starts, must not.
-    from trainflow.pipelines.predict import InputInfo
+    from trainflow.pipelines.evaluation.predict import InputInfo
 
 T = TypeVar("T")
 
@@ -64,15 +64,16 @@ def before_run(
     """A training (or, with ``sweep``, a sweep) run's checks: ConfigError, DataError or
     PreflightError with one line saying what to change. ``resume``: also find the
     unfinished run of this config and data to continue (``runs.run_to_resume``)."""
-    from trainflow.runtime import ray_address
+    from trainflow.cluster.session import ray_address
 
     key = ("run", config.config_hash(), sweep, ray_address(config), resume)
     return _once(key, hold, lambda: _check_run(config, sweep, resume))
 
 
 def _check_run(config: PipelineConfig, sweep: bool, resume: bool = False) -> RunChecks:
-    from trainflow.pipelines.prepare import worker_modules
-    from trainflow.runtime import check_cache, timeline
+    from trainflow.cluster.checks import check_cache
+    from trainflow.pipelines.data.prepare import worker_modules
+    from trainflow.timeline import timeline
 
     if sweep and config.sweep is None:
         raise ConfigError(
@@ -92,7 +93,7 @@ def _check_run(config: PipelineConfig, sweep: bool, resume: bool = False) -> Run
     resumed = None
     if resume:
         from trainflow.pipelines.training.runs import run_to_resume
-        from trainflow.runtime import workspace
+        from trainflow.workspace import workspace
 
         resumed = run_to_resume(config.storage or str(workspace().runs), config, info.fingerprint)
     timeline("config, source and resources checked")
@@ -104,15 +105,15 @@ def model_kind(config: PipelineConfig) -> None:
     user's module imports here and holds the callable, the weights file is there. Imports
     torchvision (and torch) only for a torchvision kind or weights, the user's module only
     for a kind of the user's own."""
-    from trainflow.pipelines.model_kinds import check_model
+    from trainflow.pipelines.models.kinds import check_model
 
     check_model(config.model)
 
 
 def source(config: PipelineConfig) -> SourceInfo:
     """The data source exists and holds the configured columns with usable types; no rows read."""
-    from trainflow.pipelines.data import inspect_source
-    from trainflow.runtime import cache_folder
+    from trainflow.pipelines.data.schema import inspect_source
+    from trainflow.workspace import cache_folder
 
     return inspect_source(config.data, cache_folder(config), task=config.task)
 
@@ -124,7 +125,9 @@ def cluster(
     minutes), else a local cluster that can hold the run's training workers
     (``workers="train"``), one sweep trial (``"sweep"``) or one prediction actor of
     ``gpus_per_actor`` GPUs; ``None`` and no GPUs: nothing asked of it."""
-    from trainflow.runtime import check_reachable, preflight_local, ray_address
+    from trainflow.cluster.checks import check_reachable
+    from trainflow.cluster.preflight import preflight_local
+    from trainflow.cluster.session import ray_address
 
     def check() -> bool:
         address = ray_address(config)
@@ -163,8 +166,8 @@ def model(uri: str, *, hold: bool = False) -> ModelRef:
 
     def check() -> ModelRef:
         from trainflow.pipelines import registry
-        from trainflow.pipelines.checkpoint import load_checkpoint
-        from trainflow.runtime import workspace
+        from trainflow.pipelines.models.checkpoint import load_checkpoint
+        from trainflow.workspace import workspace
 
         ws = workspace()
         mv = registry.resolve(ws, uri)
@@ -192,7 +195,7 @@ def model(uri: str, *, hold: bool = False) -> ModelRef:
 def predict_input(input: str, output: str, ref: ModelRef, *, hold: bool = False) -> InputInfo:
     """The input holds every feature column the model needs (DataError naming a missing
     one), and the output folder is new."""
-    from trainflow.pipelines import predict as pr
+    from trainflow.pipelines.evaluation import predict as pr
 
     def check() -> InputInfo:
         info = pr.inspect_input(input, ref.input_columns)

@@ -84,7 +84,7 @@ def run(
     config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False, resume: ResumeOpt = False
 ) -> None:
     """Run the training pipeline flow and print a summary."""
-    from trainflow.runtime import timeline
+    from trainflow.timeline import timeline
 
     timeline("command parsed")
     cfg = _config(config, set_, smoke)
@@ -123,8 +123,8 @@ def _render():
 def _one_line_errors() -> Iterator[None]:
     """A check that failed (bad config or data, a cluster too small or out of reach): the
     user fixes it from its message, printed as one line, exit code 2."""
-    from trainflow.pipelines.data import DataError
-    from trainflow.runtime import PreflightError
+    from trainflow.cluster.checks import PreflightError
+    from trainflow.pipelines.data.schema import DataError
 
     try:
         yield
@@ -137,7 +137,7 @@ def _run_flow(cfg: PipelineConfig, module: str, flow_name: str, what: str, sweep
     side by side, and call the flow with ``params`` besides the config. Expected errors
     end in one line."""
     from trainflow import checks, startup
-    from trainflow.runtime import raise_if_interrupted
+    from trainflow.signals import raise_if_interrupted
 
     try:
         with _one_line_errors():
@@ -155,7 +155,8 @@ def _call_flow(starting, module: str, flow_name: str, what: str, **params):
     (see ``flows.logs``) ends in its one line, exit code 2; any other in one line naming
     the flow, exit code 1 (the flow's logs above hold the traceback)."""
     from trainflow import prefect_server
-    from trainflow.runtime import sigint_stops_the_run, timeline
+    from trainflow.signals import sigint_stops_the_run
+    from trainflow.timeline import timeline
 
     try:
         # Ctrl-C ends the run in one line (_stopped), wherever it lands.
@@ -181,7 +182,7 @@ def _call_flow(starting, module: str, flow_name: str, what: str, **params):
 
 
 def _stopped(e: KeyboardInterrupt | SystemExit) -> typer.Exit:
-    """A run stopped by Ctrl-C or a stop signal (``runtime.stop_on_signals``): one line,
+    """A run stopped by Ctrl-C or a stop signal (``signals.stop_on_signals``): one line,
     the shell's exit code for the signal. Prefect's records of the crash stay in the
     run's logs (the flow run ends Crashed) and off this console (``flows.logs``)."""
     import signal
@@ -261,8 +262,8 @@ def serve(
     if (cron is None) == (interval is None):
         raise _fail("give one schedule: --cron '0 2 * * *' or --interval SECONDS")
 
+    from trainflow.cluster.quiet import apply_quiet_env
     from trainflow.flows.training import training_pipeline
-    from trainflow.runtime import apply_quiet_env
 
     apply_quiet_env()
     training_pipeline.serve(
@@ -311,7 +312,7 @@ def _registry():
     """The registry module and the workspace, with MLflow's own logging kept quiet."""
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     from trainflow.pipelines import registry
-    from trainflow.runtime import workspace
+    from trainflow.workspace import workspace
 
     return registry, workspace()
 
@@ -459,7 +460,8 @@ def main() -> None:
     import atexit
     import signal
 
-    from trainflow.runtime import on_sigint, timeline
+    from trainflow.signals import on_sigint
+    from trainflow.timeline import timeline
 
     atexit.register(timeline, "exit")  # registered first, so it runs after every other exit hook
     signal.signal(signal.SIGINT, on_sigint)  # a Ctrl-C that lands where it is swallowed still stops a run

@@ -20,15 +20,12 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 
 from trainflow import prefect_server
+from trainflow.cluster.quiet import apply_quiet_env
+from trainflow.cluster.session import ray_session
 from trainflow.config import PipelineConfig
-from trainflow.runtime import (
-    apply_quiet_env,
-    interrupts_deferred,
-    raise_if_interrupted,
-    ray_ahead,
-    timeline,
-    workspace,
-)
+from trainflow.signals import interrupts_deferred, raise_if_interrupted
+from trainflow.timeline import timeline
+from trainflow.workspace import workspace
 
 
 def command_logger() -> logging.Logger:
@@ -69,7 +66,7 @@ def started(
             flow = _Background("import-flow", lambda: importlib.import_module(flow_module))
             store = _Background("mlflow-store", _open_registry) if open_registry else None
             # this thread, which outlives the run; the flow's logs follow the line with Ray's address
-            ray.enter_context(ray_ahead(ray_config, command_logger(), warm))
+            ray.enter_context(ray_session(ray_config, command_logger(), warm))
             flow.wait()
             timeline("flow imported")
             if server is not None:

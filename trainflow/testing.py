@@ -49,12 +49,8 @@ def ray_cluster() -> Iterator[None]:
     """One local Ray cluster for the session, with at least 2 CPUs (the default scaling's need)."""
     import ray
 
-    from trainflow.runtime import (
-        LOCAL_CLUSTER_ENV,
-        configure_ray_data,
-        quiet_token_auth_notice,
-        ray_init_kwargs,
-    )
+    from trainflow.cluster.quiet import LOCAL_CLUSTER_ENV, configure_ray_data, quiet_token_auth_notice
+    from trainflow.cluster.session import ray_init_kwargs
 
     if ray.is_initialized():
         yield
@@ -88,7 +84,7 @@ def empty_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     copy: creating the tables is a second of CPU per database (MLflow's migrations), and a
     copy of an empty one is the same registry."""
     from trainflow.pipelines import registry
-    from trainflow.runtime import Workspace
+    from trainflow.workspace import Workspace
 
     ws = Workspace(tmp_path_factory.mktemp("empty-registry")).ensure()
     with pytest.MonkeyPatch.context() as mp:

@@ -44,7 +44,7 @@ def test_shapes_image_folder_runs_and_predicts_class_names(
 ):
     from PIL import Image
 
-    from trainflow.pipelines.checkpoint import load_checkpoint
+    from trainflow.pipelines.models.checkpoint import load_checkpoint
 
     # In this process, from the checkout's root as a user runs it: the run, not the
     # command's start-up, is what this test is about.

@@ -10,7 +10,7 @@ import pytest
 
 from tests.e2e.test_cli import trainflow
 from trainflow.prefect_server import PrefectServerError, TemporaryServer
-from trainflow.runtime import local_cluster_resources
+from trainflow.ray_internals import local_cluster_resources
 
 # A Prefect log line, as its console handler writes one: "04:22:49.465 | INFO    | ...".
 PREFECT_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d{3} \| (\w+) +\| ")
@@ -87,7 +87,7 @@ def test_predict_on_a_gpu_the_machine_lacks_fails_in_one_line_before_anything_st
     import pandas as pd
 
     from tests.pipelines.test_registry import make_checkpoint, register
-    from trainflow.runtime import workspace
+    from trainflow.workspace import workspace
 
     register(workspace(), make_checkpoint(tmp_path / "checkpoint"), 0.9)
     pd.DataFrame({"a": [0.5], "b": [1.0]}).to_parquet(tmp_path / "rows.parquet")

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tests.pipelines.test_registry import make_checkpoint, register
 from trainflow.cli import app
-from trainflow.runtime import workspace
+from trainflow.workspace import workspace
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.e2e.test_cli import REPO, TRAINFLOW, session_services, trainflow
-from trainflow.pipelines.checkpoint import METRICS
+from trainflow.pipelines.models.checkpoint import METRICS
 from trainflow.testing import small_config
 
 pytestmark = pytest.mark.slow

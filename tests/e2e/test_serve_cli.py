@@ -18,7 +18,7 @@ from tests.pipelines.test_registry import FRAME, make_checkpoint, register
 from tests.web import POLL_TIMEOUT_S, http
 from trainflow.cli import app
 from trainflow.pipelines import registry
-from trainflow.runtime import workspace
+from trainflow.workspace import workspace
 
 
 @pytest.fixture

@@ -10,12 +10,12 @@ import pytest
 from trainflow.config import ModelConfig, PipelineConfig, RegistryConfig
 from trainflow.flows.batch_predict import batch_predict
 from trainflow.pipelines import registry
-from trainflow.pipelines.checkpoint import load_checkpoint, save_checkpoint
-from trainflow.pipelines.data import DataError
-from trainflow.pipelines.models import build_model, model_spec
-from trainflow.pipelines.preprocess import Preprocessor
-from trainflow.pipelines.sources import digits_frame
-from trainflow.runtime import workspace
+from trainflow.pipelines.data.preprocess import Preprocessor
+from trainflow.pipelines.data.schema import DataError
+from trainflow.pipelines.data.sources import digits_frame
+from trainflow.pipelines.models.build import build_model, model_spec
+from trainflow.pipelines.models.checkpoint import load_checkpoint, save_checkpoint
+from trainflow.workspace import workspace
 
 from .test_training_pipeline import task_runs
 
@@ -164,7 +164,7 @@ def test_asking_for_a_gpu_the_cluster_lacks_fails_instead_of_waiting(
 ):
     import ray
 
-    from trainflow.runtime import PreflightError
+    from trainflow.cluster.checks import PreflightError
 
     if ray.cluster_resources().get("GPU"):
         pytest.skip("this machine has a GPU")

@@ -17,8 +17,8 @@ from tests.flows.test_training_pipeline import flow_logs
 from trainflow.config import load_config
 from trainflow.flows.training import training_pipeline
 from trainflow.pipelines import registry
-from trainflow.runtime import workspace
 from trainflow.tasks import ingest, preprocess
+from trainflow.workspace import workspace
 
 pytestmark = [
     pytest.mark.slow,

@@ -15,7 +15,7 @@ from tests.flows.test_training_pipeline import flow_logs, task_runs
 from tests.pipelines.test_sources import write_mnist_raw
 from trainflow.config import load_config
 from trainflow.flows.training import training_pipeline
-from trainflow.pipelines.models import initial_model
+from trainflow.pipelines.models.build import initial_model
 from trainflow.testing import small_config
 
 pytestmark = pytest.mark.slow

@@ -10,11 +10,11 @@ from tests.e2e.test_cli import trainflow_in_process
 from trainflow.config import load_config
 from trainflow.flows.training import training_pipeline
 from trainflow.pipelines import registry
-from trainflow.pipelines.evaluate import MODEL_VERSION, PREDICTION, RowPredictor
-from trainflow.pipelines.preprocess import FEATURES, LABEL
-from trainflow.pipelines.sources import diabetes_frame
-from trainflow.runtime import workspace
+from trainflow.pipelines.data.preprocess import FEATURES, LABEL
+from trainflow.pipelines.data.sources import diabetes_frame
+from trainflow.pipelines.evaluation.evaluate import MODEL_VERSION, PREDICTION, RowPredictor
 from trainflow.tasks import render
+from trainflow.workspace import workspace
 
 pytestmark = pytest.mark.slow
 

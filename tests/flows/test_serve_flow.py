@@ -13,8 +13,8 @@ from tests.pipelines.test_serving import _free_port
 from tests.web import POLL_TIMEOUT_S, TIMEOUT_S, http
 from trainflow.flows.serving import serve_model
 from trainflow.pipelines import registry
-from trainflow.pipelines.preprocess import Preprocessor
-from trainflow.runtime import workspace
+from trainflow.pipelines.data.preprocess import Preprocessor
+from trainflow.workspace import workspace
 
 pytestmark = pytest.mark.slow
 

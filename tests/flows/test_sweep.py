@@ -6,8 +6,8 @@ import pytest
 from trainflow.config import load_config
 from trainflow.flows.sweep import sweep_pipeline
 from trainflow.pipelines import registry
-from trainflow.runtime import workspace
 from trainflow.testing import small_config
+from trainflow.workspace import workspace
 
 from .test_training_pipeline import read_artifacts
 

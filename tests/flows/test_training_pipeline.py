@@ -8,12 +8,12 @@ import pytest
 from trainflow.config import load_config
 from trainflow.flows.training import training_pipeline
 from trainflow.pipelines import registry
-from trainflow.pipelines.data import inspect_source
-from trainflow.pipelines.prepare import raw_split
-from trainflow.pipelines.sources import digits_frame
+from trainflow.pipelines.data.prepare import raw_split
+from trainflow.pipelines.data.schema import inspect_source
+from trainflow.pipelines.data.sources import digits_frame
 from trainflow.pipelines.training.run import TrainingDiverged
-from trainflow.runtime import workspace
 from trainflow.testing import small_config
+from trainflow.workspace import workspace
 
 pytestmark = pytest.mark.slow
 

@@ -16,11 +16,11 @@ import pandas as pd
 import pytest
 
 from trainflow.checks import before_run
+from trainflow.cluster.checks import PreflightError
 from trainflow.config import ConfigError, load_config
 from trainflow.files import filesystem
 from trainflow.flows.training import training_pipeline
-from trainflow.pipelines.entry import PUBLISHED, finished_entry
-from trainflow.runtime import PreflightError
+from trainflow.pipelines.data.entry import PUBLISHED, finished_entry
 from trainflow.tasks import preprocess
 
 moto_server = pytest.importorskip(

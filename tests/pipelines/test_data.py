@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 
 from trainflow.config import DataConfig
-from trainflow.pipelines.data import DataError, SourceInfo, inspect_source
-from trainflow.pipelines.readers import fragment_batches, plan_fragments
-from trainflow.pipelines.split import hash_split_codes, rank_split_codes, row_keys
+from trainflow.pipelines.data.readers import fragment_batches, plan_fragments
+from trainflow.pipelines.data.schema import DataError, SourceInfo, inspect_source
+from trainflow.pipelines.data.split import hash_split_codes, rank_split_codes, row_keys
 
 
 def frame(n=300, classes=(0, 1, 2), weights=(0.6, 0.3, 0.1), seed=0):

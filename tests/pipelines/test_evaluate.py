@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from sklearn import metrics as skm
 
-from trainflow.pipelines.evaluate import classification_metrics
+from trainflow.pipelines.evaluation.evaluate import classification_metrics
 
 Y_TRUE = np.array([0, 0, 1, 1, 2, 2, 2, 0])
 Y_PRED = np.array([0, 1, 1, 1, 2, 0, 2, 0])
@@ -53,9 +53,9 @@ def test_a_checkpoint_scored_on_raw_rows_uses_its_own_preprocessing(ray_cluster,
     import ray.data
 
     from tests.flows.test_batch_predict import PIXELS, digits_checkpoint
-    from trainflow.pipelines.checkpoint import load_checkpoint
-    from trainflow.pipelines.evaluate import evaluate_rows
-    from trainflow.pipelines.sources import digits_frame
+    from trainflow.pipelines.data.sources import digits_frame
+    from trainflow.pipelines.evaluation.evaluate import evaluate_rows
+    from trainflow.pipelines.models.checkpoint import load_checkpoint
 
     folder = digits_checkpoint(tmp_path / "ckpt")
     rows = digits_frame().sample(300, random_state=0)
@@ -73,10 +73,10 @@ def test_a_small_split_scored_in_the_driver_equals_the_actor_pool(ray_cluster, t
     import ray.data
 
     from tests.flows.test_batch_predict import PIXELS, digits_checkpoint
-    from trainflow.pipelines.checkpoint import load_checkpoint
-    from trainflow.pipelines.evaluate import evaluate_checkpoint, evaluate_checkpoint_in_driver
-    from trainflow.pipelines.preprocess import transform_batch
-    from trainflow.pipelines.sources import digits_frame
+    from trainflow.pipelines.data.preprocess import transform_batch
+    from trainflow.pipelines.data.sources import digits_frame
+    from trainflow.pipelines.evaluation.evaluate import evaluate_checkpoint, evaluate_checkpoint_in_driver
+    from trainflow.pipelines.models.checkpoint import load_checkpoint
 
     folder = digits_checkpoint(tmp_path / "ckpt")
     model = load_checkpoint(folder)

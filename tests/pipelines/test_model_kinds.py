@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from trainflow.config import ConfigError, ModelConfig, load_config
-from trainflow.pipelines.checkpoint import load_checkpoint
-from trainflow.pipelines.model_kinds import check_model
-from trainflow.pipelines.models import build_model, first_conv, initial_model, model_spec
+from trainflow.pipelines.models.build import build_model, first_conv, initial_model, model_spec
+from trainflow.pipelines.models.checkpoint import load_checkpoint
+from trainflow.pipelines.models.kinds import check_model
 
 FIXTURE = Path(__file__).parent.parent / "data" / "checkpoint-0.1.0"
 
@@ -201,8 +201,8 @@ def test_a_spec_of_trainflow_0_1_0_still_builds():
 
 
 def test_a_checkpoint_of_a_users_model_without_its_module_fails_naming_it(tmp_path, user_module):
-    from trainflow.pipelines.checkpoint import save_checkpoint
-    from trainflow.pipelines.preprocess import Preprocessor
+    from trainflow.pipelines.data.preprocess import Preprocessor
+    from trainflow.pipelines.models.checkpoint import save_checkpoint
 
     spec = model_spec(ModelConfig(kind=f"{user_module}:table"), 2, 2)
     save_checkpoint(
@@ -215,7 +215,7 @@ def test_a_checkpoint_of_a_users_model_without_its_module_fails_naming_it(tmp_pa
     )
     assert isinstance(load_checkpoint(tmp_path / "ckpt").model, nn.Module)
     folder = str(tmp_path / "ckpt")
-    code = f"from trainflow.pipelines.checkpoint import load_checkpoint\nload_checkpoint({folder!r})"
+    code = f"from trainflow.pipelines.models.checkpoint import load_checkpoint\nload_checkpoint({folder!r})"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode != 0
     assert (
@@ -239,9 +239,9 @@ def test_a_users_model_predicts_on_ray_data_actors_whose_workers_lack_its_module
     import ray
     import ray.data
 
-    from trainflow.pipelines.checkpoint import save_checkpoint
-    from trainflow.pipelines.evaluate import predict_rows
-    from trainflow.pipelines.preprocess import Preprocessor
+    from trainflow.pipelines.data.preprocess import Preprocessor
+    from trainflow.pipelines.evaluation.evaluate import predict_rows
+    from trainflow.pipelines.models.checkpoint import save_checkpoint
 
     @ray.remote(num_cpus=0)
     def importable() -> bool:

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from trainflow.config import ConfigError, ModelConfig, PipelineConfig
-from trainflow.pipelines.checkpoint import load_checkpoint, save_checkpoint
-from trainflow.pipelines.models import build_model, model_spec
-from trainflow.pipelines.preprocess import Preprocessor
+from trainflow.pipelines.data.preprocess import Preprocessor
+from trainflow.pipelines.models.build import build_model, model_spec
+from trainflow.pipelines.models.checkpoint import load_checkpoint, save_checkpoint
 
 
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])

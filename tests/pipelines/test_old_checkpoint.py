@@ -5,8 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trainflow.pipelines.checkpoint import load_checkpoint
-from trainflow.pipelines.sources import digits_frame
+from trainflow.pipelines.data.sources import digits_frame
+from trainflow.pipelines.models.checkpoint import load_checkpoint
 
 FIXTURE = Path(__file__).parent.parent / "data" / "checkpoint-0.1.0"
 

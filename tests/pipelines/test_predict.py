@@ -3,8 +3,8 @@
 import pandas as pd
 import pytest
 
-from trainflow.pipelines.data import DataError
-from trainflow.pipelines.predict import check_output, inspect_input
+from trainflow.pipelines.data.schema import DataError
+from trainflow.pipelines.evaluation.predict import check_output, inspect_input
 
 
 def test_an_input_is_checked_for_the_models_features_before_reading_rows(tmp_path):

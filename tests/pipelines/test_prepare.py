@@ -9,14 +9,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
-from trainflow.pipelines import prepare as pp
-from trainflow.pipelines import readers
-from trainflow.pipelines import split as sp
-from trainflow.pipelines.data import DataError, SourceInfo, inspect_dataset, inspect_source
-from trainflow.pipelines.entry import split_files
-from trainflow.pipelines.prepare import prepare, raw_split
-from trainflow.pipelines.preprocess import FEATURES, LABEL
-from trainflow.pipelines.stats import FitStats
+from trainflow.pipelines.data import prepare as pp
+from trainflow.pipelines.data import readers
+from trainflow.pipelines.data import split as sp
+from trainflow.pipelines.data.entry import split_files
+from trainflow.pipelines.data.prepare import prepare, raw_split
+from trainflow.pipelines.data.preprocess import FEATURES, LABEL
+from trainflow.pipelines.data.schema import DataError, SourceInfo, inspect_dataset, inspect_source
+from trainflow.pipelines.data.stats import FitStats
 
 
 def _frame(rows: int, seed: int = 0) -> pd.DataFrame:

@@ -6,11 +6,11 @@ import pandas as pd
 import pytest
 
 from trainflow.config import PreprocessConfig, SplitConfig
-from trainflow.pipelines.data import DataError, SourceInfo
-from trainflow.pipelines.entry import cache_key
-from trainflow.pipelines.prepare import prepare
-from trainflow.pipelines.preprocess import FEATURES, LABEL, Preprocessor, transform_batch
-from trainflow.pipelines.stats import FitStats
+from trainflow.pipelines.data.entry import cache_key
+from trainflow.pipelines.data.prepare import prepare
+from trainflow.pipelines.data.preprocess import FEATURES, LABEL, Preprocessor, transform_batch
+from trainflow.pipelines.data.schema import DataError, SourceInfo
+from trainflow.pipelines.data.stats import FitStats
 
 
 def fit(train: pd.DataFrame, numeric, categorical, cfg: PreprocessConfig) -> Preprocessor:

@@ -7,7 +7,7 @@ import pytest
 
 from tests.pipelines.test_registry import FRAME, make_checkpoint, register
 from trainflow.pipelines import registry
-from trainflow.runtime import workspace
+from trainflow.workspace import workspace
 
 
 @pytest.fixture

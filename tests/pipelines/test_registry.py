@@ -11,10 +11,10 @@ import pytest
 
 from trainflow.config import ModelConfig, PipelineConfig, RegistryConfig
 from trainflow.pipelines import registry
-from trainflow.pipelines.checkpoint import load_checkpoint, save_checkpoint
-from trainflow.pipelines.models import build_model, model_spec
-from trainflow.pipelines.preprocess import Preprocessor
-from trainflow.runtime import workspace
+from trainflow.pipelines.data.preprocess import Preprocessor
+from trainflow.pipelines.models.build import build_model, model_spec
+from trainflow.pipelines.models.checkpoint import load_checkpoint, save_checkpoint
+from trainflow.workspace import workspace
 
 FRAME = pd.DataFrame({"a": [0.1, -2.0, 3.0], "b": [1.0, 0.0, -1.0]})
 
@@ -114,7 +114,7 @@ def test_a_champion_from_other_test_data_is_reevaluated_before_the_comparison(tr
 
 
 def test_a_champion_that_cannot_score_the_new_data_leaves_min_value_to_decide(trainflow_home, tmp_path):
-    from trainflow.pipelines.data import DataError
+    from trainflow.pipelines.data.schema import DataError
 
     ws = workspace()
     register(ws, make_checkpoint(tmp_path / "c1"), 0.95, fingerprint="old-data")

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
-from trainflow.pipelines.data import DataError, inspect_source
-from trainflow.pipelines.evaluate import regression_metrics
-from trainflow.pipelines.prepare import prepare
-from trainflow.pipelines.preprocess import FEATURES, LABEL, Preprocessor
-from trainflow.pipelines.sources import diabetes_frame
+from trainflow.pipelines.data.prepare import prepare
+from trainflow.pipelines.data.preprocess import FEATURES, LABEL, Preprocessor
+from trainflow.pipelines.data.schema import DataError, inspect_source
+from trainflow.pipelines.data.sources import diabetes_frame
+from trainflow.pipelines.evaluation.evaluate import regression_metrics
 from trainflow.pipelines.training.loop import make_loss
 
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from trainflow.pipelines import reports
+from trainflow.pipelines.evaluation import reports
 
 HISTORY = [
     {"epoch": e, "train_loss": 2.0 / e, "val_loss": 2.2 / e, "val_accuracy": 1 - 0.5 / e} for e in range(1, 6)

@@ -121,7 +121,7 @@ def test_a_run_whose_driver_still_runs_is_not_resumed(tmp_path):
 
 
 def test_the_newest_whole_checkpoint_is_found_even_when_ray_never_recorded_it(tmp_path):
-    from trainflow.pipelines.checkpoint import METRICS, MODEL, TRAIN_STATE
+    from trainflow.pipelines.models.checkpoint import METRICS, MODEL, TRAIN_STATE
 
     run = tmp_path / "digits-test-0001"
     for name, epoch, files in [

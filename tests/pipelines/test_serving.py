@@ -19,8 +19,8 @@ from tests.pipelines.test_registry import make_checkpoint, register
 from tests.web import TIMEOUT_S, http
 from trainflow.config import ModelConfig
 from trainflow.pipelines import registry
-from trainflow.pipelines.preprocess import Preprocessor
-from trainflow.runtime import workspace
+from trainflow.pipelines.data.preprocess import Preprocessor
+from trainflow.workspace import workspace
 
 pytestmark = pytest.mark.slow  # Ray Serve's controller, proxy and replicas
 

@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 
 from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
-from trainflow.pipelines.data import DataError, inspect_source
-from trainflow.pipelines.prepare import prepare
-from trainflow.pipelines.preprocess import FEATURES, LABEL
-from trainflow.pipelines.readers import fragment_batches, plan_fragments
+from trainflow.pipelines.data.prepare import prepare
+from trainflow.pipelines.data.preprocess import FEATURES, LABEL
+from trainflow.pipelines.data.readers import fragment_batches, plan_fragments
+from trainflow.pipelines.data.schema import DataError, inspect_source
 
 
 def frame(n=60, seed=0):
@@ -346,9 +346,9 @@ def test_large_jpegs_are_read_transformed_and_written_in_bounded_pieces(tmp_path
     import pyarrow.parquet as pq
     from PIL import Image
 
-    from trainflow.pipelines import readers
-    from trainflow.pipelines.entry import split_files
-    from trainflow.pipelines.preprocess import image_chunk_rows
+    from trainflow.pipelines.data import readers
+    from trainflow.pipelines.data.entry import split_files
+    from trainflow.pipelines.data.preprocess import image_chunk_rows
     from trainflow.pipelines.training import inputs
 
     rng = np.random.default_rng(0)

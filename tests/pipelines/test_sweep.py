@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trainflow.config import load_config
-from trainflow.pipelines.sweep import SweepFailed, TrialSummary, best_trial, search_space
+from trainflow.pipelines.training.sweep import SweepFailed, TrialSummary, best_trial, search_space
 
 
 def sweep_config(space: dict, **section):

@@ -15,11 +15,11 @@ from torch import nn
 
 from tests.controller_probe import ControllerModules, controller_imported_torch, controller_record
 from trainflow.config import ConfigError, DataConfig, PipelineConfig, PreprocessConfig, load_config
-from trainflow.pipelines.checkpoint import load_checkpoint
-from trainflow.pipelines.data import inspect_source
-from trainflow.pipelines.entry import read_split_batches, split_bytes
-from trainflow.pipelines.prepare import prepare
-from trainflow.pipelines.preprocess import FEATURES, LABEL
+from trainflow.pipelines.data.entry import read_split_batches, split_bytes
+from trainflow.pipelines.data.prepare import prepare
+from trainflow.pipelines.data.preprocess import FEATURES, LABEL
+from trainflow.pipelines.data.schema import inspect_source
+from trainflow.pipelines.models.checkpoint import load_checkpoint
 from trainflow.pipelines.training import inputs
 from trainflow.pipelines.training import loop as tl
 from trainflow.pipelines.training.placements import PlacementTracker, record_placement
@@ -301,12 +301,12 @@ def test_a_shard_read_from_parquet_is_every_world_size_th_row(prepared):
 
 def test_the_controllers_torch_backend_picks_the_process_group_backend_as_ray_does():
     # A GPU worker group cannot run here; the choice it makes can be checked on any machine.
-    from trainflow.pipelines.training.controller import TorchConfig, process_group_backend
+    from trainflow.ray_internals import process_group_backend
 
-    assert process_group_backend(TorchConfig(), {"CPU": 1}) == "gloo"
-    assert process_group_backend(TorchConfig(), {"CPU": 1, "GPU": 1}) == "nccl"
-    assert process_group_backend(TorchConfig(), {"GPU": 0.5}) == "nccl"
-    assert process_group_backend(TorchConfig(backend="gloo"), {"GPU": 1}) == "gloo"
+    assert process_group_backend(None, {"CPU": 1}) == "gloo"
+    assert process_group_backend(None, {"CPU": 1, "GPU": 1}) == "nccl"
+    assert process_group_backend(None, {"GPU": 0.5}) == "nccl"
+    assert process_group_backend("gloo", {"GPU": 1}) == "gloo"
 
 
 def test_auto_keeps_each_split_in_memory_by_its_own_size():
@@ -354,7 +354,7 @@ def test_an_in_memory_augmented_train_split_draws_new_crops_and_flips_each_batch
 def test_a_streamed_augmented_train_split_is_augmented_in_ray_datas_tasks(ray_cluster):
     import ray.data
 
-    from trainflow.pipelines.preprocess import augment_dataset
+    from trainflow.pipelines.data.preprocess import augment_dataset
 
     x = np.arange(4 * 2 * 6 * 6, dtype=np.float32).reshape(4, -1)
     ds = ray.data.from_items([{FEATURES: x[i], LABEL: i} for i in range(4)])

@@ -9,8 +9,9 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from trainflow import checks
+from trainflow.cluster.checks import check_shipped
+from trainflow.cluster.session import ray_session
 from trainflow.flows.logs import one_line_expected_errors
-from trainflow.runtime import check_shipped, ray_session
 from trainflow.tasks import render
 from trainflow.tasks.predict import Predicted, check_input, predict, resolve_model
 

@@ -9,10 +9,10 @@ prints the error itself, also keeps them off its console.
 
 import logging
 
+from trainflow.cluster.checks import PreflightError
 from trainflow.config import ConfigError
-from trainflow.pipelines.data import DataError
-from trainflow.pipelines.sweep import SweepFailed
-from trainflow.runtime import PreflightError
+from trainflow.pipelines.data.schema import DataError
+from trainflow.pipelines.training.sweep import SweepFailed
 
 EXPECTED_ERRORS = (ConfigError, DataError, PreflightError, SweepFailed)
 # The loggers of Prefect's flow and task run records (console and API handlers).

@@ -10,10 +10,11 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from trainflow import checks
+from trainflow.cluster.preflight import preflight_sweep
+from trainflow.cluster.session import ray_session
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.flows.logs import one_line_expected_errors
 from trainflow.flows.training import one_run_per_model, resolve_config, timed
-from trainflow.runtime import preflight_sweep, ray_session
 from trainflow.tasks import evaluate, ingest, preprocess, register, render
 from trainflow.tasks.results import SweepResult
 from trainflow.tasks.sweep import sweep

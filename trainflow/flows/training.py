@@ -17,14 +17,18 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel
 
 from trainflow import checks
+from trainflow.cluster.preflight import preflight
+from trainflow.cluster.session import ray_session
 from trainflow.config import ConfigError, PipelineConfig, load_config, smoke_config
 from trainflow.files import redacted
 from trainflow.flows.logs import one_line_expected_errors
 from trainflow.pipelines.training.run import TrainingDiverged
 from trainflow.pipelines.training.runs import Driver, recorded_run, records, write_record
-from trainflow.runtime import preflight, raise_if_interrupted, ray_session, timeline, workspace
+from trainflow.signals import raise_if_interrupted
 from trainflow.tasks import evaluate, ingest, preprocess, register, render, train
 from trainflow.tasks.results import PipelineResult
+from trainflow.timeline import timeline
+from trainflow.workspace import workspace
 
 log = logging.getLogger("trainflow")
 

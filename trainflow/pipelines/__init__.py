@@ -1,1 +1,3 @@
-"""Pure Ray and PyTorch logic, one stage per module; never imports prefect."""
+"""Ray and PyTorch, a folder per stage: ``data`` (prepare), ``models``, ``training``
+(Ray Train, and sweeps on Ray Tune), ``evaluation`` (and batch prediction), ``registry``
+(MLflow) and ``serving`` (Ray Serve). Never imports Prefect."""

@@ -17,8 +17,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from trainflow.pipelines.checkpoint import PREPROCESSOR, Predictor, load_checkpoint
-from trainflow.pipelines.preprocess import Preprocessor
+from trainflow.pipelines.data.preprocess import Preprocessor
+from trainflow.pipelines.models.checkpoint import PREPROCESSOR, Predictor, load_checkpoint
 
 MLMODEL = "MLmodel"
 REQUIREMENTS = "requirements.txt"

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainflow.config import LOWER_IS_BETTER
 from trainflow.files import publishing_folder
-from trainflow.pipelines.checkpoint import Predictor, load_checkpoint
+from trainflow.pipelines.models.checkpoint import Predictor, load_checkpoint
 from trainflow.pipelines.pyfunc import write_flavor
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion
 
     from trainflow.config import RegistryConfig
-    from trainflow.runtime import Workspace
+    from trainflow.workspace import Workspace
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
@@ -743,7 +743,7 @@ def load_model(uri: str, ws: Workspace | None = None) -> Predictor:
     >>> model = load_model("digits@champion")
     >>> model.predict(frame)
     """
-    from trainflow.runtime import workspace
+    from trainflow.workspace import workspace
 
     ws = ws or workspace()
     mv = resolve(ws, uri)

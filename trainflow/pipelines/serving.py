@@ -1,7 +1,7 @@
 """Online serving: a registered model behind an HTTP endpoint on Ray Serve.
 
 One Serve application, :func:`app`: a deployment (``ModelServer``) whose replicas each
-hold a :class:`~trainflow.pipelines.checkpoint.Predictor` loaded from the registry, with
+hold a :class:`~trainflow.pipelines.models.checkpoint.Predictor` loaded from the registry, with
 a FastAPI ingress:
 
 - ``POST /predict``: ``{"rows": [{column: value}, ...]}`` or ``{"columns": {column:
@@ -60,12 +60,20 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
 
+from trainflow.cluster.checks import PreflightError
 from trainflow.config import ConfigError
 from trainflow.pipelines import registry
-from trainflow.pipelines.checkpoint import SPEC, Predictor, load_checkpoint, model_actor_options, read_json
-from trainflow.pipelines.data import IMAGE, DataError
-from trainflow.pipelines.preprocess import Preprocessor
-from trainflow.runtime import PreflightError, Workspace, local_cluster_resources, workspace
+from trainflow.pipelines.data.preprocess import Preprocessor
+from trainflow.pipelines.data.schema import IMAGE, DataError
+from trainflow.pipelines.models.checkpoint import (
+    SPEC,
+    Predictor,
+    load_checkpoint,
+    model_actor_options,
+    read_json,
+)
+from trainflow.ray_internals import local_cluster_resources
+from trainflow.workspace import Workspace, workspace
 
 log = logging.getLogger("trainflow.serving")
 
@@ -670,8 +678,9 @@ def serve_until_stopped(
     and, on a cluster started elsewhere, checks there with the versions."""
     import time
 
+    from trainflow.cluster.checks import check_shipped
+    from trainflow.cluster.session import ray_session
     from trainflow.config import PipelineConfig
-    from trainflow.runtime import check_shipped, ray_session
 
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     model = {"model": {"kind": model_kind}} if model_kind else {}

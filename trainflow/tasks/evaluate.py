@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import PipelineConfig
 from trainflow.files import is_uri
-from trainflow.pipelines import evaluate as ev
+from trainflow.pipelines.evaluation import evaluate as ev
 from trainflow.tasks import render
 from trainflow.tasks.results import Evaluated, Prepared, Trained
 

@@ -8,8 +8,8 @@ from pydantic import BaseModel
 
 from trainflow import checks
 from trainflow.checks import ModelRef
-from trainflow.pipelines import predict as pr
 from trainflow.pipelines import registry
+from trainflow.pipelines.evaluation import predict as pr
 
 
 class Predicted(BaseModel):

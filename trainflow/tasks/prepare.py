@@ -11,10 +11,11 @@ from prefect import get_run_logger, task
 
 from trainflow.config import PipelineConfig
 from trainflow.files import is_uri, redacted
-from trainflow.pipelines import data, entry
-from trainflow.pipelines import prepare as prep
-from trainflow.runtime import cache_folder, cache_location
+from trainflow.pipelines.data import entry
+from trainflow.pipelines.data import prepare as prep
+from trainflow.pipelines.data import schema as data
 from trainflow.tasks.results import Prepared
+from trainflow.workspace import cache_folder, cache_location
 
 # Ingest and preprocess cache across flow runs. Each record is a file at an absolute
 # path in the local cache folder (hence the result storage at "/"): the preprocess

@@ -8,11 +8,12 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from trainflow.config import PipelineConfig
-from trainflow.pipelines import data, registry
-from trainflow.pipelines import evaluate as ev
-from trainflow.runtime import workspace
+from trainflow.pipelines import registry
+from trainflow.pipelines.data import schema as data
+from trainflow.pipelines.evaluation import evaluate as ev
 from trainflow.tasks import render
 from trainflow.tasks.results import Evaluated, Prepared, Registered, Trained
+from trainflow.workspace import workspace
 
 
 @task(name="register", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10])

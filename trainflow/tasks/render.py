@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from trainflow.config import TASK_METRICS
-from trainflow.pipelines import registry, reports
+from trainflow.pipelines import registry
+from trainflow.pipelines.evaluation import reports
 from trainflow.tasks.results import Evaluated, PipelineResult, Registered, SweepResult
 
 # The summary's labels are padded to one width so that the values line up.

@@ -10,11 +10,11 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import PipelineConfig
-from trainflow.pipelines import sweep as sw
-from trainflow.runtime import workspace
+from trainflow.pipelines.training import sweep as sw
 from trainflow.tasks import render
 from trainflow.tasks.results import Prepared, Swept, Trained
 from trainflow.tasks.train import prepared_splits
+from trainflow.workspace import workspace
 
 
 # No retries: a sweep that ran for an hour is not started over by a retry; failed trials

@@ -10,10 +10,11 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.pipelines.training.run import TrainingDiverged, TrainingResult, run_training
 from trainflow.pipelines.training.settings import PreparedSplits
-from trainflow.runtime import timeline, workspace
 from trainflow.tasks import render
 from trainflow.tasks.render import artifact_key
 from trainflow.tasks.results import Prepared, Trained
+from trainflow.timeline import timeline
+from trainflow.workspace import workspace
 
 
 def _retry_unless_diverged(task, task_run, state) -> bool:

@@ -10,11 +10,11 @@ import torch
 
 import trainflow
 from trainflow.config import load_config
-from trainflow.pipelines.checkpoint import save_checkpoint
-from trainflow.pipelines.data import inspect_source
-from trainflow.pipelines.models import build_model, model_spec
-from trainflow.pipelines.prepare import prepare
-from trainflow.pipelines.sources import digits_frame
+from trainflow.pipelines.data.prepare import prepare
+from trainflow.pipelines.data.schema import inspect_source
+from trainflow.pipelines.data.sources import digits_frame
+from trainflow.pipelines.models.build import build_model, model_spec
+from trainflow.pipelines.models.checkpoint import save_checkpoint
 
 assert trainflow.__version__ == "0.2.0", trainflow.__version__
 out = Path(sys.argv[1])

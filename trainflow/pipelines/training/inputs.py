@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from trainflow.files import join
-from trainflow.pipelines.entry import read_split_batches, split_bytes, split_dataset, split_rows
-from trainflow.pipelines.preprocess import FEATURES, LABEL, augment_dataset, augment_images
+from trainflow.pipelines.data.entry import read_split_batches, split_bytes, split_dataset, split_rows
+from trainflow.pipelines.data.preprocess import FEATURES, LABEL, augment_dataset, augment_images
 
 if TYPE_CHECKING:
     import ray.data
@@ -214,7 +214,7 @@ def tensor_batches(
 
 def augmented_batches(batches, preprocessor: dict[str, Any]):
     """In-memory train batches, each image augmented anew as it is drawn
-    (:func:`~trainflow.pipelines.preprocess.augment_images`, what Ray Data maps over a
+    (:func:`~trainflow.pipelines.data.preprocess.augment_images`, what Ray Data maps over a
     streamed train split), when the preprocessor augments; else the batches as they are."""
     if not augments(preprocessor):
         yield from batches

@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainflow.pipelines.checkpoint import METRICS, MODEL, TRAIN_STATE, save_checkpoint
-from trainflow.pipelines.models import initial_model
-from trainflow.pipelines.preprocess import FEATURES, LABEL
+from trainflow.pipelines.data.preprocess import FEATURES, LABEL
+from trainflow.pipelines.models.build import initial_model
+from trainflow.pipelines.models.checkpoint import METRICS, MODEL, TRAIN_STATE, save_checkpoint
 from trainflow.pipelines.training.inputs import (
     StreamedEpochs,
     augmented_batches,

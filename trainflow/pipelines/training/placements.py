@@ -2,8 +2,8 @@
 
 A trial that ASHA stops is killed with its TorchTrainer's controller, which then cannot
 remove its workers' placement group; Ray Train's own cleaner does, a check later, only
-in workers that run trainflow's setup hook (``runtime.answer_cleaner_from_gcs``: Ray's
-own check needs the dashboard's state API). Left alone, the CPUs could stay reserved and
+in workers that run trainflow's setup hook (``ray_internals.answer_cleaner_from_gcs``:
+Ray's own check needs the dashboard's state API). Left alone, the CPUs could stay reserved and
 later trials wait forever. So rank 0
 of every worker group of a sweep records its placement group here
 (:func:`record_placement`), and the sweep removes a trial's groups when it ends
@@ -17,6 +17,8 @@ holds it: nothing else to start, and a record outlives the worker that wrote it.
 
 from __future__ import annotations
 
+from trainflow import ray_internals
+
 NAMESPACE = "trainflow"
 PREFIX = "trainflow/placements/"
 
@@ -25,11 +27,10 @@ def record_placement(tracker: str, run: str) -> None:
     """Record the placement group of the calling Ray Train worker's group, in the Ray
     Train run ``run``, with the :class:`PlacementTracker` named ``tracker``."""
     import ray
-    from ray.experimental.internal_kv import _internal_kv_put
 
     group = ray.util.get_current_placement_group()
     if group is not None:
-        _internal_kv_put(f"{PREFIX}{tracker}/{run}/{group.id.hex()}", b"", namespace=NAMESPACE)
+        ray_internals.kv_put(f"{PREFIX}{tracker}/{run}/{group.id.hex()}", b"", NAMESPACE)
 
 
 class PlacementTracker:
@@ -41,10 +42,8 @@ class PlacementTracker:
 
     def groups(self, run: str = "") -> list[str]:
         """The hex ids of the groups recorded for the Ray Train run ``run`` ("" : every run)."""
-        from ray.experimental.internal_kv import _internal_kv_list
-
         prefix = f"{self.prefix}{run}/" if run else self.prefix
-        keys = _internal_kv_list(prefix, namespace=NAMESPACE)
+        keys = ray_internals.kv_list(prefix, NAMESPACE)
         return sorted({key.decode().rsplit("/", 1)[1] for key in keys})
 
     def release(self, run: str) -> None:
@@ -53,12 +52,10 @@ class PlacementTracker:
 
     def close(self) -> None:
         """Remove every group still held, and forget them all."""
-        from ray.experimental.internal_kv import _internal_kv_del
-
         try:
             self._remove(self.groups())
         finally:
-            _internal_kv_del(self.prefix, del_by_prefix=True, namespace=NAMESPACE)
+            ray_internals.kv_delete_prefix(self.prefix, NAMESPACE)
 
     @staticmethod
     def _remove(hex_ids: list[str]) -> None:

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainflow import ray_internals
+
 # Where ProgressLog keeps its rows in Ray's GCS key-value store.
 PROGRESS_NAMESPACE = "trainflow"
 PROGRESS_PREFIX = "trainflow/progress/"
@@ -54,15 +56,13 @@ class ProgressLog:
         self._put({"kind": "start", "rank": self.rank, "node_id": node_id, "start_epoch": start_epoch})
 
     def _put(self, row: dict[str, Any]) -> None:
-        from ray.experimental.internal_kv import _internal_kv_put
-
         value = json.dumps(row)
         for counter in itertools.count():
             # Never behind this writer's last key, even if the wall clock steps back.
             self._last_ns = max(time.time_ns(), self._last_ns + 1)
             key = f"{self.prefix}{row['kind']}/{self._last_ns:020d}-{self.rank}-{counter}"
             # True when the key was taken (by another writer in the same nanosecond).
-            if not _internal_kv_put(key, value, overwrite=False, namespace=PROGRESS_NAMESPACE):
+            if not ray_internals.kv_put(key, value, PROGRESS_NAMESPACE, overwrite=False):
                 return
 
     # Read by the driver.
@@ -86,16 +86,12 @@ class ProgressLog:
 
     def clear(self) -> None:
         """Delete every row of ``name`` from the store."""
-        from ray.experimental.internal_kv import _internal_kv_del
-
-        _internal_kv_del(self.prefix, del_by_prefix=True, namespace=PROGRESS_NAMESPACE)
+        ray_internals.kv_delete_prefix(self.prefix, PROGRESS_NAMESPACE)
 
     def _read_new(self, prefix: str) -> None:
-        from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
-
-        for key in _internal_kv_list(prefix, namespace=PROGRESS_NAMESPACE):
+        for key in ray_internals.kv_list(prefix, PROGRESS_NAMESPACE):
             if key not in self._read:
-                value = _internal_kv_get(key, namespace=PROGRESS_NAMESPACE)
+                value = ray_internals.kv_get(key, PROGRESS_NAMESPACE)
                 if value is not None:
                     self._read[key] = json.loads(value)
                     self._unseen.append(key)
@@ -104,9 +100,7 @@ class ProgressLog:
 def clear_progress(names_starting: str) -> None:
     """Delete the rows of every progress name that starts with ``names_starting``: those of
     earlier attempts of a run, which a driver killed outright could not delete."""
-    from ray.experimental.internal_kv import _internal_kv_del
-
-    _internal_kv_del(f"{PROGRESS_PREFIX}{names_starting}", del_by_prefix=True, namespace=PROGRESS_NAMESPACE)
+    ray_internals.kv_delete_prefix(f"{PROGRESS_PREFIX}{names_starting}", PROGRESS_NAMESPACE)
 
 
 def _written(key: bytes) -> tuple[int, ...]:

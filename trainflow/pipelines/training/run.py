@@ -14,11 +14,14 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from trainflow import ray_internals
+from trainflow.cluster.session import started_local_cluster
+from trainflow.cluster.shipping import worker_runtime_env
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.files import is_uri, join, redacted
-from trainflow.pipelines.checkpoint import METRICS, read_json
-from trainflow.pipelines.data import DataError
-from trainflow.pipelines.models import describe_parameters
+from trainflow.pipelines.data.schema import DataError
+from trainflow.pipelines.models.build import describe_parameters
+from trainflow.pipelines.models.checkpoint import METRICS, read_json
 from trainflow.pipelines.training.inputs import TRAIN_SPLITS, split_inputs, splits_in_memory
 from trainflow.pipelines.training.loop import train_loop_per_worker
 from trainflow.pipelines.training.progress import Progress, clear_progress, follow_progress
@@ -30,7 +33,8 @@ from trainflow.pipelines.training.settings import (
     TrainSettings,
     balanced_class_weights,
 )
-from trainflow.runtime import started_local_cluster, stop_on_signals, timeline, worker_runtime_env
+from trainflow.signals import stop_on_signals
+from trainflow.timeline import timeline
 
 if TYPE_CHECKING:
     import ray.data
@@ -201,15 +205,13 @@ def build_trainer(
     user's model (``model.kind: package.module:callable``) shipped to them."""
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
-    from trainflow.pipelines.training.controller import TorchConfig
-
     config = settings.config
     return _trainer_class()(
         train_loop_per_worker,
         train_loop_config={SETTINGS: settings},
         datasets=datasets,
-        # Ray's TorchConfig but for TPUs, without torch in the controller (:mod:`.controller`).
-        torch_config=None if "TPU" in config.scaling.resources_per_worker else TorchConfig(),
+        # Ray's TorchConfig but for TPUs, without torch in the controller.
+        torch_config=None if "TPU" in config.scaling.resources_per_worker else ray_internals.torch_config(),
         scaling_config=ScalingConfig(
             num_workers=config.scaling.num_workers,
             use_gpu=config.scaling.use_gpu,
@@ -238,41 +240,6 @@ def build_trainer(
 
 @functools.cache
 def _trainer_class() -> type[TorchTrainer]:
-    """TorchTrainer, less two of the helper processes Ray Train starts for a run that
-    does not need them (benchmarks/analysis/overhead.md has the measurements):
-
-    - the dataset manager, started for every run: an actor whose process imports Ray
-      Data, pandas and pyarrow (1.0-1.6 CPU-seconds per training) to shard the trainer's
-      Datasets. A run whose splits all sit in the workers' memory gives it none, so it
-      starts none;
-    - on a local cluster that this process started, and with no Datasets to share the
-      cluster with, the autoscaling coordinator (about 1.3 CPU-seconds, once per
-      cluster): Ray Train's fixed scaling policy asks it for the workers' resources on
-      behalf of an autoscaler that a local cluster does not have (:mod:`.controller`).
-
-    Where Ray has moved either, every run keeps both (tests/pipelines/test_train.py fails).
-    """
-    from ray.train.torch import TorchTrainer
-
-    try:
-        from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
-        from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
-
-        from trainflow.pipelines.training.controller import FixedClusterPolicy
-    except ImportError:
-        return TorchTrainer
-
-    class Trainer(TorchTrainer):
-        def _create_default_callbacks(self):
-            callbacks = super()._create_default_callbacks()
-            if self.datasets:
-                return callbacks
-            return [c for c in callbacks if not isinstance(c, DatasetsCallback)]
-
-        def _initialize_and_run_controller(self, **controller_init_kwargs):
-            policy = controller_init_kwargs.get("scaling_policy")
-            if type(policy) is FixedScalingPolicy and not self.datasets and started_local_cluster():
-                controller_init_kwargs["scaling_policy"] = FixedClusterPolicy(policy.scaling_config)
-            return super()._initialize_and_run_controller(**controller_init_kwargs)
-
-    return Trainer
+    """TorchTrainer less the helper processes a run does not need
+    (:func:`trainflow.ray_internals.trainer_class`)."""
+    return ray_internals.trainer_class(fixed_cluster=started_local_cluster)

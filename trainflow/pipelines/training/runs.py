@@ -249,7 +249,7 @@ def newest_checkpoint(storage: str, run_name: str) -> tuple[str, int] | None:
     URI). Ray Train's controller records a checkpoint after its worker wrote it: a driver
     killed in between leaves the newest folder unrecorded, and resuming from Ray's record
     alone would train its epoch again."""
-    from trainflow.pipelines.checkpoint import METRICS, MODEL, TRAIN_STATE
+    from trainflow.pipelines.models.checkpoint import METRICS, MODEL, TRAIN_STATE
 
     if "://" in storage and not storage.startswith("file://"):
         return None
@@ -276,7 +276,7 @@ def local_checkpoint(checkpoint) -> str:
     ``TRAINFLOW_HOME/checkpoints/<run name>/<checkpoint>``, published whole."""
     import pyarrow.fs
 
-    from trainflow.runtime import workspace
+    from trainflow.workspace import workspace
 
     if isinstance(checkpoint.filesystem, pyarrow.fs.LocalFileSystem):
         return checkpoint.path

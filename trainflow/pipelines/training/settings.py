@@ -22,7 +22,7 @@ class Outcome:
 
     What the workers' training function returns. Ray Train's controller unpickles it from
     their last status, importing its module: here, not beside the loop, whose module
-    imports torch (the controller never holds a tensor; training/controller.py)."""
+    imports torch (the controller never holds a tensor; ray_internals.torch_config)."""
 
     status: str
     epoch: int
@@ -77,8 +77,8 @@ class TrainSettings:
         ``num_outputs`` outputs (its classes, or 1 for a regression); a model that does not
         fit them raises ConfigError here."""
         # Here, not at the top: Ray Train's controller unpickles the settings (they are the
-        # trainer's train_loop_config) and must not import torch for it (training/controller.py).
-        from trainflow.pipelines.models import image_shape, model_spec
+        # trainer's train_loop_config) and must not import torch for it (ray_internals.torch_config).
+        from trainflow.pipelines.models.build import image_shape, model_spec
 
         return cls(
             config=config,
@@ -144,8 +144,8 @@ def balanced_class_weights(path: str, num_classes: int) -> list[float]:
     import pyarrow.dataset as pads
 
     from trainflow.files import join
-    from trainflow.pipelines.entry import split_files
-    from trainflow.pipelines.preprocess import LABEL
+    from trainflow.pipelines.data.entry import split_files
+    from trainflow.pipelines.data.preprocess import LABEL
 
     fs, files = split_files(join(path, "train"))
     labels = pads.dataset(files, filesystem=fs, format="parquet").to_table(columns=[LABEL])[LABEL]

@@ -1,6 +1,6 @@
 """Where the engine's passes run: one Ray task per fragment, or in this process.
 
-The substrate is this module alone; the passes (:mod:`trainflow.pipelines.prepare`) are
+The substrate is this module alone; the passes (:mod:`trainflow.pipelines.data.prepare`) are
 plain functions of a fragment. Ray tasks were measured against Ray Data running the
 same passes (``benchmarks/engine.py``, its figures in ``benchmarks/results.md``).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainflow.pipelines.data import DataError
+from trainflow.pipelines.data.schema import DataError
 
 if TYPE_CHECKING:
     import ray.data

@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from trainflow.pipelines.checkpoint import load_checkpoint, model_actor_options
-from trainflow.pipelines.entry import read_split_batches, split_dataset
-from trainflow.pipelines.preprocess import FEATURES, LABEL
+from trainflow.pipelines.data.entry import read_split_batches, split_dataset
+from trainflow.pipelines.data.preprocess import FEATURES, LABEL
+from trainflow.pipelines.models.checkpoint import load_checkpoint, model_actor_options
 
 if TYPE_CHECKING:
     import ray.data
 
     from trainflow.config import EvaluationConfig, SplitConfig
-    from trainflow.pipelines.data import SourceInfo
+    from trainflow.pipelines.data.schema import SourceInfo
 
 PREDICTION = "prediction"
 PROBABILITIES = "probabilities"
@@ -286,7 +286,7 @@ def score_on_raw_test_split(
     """Score a checkpoint (a champion measured on other test data) on the raw rows of
     this run's test split, with its own saved preprocessing, so that a gate compares two
     models on the same rows. ``kept_rows``: the rows that prepare kept in all splits."""
-    from trainflow.pipelines.prepare import raw_split
+    from trainflow.pipelines.data.prepare import raw_split
 
     test = raw_split(source, split, "test", kept_rows=kept_rows)
     return evaluate_rows(str(checkpoint_dir), test, source.label_column, cfg.batch_size, cfg.concurrency)
@@ -295,7 +295,7 @@ def score_on_raw_test_split(
 def evaluation_plots(history: list[dict[str, float]], metrics: dict[str, Any], folder: Path) -> list[Path]:
     """As PNGs in ``folder``: the learning curve, then a classifier's confusion matrix, or
     a regression's predicted-against-true scatter and residual histogram."""
-    from trainflow.pipelines import reports
+    from trainflow.pipelines.evaluation import reports
 
     curve = reports.learning_curve_png(history, folder / reports.LEARNING_CURVE)
     if "points" in metrics:

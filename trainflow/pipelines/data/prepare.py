@@ -2,8 +2,8 @@
 split into a cache entry; one engine for tables, image folders, torchvision datasets
 (converted to Parquet of images) and ``ray.data.Dataset`` sources.
 
-The passes are plain functions of one fragment (:mod:`trainflow.pipelines.readers`),
-run by :mod:`trainflow.pipelines.runner` as one Ray task per fragment, or in the driver
+The passes are plain functions of one fragment (:mod:`trainflow.pipelines.data.readers`),
+run by :mod:`trainflow.pipelines.data.runner` as one Ray task per fragment, or in the driver
 for a small single-file input (:func:`prepares_in_driver`). :func:`prepare` passes over
 the input two times, three for an exact split:
 
@@ -31,13 +31,13 @@ import numpy as np
 from trainflow.config import PreprocessConfig, SplitConfig
 from trainflow.files import filesystem as location_filesystem
 from trainflow.files import join
-from trainflow.pipelines import readers, runner, sources
-from trainflow.pipelines import split as sp
-from trainflow.pipelines.data import DataError, SourceInfo, filesystem
-from trainflow.pipelines.entry import PreparedEntry, cache_key, finish_entry, finished_entry, staging
-from trainflow.pipelines.preprocess import FEATURES, LABEL, Preprocessor
-from trainflow.pipelines.readers import Fragment, fragment_batches
-from trainflow.pipelines.stats import FitStats, RowCounts, kept_rows
+from trainflow.pipelines.data import readers, runner, sources
+from trainflow.pipelines.data import split as sp
+from trainflow.pipelines.data.entry import PreparedEntry, cache_key, finish_entry, finished_entry, staging
+from trainflow.pipelines.data.preprocess import FEATURES, LABEL, Preprocessor
+from trainflow.pipelines.data.readers import Fragment, fragment_batches
+from trainflow.pipelines.data.schema import DataError, SourceInfo, filesystem
+from trainflow.pipelines.data.stats import FitStats, RowCounts, kept_rows
 
 if TYPE_CHECKING:
     import ray.data
@@ -62,7 +62,7 @@ def prepares_in_driver(info: SourceInfo) -> bool:
 
 def worker_modules(info: SourceInfo) -> tuple[str, ...]:
     """What the Ray workers that prepare this input import (for a run to start them early,
-    ``runtime.warm_workers``); none when it is prepared in the driver."""
+    ``cluster.session.warm_workers``); none when it is prepared in the driver."""
     return () if prepares_in_driver(info) else (__name__,)
 
 

@@ -20,12 +20,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainflow.cluster.quiet import configure_ray_data
 from trainflow.config import FailureSection, PipelineConfig, SweepConfig, trial_config
 from trainflow.files import replacing_file
 from trainflow.pipelines.training.placements import PlacementTracker
 from trainflow.pipelines.training.run import checkpoint_metrics, run_training
 from trainflow.pipelines.training.settings import PreparedSplits
-from trainflow.runtime import configure_ray_data, stop_on_signals
+from trainflow.signals import stop_on_signals
 
 # What a trial's report row holds besides the metrics (set by TuneReportCallback).
 CHECKPOINT_PATH = "checkpoint_path"

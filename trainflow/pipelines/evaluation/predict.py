@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from trainflow.files import publishing_folder
-from trainflow.pipelines.data import DataError
-from trainflow.pipelines.evaluate import predict_rows
+from trainflow.pipelines.data.schema import DataError
+from trainflow.pipelines.evaluation.evaluate import predict_rows
 
 # The files batch prediction reads, by suffix.
 INPUT_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
@@ -101,7 +101,7 @@ def predict_to_parquet(
     import ray
     import ray.data
 
-    from trainflow.runtime import fit_gpu_actors
+    from trainflow.cluster.preflight import fit_gpu_actors
 
     out = check_output(output)
     fit_gpu_actors(num_gpus, ray.cluster_resources())

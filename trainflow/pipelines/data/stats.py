@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 
 from trainflow.config import PreprocessConfig
-from trainflow.pipelines.data import IMAGE, DataError, SourceInfo
-from trainflow.pipelines.preprocess import MAX_VOCABULARY, Preprocessor, image_chunk_rows, image_features
+from trainflow.pipelines.data.preprocess import MAX_VOCABULARY, Preprocessor, image_chunk_rows, image_features
+from trainflow.pipelines.data.schema import IMAGE, DataError, SourceInfo
 
 # A label with more distinct values than this is almost surely a regression target.
 MAX_CLASSES = 1000

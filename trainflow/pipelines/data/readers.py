@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainflow.pipelines import sources
-from trainflow.pipelines.data import (
+from trainflow.pipelines.data import sources
+from trainflow.pipelines.data.schema import (
     IMAGE,
     INDEX,
     PATH,

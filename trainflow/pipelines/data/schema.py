@@ -5,8 +5,8 @@ files, its columns checked against the config, and a fingerprint.
 block of a CSV, NumPy headers), so a missing file, column or a wrong dtype fails before
 any Ray worker starts; :func:`inspect_dataset` checks a ``ray.data.Dataset`` handed in
 from Python the same way, by its schema. The rows themselves are read by
-:mod:`trainflow.pipelines.readers` and checked while preparing
-(:mod:`trainflow.pipelines.stats`).
+:mod:`trainflow.pipelines.data.readers` and checked while preparing
+(:mod:`trainflow.pipelines.data.stats`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from trainflow.config import DataConfig
-from trainflow.pipelines import sources
-from trainflow.pipelines.sources import SourceError
+from trainflow.pipelines.data import sources
+from trainflow.pipelines.data.sources import SourceError
 
 if TYPE_CHECKING:
     import ray.data
@@ -153,7 +153,7 @@ def inspect_source(
         else:
             if source.startswith(TORCHVISION_PREFIX):
                 if cache_root is None:
-                    from trainflow.runtime import workspace
+                    from trainflow.workspace import workspace
 
                     cache_root = workspace().cache
                 name = source.removeprefix(TORCHVISION_PREFIX)

@@ -18,8 +18,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-from trainflow.pipelines.models import build_model
-from trainflow.pipelines.preprocess import Preprocessor
+from trainflow.pipelines.data.preprocess import Preprocessor
+from trainflow.pipelines.models.build import build_model
 
 MODEL = "model.pt"
 SPEC = "model.json"
@@ -120,8 +120,8 @@ def model_actor_options(checkpoint_dir: str) -> dict[str, Any]:
     """The Ray actor options that let an actor load the checkpoint's model: for a user's
     model (``model.kind: package.module:callable``), its module shipped as runtime_env
     ``py_modules``, which the cluster's workers need not have; nothing for the others."""
+    from trainflow.cluster.shipping import worker_runtime_env
     from trainflow.config import user_module_of
-    from trainflow.runtime import worker_runtime_env
 
     env = worker_runtime_env(user_module_of(read_json(checkpoint_dir, SPEC)["kind"]))
     return {"runtime_env": env} if env else {}

@@ -36,9 +36,9 @@ from trainflow.files import (
     read_text,
     write_text,
 )
-from trainflow.pipelines.data import DataError, SourceInfo
-from trainflow.pipelines.preprocess import FEATURES, LABEL, Preprocessor
-from trainflow.pipelines.split import SPLIT_NAMES
+from trainflow.pipelines.data.preprocess import FEATURES, LABEL, Preprocessor
+from trainflow.pipelines.data.schema import DataError, SourceInfo
+from trainflow.pipelines.data.split import SPLIT_NAMES
 
 if TYPE_CHECKING:
     import ray.data
@@ -48,9 +48,6 @@ PREPROCESSOR = "preprocessor.json"
 PUBLISHED = "published"  # on a URI cache: names the entry's finished attempt folder
 # The modules whose code decides what an entry holds: an entry prepared by other code
 # is not reused.
-ENGINE_MODULES = ("data", "sources", "readers", "split", "stats", "preprocess", "entry", "prepare", "runner")
-
-
 @dataclass
 class PreparedEntry:
     path: str  # a local folder or a URI
@@ -87,14 +84,13 @@ def split_dataset(location: str) -> ray.data.Dataset:
 
 
 def code_version() -> str:
-    """trainflow's version and a hash of the code that prepares data."""
-    import importlib
-
+    """trainflow's version and a hash of the code that prepares data: every module of
+    this package."""
     from trainflow import __version__
 
     h = hashlib.sha256(__version__.encode())
-    for name in ENGINE_MODULES:
-        h.update(Path(importlib.import_module(f"trainflow.pipelines.{name}").__file__).read_bytes())
+    for module in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(module.read_bytes())
     return h.hexdigest()[:16]
 
 

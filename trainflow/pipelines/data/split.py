@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from trainflow.config import SplitConfig
-from trainflow.pipelines.data import INDEX, PATH, SourceInfo
+from trainflow.pipelines.data.schema import INDEX, PATH, SourceInfo
 
 SPLIT_NAMES = ("train", "val", "test")  # a split's code is its index here
 # Up to this many kept rows the split is exact per class (their hashes are ranked in the

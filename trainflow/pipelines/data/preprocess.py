@@ -1,7 +1,7 @@
 """Preprocessing: the fitted state (:class:`Preprocessor`, plain JSON) and the pure
 functions that apply it to raw rows.
 
-The state is fitted on the train split alone (:mod:`trainflow.pipelines.stats`) and
+The state is fitted on the train split alone (:mod:`trainflow.pipelines.data.stats`) and
 travels inside every checkpoint, so evaluation and prediction apply exactly what
 training saw. Prepared splits hold two columns: ``features`` (a float32 tensor per
 row) and ``label`` (the class index; for a regression, the label scaled as the
@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from trainflow.files import read_text, write_text
-from trainflow.pipelines.data import IMAGE, DataError
+from trainflow.pipelines.data.schema import IMAGE, DataError
 
 if TYPE_CHECKING:
     import ray.data

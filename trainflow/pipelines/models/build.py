@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from trainflow.config import ConfigError, ModelConfig
-from trainflow.pipelines import model_kinds
-from trainflow.pipelines.model_kinds import OWN, TORCHVISION
+from trainflow.pipelines.models import kinds as model_kinds
+from trainflow.pipelines.models.kinds import OWN, TORCHVISION
 
 # A dry forward pass in the driver runs on a batch this big (BatchNorm needs two rows).
 _DRY_BATCH = 2

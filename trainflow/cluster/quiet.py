@@ -1,0 +1,152 @@
+"""What keeps a run's console to what a user acts on: the environment trainflow's own
+processes and Ray workers get, the setup hook of every Ray worker, and Ray Data's
+console settings."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+
+from trainflow import ray_internals
+
+# Set for trainflow's own processes and handed to every Ray worker. Each one is a
+# default: a value already in the environment wins.
+QUIET_ENV = {
+    # Telemetry cannot leave these machines; offline it logs errors users take for failures.
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    # Each ray.train.report() waits about one controller poll, so Ray's default interval
+    # (2 s) adds up over a run's epochs. The controller polls every worker at this rate:
+    # on a cluster of hundreds of workers, set it higher.
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.05",
+    # MLflow draws a progress bar per artifact copy; trainflow logs the step instead.
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    # MLflow sets its loggers to INFO when imported, and announces the embedded store's
+    # table creation and migrations there: nothing a user acts on.
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
+}
+
+
+# Set when trainflow starts a local cluster; a value already in the environment wins.
+LOCAL_CLUSTER_ENV = {
+    # Train V2's preemption watcher (an early warning that a node is being drained)
+    # starts an actor that Ray core reports as an ERROR line on every run (ray issue
+    # 53727); one local node is never drained.
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    # Ray starts as many idle workers as the node has CPUs when the first driver connects,
+    # and a run uses none of them: Ray Train gives its controller and workers a
+    # runtime_env of their own, which an idle worker started without it cannot take, and a
+    # small input is prepared in the driver. Each is a process that imports Ray; a task
+    # that needs a worker starts one.
+    "RAY_prestart_worker_first_driver": "0",
+}
+
+
+def apply_quiet_env() -> dict[str, str]:
+    """Set QUIET_ENV defaults in this process; return the values in force."""
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    return {key: os.environ[key] for key in QUIET_ENV}
+
+
+class _TokenAuthNotice(logging.Filter):
+    """Ray keeps token authentication on for a local cluster it starts, and says so on
+    every start unless RAY_AUTH_MODE was set before ray was imported. trainflow keeps it
+    on (the cluster's ports listen on every interface, and without a token anyone who
+    reaches them runs code) and drops the notice; Ray's warning that auth is off stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
+def quiet_token_auth_notice() -> None:
+    """Drop Ray's notice that a local cluster keeps token auth on (it stays on)."""
+    logger = logging.getLogger(ray_internals.TOKEN_AUTH_LOGGER)
+    if not any(isinstance(f, _TokenAuthNotice) for f in logger.filters):
+        logger.addFilter(_TokenAuthNotice())
+
+
+def quiet_worker() -> None:
+    """Runs in every Ray worker process of a trainflow run (a ``worker_process_setup_hook``).
+
+    Points Ray's own helpers in the worker at the worker's cluster, has Train's
+    placement-group cleaner ask that cluster's GCS whether a run's controller lives
+    (:func:`~trainflow.ray_internals.answer_cleaner_from_gcs`), and keeps the driver's
+    console to what a user acts on: the records of Ray's loggers that
+    :mod:`trainflow.ray_internals` lists (use 8), the traceback of trainflow's own
+    one-line errors, which the driver reports (:class:`_NoExpectedTrainErrors`), and the
+    deprecation and tensor warnings that Ray's own internals trip.
+    """
+    import warnings
+
+    import ray
+
+    # Ray's helpers inside a worker (the state API, Ray Client) find their cluster by
+    # RAY_ADDRESS, else by the last cluster started on this machine: on a machine running
+    # several (tests, shared hosts) another one, or a dead one that they wait on. Name
+    # this worker's own cluster.
+    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    ray_internals.answer_cleaner_from_gcs()
+    for name in ray_internals.ERRORS_ONLY_LOGGERS:
+        _errors_only(name)
+    logging.getLogger(ray_internals.train_report_logger()).setLevel(logging.WARNING)
+    logging.getLogger(ray_internals.DATA_PROGRESS_LOGGER).setLevel(logging.ERROR)
+    logging.getLogger(ray_internals.STREAMING_EXECUTOR_LOGGER).setLevel(logging.WARNING)
+    train_errors = logging.getLogger(ray_internals.TRAIN_ERRORS_LOGGER)
+    if not any(isinstance(f, _NoExpectedTrainErrors) for f in train_errors.filters):
+        train_errors.addFilter(_NoExpectedTrainErrors())
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.")
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+class _NoExpectedTrainErrors(logging.Filter):
+    """Drops Ray Train's "Error in training function" record of trainflow's ConfigError or
+    DataError (a model module the workers cannot import, say): the driver reports it in one
+    line (``run_training``), and the traceback stays in the worker's log."""
+
+    # The traceback's last line: the error's qualified class name and message.
+    EXPECTED = re.compile(r"trainflow(\.\w+)*\.(ConfigError|DataError): ")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith("Error in training function"):
+            return True
+        last = message.rstrip().rsplit("\n", 1)[-1]
+        return not self.EXPECTED.match(last)
+
+
+class _ErrorsOnly(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+
+def _errors_only(name: str) -> None:
+    """Keep only a logger's errors. A filter rather than a level: Ray Train configures
+    the ``ray.train`` loggers in its controller process (``logging.config.dictConfig``),
+    which resets the level of every logger below them, and keeps their filters."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _ErrorsOnly) for f in logger.filters):
+        logger.addFilter(_ErrorsOnly())
+
+
+def configure_ray_data() -> None:
+    """Ray Data settings for trainflow's driver: a cheap shuffle; progress bars on a
+    terminal and plain logs elsewhere (CI, Prefect workers)."""
+    from ray.data import DataContext
+    from ray.data.context import ShuffleStrategy
+
+    ctx = DataContext.get_current()
+    # The default hash shuffle starts a pool of aggregator actors for every groupby,
+    # unique and aggregate: seconds of start-up each, where the sort-based shuffle of a
+    # small dataset takes a fraction of one.
+    ctx.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+    interactive = sys.stderr.isatty()
+    ctx.enable_progress_bars = interactive
+    ctx.print_on_execution_start = interactive
+    if not interactive:
+        # One INFO line per Dataset execution, and a warning that the bars are off;
+        # trainflow's step logs say what ran.
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
+        logging.getLogger(ray_internals.DATA_PROGRESS_LOGGER).setLevel(logging.ERROR)

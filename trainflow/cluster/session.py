@@ -1,0 +1,182 @@
+"""The Ray session of a run: connect (a local cluster of the run's own, or the cluster at
+``ray.address``/RAY_ADDRESS, trainflow shipped to it), and shut down only what was started."""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from trainflow.cluster.quiet import (
+    LOCAL_CLUSTER_ENV,
+    apply_quiet_env,
+    configure_ray_data,
+    quiet_token_auth_notice,
+)
+from trainflow.cluster.shipping import module_paths, trainflow_package
+from trainflow.cluster.watch import (
+    ClusterWatch,
+    cluster_ended,
+    end_with_the_cluster,
+    local_cluster_processes,
+    watch_local_cluster,
+)
+from trainflow.config import PipelineConfig
+from trainflow.timeline import timeline
+
+log = logging.getLogger("trainflow")
+
+
+def ray_address(config: PipelineConfig) -> str | None:
+    """The address of the cluster a run of ``config`` connects to; None: a local one of its own."""
+    return config.ray.address or os.environ.get("RAY_ADDRESS") or None
+
+
+@dataclass
+class Session:
+    """This process's Ray session, as trainflow opened it."""
+
+    # The cluster started elsewhere that it connected to, with trainflow shipped there;
+    # None: a local cluster of its own.
+    address: str | None
+    watch: ClusterWatch | None = None  # the local cluster's watch
+    # What the cluster checks found on it (cluster/checks.py), so that each runs once.
+    verified: set[tuple] = field(default_factory=set)
+
+
+_session: Session | None = None  # the session trainflow opened in this process, while it lasts
+
+
+def current_session() -> Session | None:
+    """The Ray session trainflow opened in this process; None when it opened none (Ray
+    not connected, or connected by someone else: a notebook's ``ray.init()``)."""
+    return _session
+
+
+@contextmanager
+def ray_session(
+    config: PipelineConfig,
+    logger: logging.Logger | logging.LoggerAdapter = log,
+    warm: Sequence[str] = (),
+) -> Iterator[None]:
+    """Ray for the block. A process connected already keeps its connection as it is (a
+    command that started Ray ahead of its flow run, a test's session cluster, a
+    notebook); otherwise this connects now (:func:`connect`) and shuts down at the
+    block's end. ``warm``: modules for worker processes started at once to import
+    (:func:`warm_workers`). A local cluster is started in the calling thread, which must
+    outlive the block: Ray's local cluster dies with the thread that made it."""
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    connect(config, logger, warm)
+    try:
+        yield
+    finally:
+        shutdown()
+
+
+def connected(config: PipelineConfig, logger: logging.Logger | logging.LoggerAdapter = log) -> None:
+    """Connect to Ray for the rest of this process, unless connected already: what a
+    step does when its caller opened no session, as Ray's own calls connect on first
+    use. The session shuts down when the process exits."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    connect(config, logger)
+    # After ray.init's own exit hook, so before it: the watch stops first.
+    atexit.register(shutdown)
+
+
+def connect(
+    config: PipelineConfig, logger: logging.Logger | logging.LoggerAdapter = log, warm: Sequence[str] = ()
+) -> Session:
+    """Connect to the cluster at ``ray.address`` or RAY_ADDRESS, with trainflow and a
+    user's model module shipped to it; else start a local cluster of this process's own,
+    watched (:mod:`.watch`)."""
+    global _session
+    import ray
+
+    address = ray_address(config)
+    py_modules = module_paths(config.model.user_module)
+    if address:
+        logger.info("connecting to the Ray cluster at %s", address)
+        # A cluster started elsewhere may lack trainflow, or hold another version of it:
+        # its workers import this driver's copy, shipped with the job (py_modules come
+        # first on a worker's sys.path). A local cluster imports the driver's own.
+        py_modules = [trainflow_package(), *py_modules]
+    else:
+        for key, value in LOCAL_CLUSTER_ENV.items():
+            os.environ.setdefault(key, value)
+        quiet_token_auth_notice()
+    # "local" starts a cluster for this run. Ray's own default (None) would attach to
+    # whichever cluster `ray start` last left on this machine: a cluster is only ever
+    # shared when the config or RAY_ADDRESS says so.
+    ray.init(address=address or "local", **ray_init_kwargs(py_modules))
+    _session = Session(address=address, watch=None if address else watch_local_cluster())
+    configure_ray_data()
+    if warm:
+        warm_workers(warm)
+    timeline("ray started")
+    return _session
+
+
+def shutdown() -> None:
+    """Shut down the session trainflow opened (its local cluster with it); nothing when
+    it has none."""
+    global _session
+    import ray
+
+    if _session is None:
+        return
+    session, _session = _session, None
+    if session.watch is not None:
+        session.watch.stop()
+    ended = cluster_ended(local_cluster_processes())
+    if ended is not None:  # a cluster gone: ray.shutdown() would wait 60 s for it
+        end_with_the_cluster(*ended)
+    ray.shutdown()
+    timeline("ray shut down")
+
+
+def started_local_cluster() -> bool:
+    """Whether this process's Ray session is a local cluster it started itself (one that
+    no autoscaler can grow), not one it connected to."""
+    return "gcs_server" in local_cluster_processes()
+
+
+def _import_modules(modules: Sequence[str]) -> None:
+    for module in modules:
+        importlib.import_module(module)
+
+
+def warm_workers(modules: Sequence[str], most: int = 8) -> list:
+    """Start worker processes for this run now, one per CPU up to ``most``, each importing
+    ``modules`` (what the run's first Ray tasks run); returns the tasks' refs, which no
+    one needs to wait for. Ray starts a job's workers at its first tasks, which would
+    otherwise wait for them; started here, they overlap the flow's own start-up."""
+    import ray
+
+    task = ray.remote(num_cpus=1)(_import_modules)
+    return [task.remote(list(modules)) for _ in range(min(int(ray.cluster_resources().get("CPU", 0)), most))]
+
+
+def ray_init_kwargs(py_modules: Sequence[str] = ()) -> dict:
+    """What every ``ray.init`` of trainflow passes: quiet workers, no dashboard, and
+    ``py_modules`` (local paths, :func:`module_paths`) shipped to every worker of the job."""
+    runtime_env: dict = {
+        "env_vars": apply_quiet_env(),
+        "worker_process_setup_hook": "trainflow.cluster.quiet.quiet_worker",
+    }
+    if py_modules:
+        runtime_env["py_modules"] = list(py_modules)
+    # No dashboard: trainflow reaches Ray through its Python API (Train, Tune, Data, and
+    # Serve's serve.run, which needs no dashboard; only Serve's REST API and `serve deploy`
+    # do). Off, it is one process fewer on a small machine and one port fewer listening.
+    return dict(runtime_env=runtime_env, logging_level=logging.WARNING, include_dashboard=False)

@@ -1,0 +1,82 @@
+"""The local cluster a run started, watched: when it ends under the run (a stop signal
+sent to the whole process group, the OOM killer taking its GCS or raylet), the run ends
+in one line at once, where Ray would wait 60 s for it and then print a native error."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+from trainflow import ray_internals
+
+# The processes of a local cluster whose end ends the run: the GCS and the raylet however
+# they exit (the cluster is gone); Ray's log monitor when a stop signal killed it, which
+# happens at once when the signal went to the whole process group (the raylet takes
+# seconds to exit, the GCS stays up, and the driver would wait on them for 60 s).
+# Ctrl-C's SIGINT to the group is left to the graceful stop, which ends in seconds.
+_WATCHED = {"gcs_server": False, "raylet": False, "log_monitor": True}
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def local_cluster_processes() -> dict:
+    """The watched processes of the local cluster this process started, by name; none for
+    a cluster started elsewhere."""
+    return ray_internals.local_cluster_processes(list(_WATCHED))
+
+
+class ClusterWatch:
+    """While it runs, ends the process in one line when its local cluster ends under it:
+    a stop signal to the whole process group (systemd's stop, ``timeout``,
+    ``kill -- -PGID``), or the kernel's OOM killer taking the GCS or the raylet. What a
+    clean stop would have done died with the cluster; the run's record says it did not
+    finish (``--resume`` continues it). :meth:`stop` it before stopping the cluster on
+    purpose."""
+
+    def __init__(self, processes: dict) -> None:
+        self.processes = processes
+        self._stopped = threading.Event()
+        threading.Thread(target=self._watch, name="trainflow-cluster-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        # Often: the sooner, the fewer lines the dying cluster sends the console first.
+        while not self._stopped.wait(0.05):
+            ended = cluster_ended(self.processes)
+            if ended is not None and not self._stopped.is_set():
+                end_with_the_cluster(*ended)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
+def watch_local_cluster() -> ClusterWatch | None:
+    """Watch the local cluster this process started; None for a cluster started elsewhere."""
+    processes = local_cluster_processes()
+    return ClusterWatch(processes) if processes else None
+
+
+def cluster_ended(processes: dict) -> tuple[str, int] | None:
+    """The watched process whose end ends the cluster, and its exit code; one that a stop
+    signal killed first (it says what happened), else the GCS or raylet that exited."""
+    codes = {name: process.poll() for name, process in processes.items()}
+    ended = [(name, code) for name, code in codes.items() if code is not None]
+    signalled = [(name, code) for name, code in ended if -code in _STOP_SIGNALS]
+    hard = [(name, code) for name, code in ended if not _WATCHED[name]]
+    return (signalled or hard or [None])[0]
+
+
+def end_with_the_cluster(process: str, code: int) -> None:
+    """Exit now, in one line: this process's local cluster is gone (its ``process``
+    exited with ``code``), and nothing Ray would do next can reach it."""
+    if code < 0 and -code in (*_STOP_SIGNALS, signal.SIGINT):
+        message, status = f"stopped ({signal.Signals(-code).name})", 128 - code
+    else:
+        message = (
+            f"error: the local Ray cluster stopped during the run (its {process} exited with {code}); "
+            f"its log: {ray_internals.session_logs()}/{process}.out"
+        )
+        status = 1
+    sys.stdout.flush()
+    print(message, file=sys.stderr, flush=True)
+    os._exit(status)

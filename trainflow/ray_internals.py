@@ -1,0 +1,504 @@
+"""Every use trainflow makes of Ray's private modules and attributes, in one place.
+
+No other module of trainflow names a private module of Ray's (``ray._private``,
+``ray.*._internal``), a private function or a private attribute. Each use here has a
+test in ``tests/test_ray_internals.py`` that fails when Ray changes what it relies on,
+and each degrades, where Ray moved it, to Ray's own behaviour: slower or noisier, never
+wrong. Checked against Ray 2.60.0 (the version ``pyproject.toml`` pins).
+
+Each use: what it does; Ray's private names; why no public API does it; what trainflow
+does where Ray moved it.
+
+1. The GCS key-value store, for a training's progress rows and a sweep's placement
+   groups (:func:`kv_put` ...). ``ray.experimental.internal_kv._internal_kv_*``. The one
+   store every driver and worker already talks to, with no actor to start. Moved: a
+   warning; epochs are not logged as they end, and a sweep leaves a stopped trial's
+   placement group to Ray's own cleaner.
+2. An actor's state from the GCS (:func:`actor_alive`). ``ray._private.state.actors``.
+   The state API asks the dashboard, which trainflow's clusters do not start. Moved: the
+   cleaner keeps Ray's own check.
+3. Train's placement-group cleaner answered by the GCS (:func:`answer_cleaner_from_gcs`).
+   The module :data:`PG_CLEANER` and its ``is_actor_alive``. Ray's check needs the
+   dashboard, else asks whichever cluster holds port 8265. Moved: Ray's own check.
+4. The processes and logs of the local cluster this driver started
+   (:func:`local_cluster_processes`, :func:`session_logs`).
+   ``ray._private.worker._global_node``. Nothing public says whether this process
+   started its cluster, or which processes are its. Moved: no watch, and a cluster
+   killed under a run makes Ray wait 60 s.
+5. The workers' output on the driver's console, hidden and shown
+   (:func:`worker_output_shown`). ``ray._private.ray_logging.global_worker_stdstream_dispatcher``.
+   ``log_to_driver`` is fixed at ``ray.init``. Moved: the output stays shown.
+6. The resources a local cluster would have, before it starts
+   (:func:`local_cluster_resources`). ``ray._private.resource_and_label_spec``.
+   ``ray.cluster_resources()`` needs a running cluster. Moved: the check waits for
+   ``ray.init``.
+7. A user's module uploaded for an actor's runtime_env (:func:`upload_py_modules`).
+   ``ray._private.runtime_env.py_modules.upload_py_modules_if_needed``. An actor's
+   runtime_env takes only URIs, and only ``ray.init`` uploads local paths. Moved: the
+   module goes with the job's runtime_env where trainflow opened the session; elsewhere
+   the workers' model check fails in one line naming the module.
+8. Loggers of Ray's private modules kept quiet (:data:`ERRORS_ONLY_LOGGERS` ...): their
+   module names. Their records are Ray's own INFO lines or tracebacks Ray calls expected.
+   Moved: the records show again.
+9. Ray Train's controller without the autoscaling coordinator on a local cluster, and
+   without the dataset manager when no split streams (:func:`trainer_class`,
+   ``FixedClusterPolicy``). ``FixedScalingPolicy`` and its ``_*_resource_request``,
+   ``DatasetsCallback``, ``TorchTrainer._create_default_callbacks`` and
+   ``_initialize_and_run_controller``. Ray Train starts both helper processes for every
+   run. Moved: every run starts both.
+10. Ray's ``TorchConfig`` from a module without torch, for the controller
+    (:func:`torch_config`). ``ray.train._internal.utils.get_address_and_port``,
+    ``ray.train.v2._internal.util.TrainingFramework``, ``ray.train.torch.config._*``,
+    ``ray._private.ray_constants``. Ray's own module imports torch at its top. Moved:
+    Ray's own TorchConfig, and a controller that imports torch.
+
+Nothing here runs on import, and this module imports only Ray's top package: every Ray
+worker of a run imports it (:func:`trainflow.cluster.quiet.quiet_worker`). The classes
+of uses 9 and 10, which Ray Train's controller unpickles by this module's name, are
+defined on first access (their base classes' modules take most of a second to import).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+log = logging.getLogger("trainflow")
+
+# 1. The GCS key-value store.
+
+
+def _kv(name: str) -> Callable | None:
+    """One of Ray's ``_internal_kv_*`` functions; None, with a warning once, where Ray moved them."""
+    from ray.experimental import internal_kv
+
+    function = getattr(internal_kv, f"_internal_kv_{name}", None)
+    if function is None and not _kv_moved:
+        _kv_moved.append(name)
+        log.warning(
+            "Ray %s has no ray.experimental.internal_kv._internal_kv_%s: training progress is not "
+            "logged per epoch, and a sweep leaves stopped trials' placement groups to Ray's cleaner",
+            _ray_version(),
+            name,
+        )
+    return function
+
+
+_kv_moved: list[str] = []
+
+
+def kv_put(key: str, value: str | bytes, namespace: str, overwrite: bool = True) -> bool:
+    """Store ``value`` at ``key``; True when the key existed already (and ``overwrite`` kept it)."""
+    put = _kv("put")
+    return bool(put(key, value, overwrite=overwrite, namespace=namespace)) if put else False
+
+
+def kv_get(key: bytes | str, namespace: str) -> bytes | None:
+    get = _kv("get")
+    return get(key, namespace=namespace) if get else None
+
+
+def kv_list(prefix: str, namespace: str) -> list[bytes]:
+    """The keys that start with ``prefix``."""
+    keys = _kv("list")
+    return list(keys(prefix, namespace=namespace)) if keys else []
+
+
+def kv_delete_prefix(prefix: str, namespace: str) -> None:
+    """Delete every key that starts with ``prefix``."""
+    delete = _kv("del")
+    if delete:
+        delete(prefix, del_by_prefix=True, namespace=namespace)
+
+
+def _ray_version() -> str:
+    import ray
+
+    return ray.__version__
+
+
+# 2 and 3. Train's placement-group cleaner, answered by the GCS.
+#
+# Ray Train V2 starts a placement-group cleaner (a detached actor) beside every run's
+# controller: once the controller is dead, it removes the run's placement group. It asks
+# whether the controller lives through the state API, at the address the cluster's GCS
+# publishes for its dashboard. A cluster started without the dashboard (trainflow's)
+# still publishes the default 127.0.0.1:8265 there, where nothing of its own listens, so
+# the cleaner asks whichever cluster on the machine holds that port. One that never heard
+# of the controller answers "no such actor", and the cleaner removes a live run's
+# placement group: its workers die, or the controller cannot register its group. The GCS
+# knows its own cluster's actors, with or without the dashboard.
+PG_CLEANER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+
+
+def actor_alive(actor_id: str, timeout: float | None = None) -> bool:
+    """Whether the actor ``actor_id`` of this process's Ray cluster may still be alive:
+    False only once the cluster's GCS records it DEAD. The cleaner's liveness check (same
+    arguments; the GCS call keeps its own timeout). A GCS that does not answer raises the
+    state API's error, which the cleaner logs and retries at its next check."""
+    import ray._private.state
+    from ray.util.state.exception import RayStateApiException
+
+    try:
+        info = ray._private.state.actors(actor_id=actor_id)
+    except (ray.exceptions.RpcError, ray.exceptions.RaySystemError) as e:
+        raise RayStateApiException(f"the GCS did not say whether actor {actor_id} lives: {e}") from e
+    return info.get("State") != "DEAD"
+
+
+class _CleanerFromGcs(importlib.abc.MetaPathFinder):
+    """Gives the cleaner's module :func:`actor_alive` as its liveness check when a worker
+    imports it (the cleaner's own actor), without importing it into every worker (it
+    brings Ray Data)."""
+
+    def find_spec(self, name, path, target=None):
+        if name != PG_CLEANER:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        execute = spec.loader.exec_module
+
+        def exec_module(module):
+            execute(module)
+            _use_gcs_liveness(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _use_gcs_liveness(module) -> None:
+    if hasattr(module, "is_actor_alive"):  # else Ray renamed it: the cleaner keeps its own
+        module.is_actor_alive = actor_alive
+
+
+def answer_cleaner_from_gcs() -> None:
+    """Have Train's placement-group cleaner, in this process, learn whether a run's
+    controller lives from the cluster's GCS. Idempotent."""
+    if PG_CLEANER in sys.modules:
+        _use_gcs_liveness(sys.modules[PG_CLEANER])
+    elif not any(isinstance(finder, _CleanerFromGcs) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _CleanerFromGcs())
+
+
+# 4. The local cluster this driver started.
+
+
+def local_cluster_processes(names: Sequence[str]) -> dict:
+    """The ``subprocess.Popen`` of each of ``names`` (``gcs_server``, ``raylet``,
+    ``log_monitor``...) of the local cluster this process started; none for a cluster
+    started elsewhere, or where Ray moved its node's table."""
+    try:
+        import ray._private.worker as ray_worker
+
+        node = ray_worker._global_node
+        table = node.all_processes if node is not None else {}
+        return {name: table[name][0].process for name in names if table.get(name)}
+    except Exception:  # noqa: BLE001 - Ray's internals moved: no watch, Ray's own behaviour
+        return {}
+
+
+def session_logs() -> str:
+    """The folder of this Ray session's logs (RAY_TMPDIR moves it)."""
+    try:
+        import ray._private.worker as ray_worker
+
+        return ray_worker._global_node.get_logs_dir_path()
+    except Exception:  # noqa: BLE001 - Ray's internals moved: its default place
+        return "/tmp/ray/session_latest/logs"
+
+
+# 5. The workers' output on this driver's console.
+
+_hidden_worker_output: list = []  # Ray's console handler, while taken away
+
+
+def worker_output_shown(shown: bool) -> None:
+    """Show or hide, on this driver's console, what the cluster's workers print (Ray's
+    ``log_to_driver``, whose handler is taken away and put back)."""
+    try:
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+    except Exception:  # noqa: BLE001 - Ray's internals moved: its output stays shown
+        return
+    with dispatcher._lock:
+        if shown and _hidden_worker_output:
+            dispatcher.handlers.extend(_hidden_worker_output)
+            _hidden_worker_output.clear()
+        elif not shown:
+            _hidden_worker_output.extend(pair for pair in dispatcher.handlers if pair[0] == "ray_print_logs")
+            dispatcher.handlers = [pair for pair in dispatcher.handlers if pair[0] != "ray_print_logs"]
+
+
+# 6. A local cluster's resources, before it starts.
+
+
+def local_cluster_resources() -> dict[str, float] | None:
+    """What a local cluster that ``ray.init()`` starts on this machine would have (CPUs,
+    GPUs, memory), found the way Ray finds it (cgroup limits, CUDA_VISIBLE_DEVICES,
+    RAY_OVERRIDE_RESOURCES) without starting anything; None where Ray moved it."""
+    try:
+        from ray._private.resource_and_label_spec import ResourceAndLabelSpec
+
+        spec = ResourceAndLabelSpec().resolve(is_head=True, node_ip_address="127.0.0.1")
+        return {name: float(amount) for name, amount in spec.to_resource_dict().items()}
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+
+
+# 7. A user's module, uploaded for an actor's runtime_env.
+
+
+def upload_py_modules(paths: Sequence[str]) -> dict:
+    """A runtime_env whose ``py_modules`` are the local ``paths`` uploaded to the
+    connected cluster (``gcs://`` URIs); empty where Ray moved its upload."""
+    try:
+        from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+    except ImportError:  # the job's own runtime_env, where trainflow opened the session, ships them
+        return {}
+    return upload_py_modules_if_needed({"py_modules": list(paths)}, include_gitignore=True)
+
+
+# 8. Loggers of Ray's private modules.
+
+# Ray's notice, on every start of a local cluster, that it keeps token auth on.
+TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+# A Dataset execution's warning that progress bars are off (off on purpose away from a terminal).
+DATA_PROGRESS_LOGGER = "ray.data._internal.progress"
+# A streamed split's coordinator: "Dataset ... execution finished in N seconds", each epoch.
+STREAMING_EXECUTOR_LOGGER = "ray.data._internal.execution.streaming_executor"
+# Train's "Error in training function" record, with the worker's traceback.
+TRAIN_ERRORS_LOGGER = "ray.train.v2._internal.util"
+# Loggers whose records below ERROR a run keeps off the console: the cleaner's warning
+# when it removes the group of a dead controller (a trial a sweep stopped); the
+# autoscaling coordinator client's traceback when a call misses its timeout on a busy
+# machine (Ray calls it safe to ignore); the backend's warning and traceback when a sweep
+# stops a trial whose workers are gone (Ray calls it expected).
+ERRORS_ONLY_LOGGERS = (
+    PG_CLEANER,
+    "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client",
+    "ray.train.v2._internal.callbacks.backend_setup",
+)
+
+
+def train_report_logger() -> str:
+    """The logger of Train's worker context, which logs every report at INFO: named by
+    its file's path, outside ``ray.train``, where RunConfig's LoggingConfig misses it."""
+    import ray
+
+    return os.path.join(os.path.dirname(ray.__file__), "train", "v2", "_internal", "execution", "context.py")
+
+
+# 9 and 10. What Ray Train's controller runs and unpickles of a trainflow training.
+
+_TRAINING_CLASSES = ("FixedClusterPolicy", "TorchConfig", "TorchBackend")
+
+
+def __getattr__(name: str):
+    if name in _TRAINING_CLASSES:
+        return _training_class(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _training_class(name: str) -> type:
+    """One of :data:`_TRAINING_CLASSES`, all defined on the first call: their base
+    classes' modules take most of a second to import, which no other importer of this
+    module needs."""
+    if name not in globals():
+        globals().update(_training_classes())
+    return globals()[name]
+
+
+def trainer_class(fixed_cluster: Callable[[], bool]) -> type:
+    """TorchTrainer, less two of the helper processes Ray Train starts for a run that
+    does not need them:
+
+    - the dataset manager, started for every run: an actor whose process imports Ray
+      Data, pandas and pyarrow to shard the trainer's Datasets. A run whose splits all
+      sit in the workers' memory gives it none, so it starts none;
+    - when ``fixed_cluster()`` (a local cluster this process started, which no autoscaler
+      grows) and no Datasets share the cluster, the autoscaling coordinator: Ray Train's
+      fixed scaling policy asks it for the workers' resources on behalf of an autoscaler
+      (:class:`FixedClusterPolicy`).
+
+    Where Ray moved either, TorchTrainer itself: every run keeps both."""
+    from ray.train.torch import TorchTrainer
+
+    try:
+        from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+        from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
+    except ImportError:
+        return TorchTrainer
+    fixed_cluster_policy = _training_class("FixedClusterPolicy")
+
+    class Trainer(TorchTrainer):
+        def _create_default_callbacks(self):
+            callbacks = super()._create_default_callbacks()
+            if self.datasets:
+                return callbacks
+            return [c for c in callbacks if not isinstance(c, DatasetsCallback)]
+
+        def _initialize_and_run_controller(self, **controller_init_kwargs):
+            policy = controller_init_kwargs.get("scaling_policy")
+            if type(policy) is FixedScalingPolicy and not self.datasets and fixed_cluster():
+                controller_init_kwargs["scaling_policy"] = fixed_cluster_policy(policy.scaling_config)
+            return super()._initialize_and_run_controller(**controller_init_kwargs)
+
+    return Trainer
+
+
+def torch_config():
+    """The backend config of a CPU or CUDA run's TorchTrainer: :class:`TorchConfig`, whose
+    module imports no torch, where Ray's private names are still there; else Ray's own
+    ``TorchConfig`` (its controller then imports torch: slower, same result)."""
+    try:
+        return _training_class("TorchConfig")()
+    except ImportError:
+        from ray.train.torch import TorchConfig
+
+        return TorchConfig()
+
+
+def process_group_backend(backend: str | None, resources_per_worker: dict[str, float]) -> str:
+    """torch.distributed's backend for workers with these resources, as Ray picks it:
+    ``backend`` when set, else nccl for workers with GPUs and gloo for CPU workers."""
+    if backend:
+        return backend
+    return "nccl" if resources_per_worker.get("GPU", 0) > 0 else "gloo"
+
+
+def _training_classes() -> dict[str, type]:
+    """:class:`FixedClusterPolicy` and :class:`TorchConfig`, named as this module's own so
+    that the controller unpickles them from here."""
+    from dataclasses import dataclass
+
+    import ray
+    from ray.train._internal.utils import get_address_and_port
+    from ray.train.backend import Backend, BackendConfig
+    from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
+    from ray.train.v2._internal.util import TrainingFramework
+
+    class FixedClusterPolicy(FixedScalingPolicy):
+        """Ray Train's FixedScalingPolicy without the requests to the autoscaling
+        coordinator, a detached actor (a process importing Ray Data, pandas and pyarrow)
+        that tells an autoscaler what to add: a local cluster has none."""
+
+        def after_controller_start(self, train_run_context) -> None:
+            pass
+
+        def _maybe_send_resource_request(self) -> None:
+            pass
+
+        def _send_resource_request(self) -> None:
+            pass
+
+    @dataclass
+    class TorchConfig(BackendConfig):
+        """Ray's TorchConfig (the same fields and defaults) for workers on CPUs or CUDA
+        GPUs, from a module that does not import torch: every training's controller
+        unpickles its trainer's backend config, and Ray's lives beside process-group code
+        that imports torch. gloo, or nccl where the workers have GPUs."""
+
+        backend: str | None = None
+        init_method: str = "env"
+        timeout_s: int = 1800
+
+        @property
+        def backend_cls(self):
+            return TorchBackend
+
+        @property
+        def train_func_context(self):
+            # Read where the trainer wraps its train function (the driver), run on the workers.
+            from ray.train.torch.config import TorchConfigContextManager
+
+            return TorchConfigContextManager
+
+        @property
+        def framework(self):
+            return TrainingFramework.TORCH
+
+        def to_dict(self) -> dict:
+            return {"backend": self.backend, "init_method": self.init_method, "timeout_s": self.timeout_s}
+
+    class TorchBackend(Backend):
+        """``ray.train.torch.config._TorchBackend``'s steps for a worker group on CPUs or
+        CUDA GPUs, each worker-side function Ray's own."""
+
+        share_cuda_visible_devices: bool = True
+
+        def on_start(self, worker_group, backend_config) -> None:
+            if backend_config.init_method != "env":
+                raise ValueError(f"init_method {backend_config.init_method!r}: only 'env' is supported")
+            backend = process_group_backend(backend_config.backend, worker_group.get_resources_per_worker())
+            address, port = worker_group.execute_single(0, get_address_and_port)
+            worker_group.execute(_set_master, address=address, port=port)
+            worker_group.execute(_set_distributed_env_vars)
+            size = len(worker_group)
+            ray.get(
+                [
+                    worker_group.execute_single_async(
+                        rank,
+                        _setup_process_group,
+                        backend=backend,
+                        world_rank=rank,
+                        world_size=size,
+                        init_method="env://",
+                        timeout_s=backend_config.timeout_s,
+                    )
+                    for rank in range(size)
+                ]
+            )
+
+        def on_shutdown(self, worker_group, backend_config) -> None:
+            from ray._private import ray_constants
+            from ray.exceptions import GetTimeoutError
+            from ray.train.constants import (
+                DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
+                TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
+            )
+
+            futures = worker_group.execute_async(_shutdown_torch, destroy_process_group=len(worker_group) > 1)
+            timeout_s = ray_constants.env_integer(
+                TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S, DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S
+            )
+            try:
+                ray.get(futures, timeout=timeout_s)
+            except GetTimeoutError:  # the workers are being stopped either way
+                log.debug("torch process group shutdown timed out after %s seconds", timeout_s)
+
+    classes = {
+        "FixedClusterPolicy": FixedClusterPolicy,
+        "TorchConfig": TorchConfig,
+        "TorchBackend": TorchBackend,
+    }
+    for name, cls in classes.items():
+        cls.__module__, cls.__qualname__ = __name__, name
+    return classes
+
+
+# Run on the workers: each imports Ray's torch module there, not in the controller.
+def _set_master(address: str, port: int) -> None:
+    os.environ["MASTER_ADDR"] = address
+    os.environ["MASTER_PORT"] = str(port)
+
+
+def _set_distributed_env_vars() -> None:
+    from ray.train.torch.config import _set_torch_distributed_env_vars
+
+    _set_torch_distributed_env_vars()
+
+
+def _setup_process_group(**kwargs) -> None:
+    from ray.train.torch.config import _setup_torch_process_group
+
+    _setup_torch_process_group(**kwargs)
+
+
+def _shutdown_torch(destroy_process_group: bool) -> None:
+    from ray.train.torch.config import _shutdown_torch
+
+    _shutdown_torch(destroy_process_group=destroy_process_group)

@@ -45,7 +45,8 @@ import ray
 from ray.cluster_utils import Cluster
 
 from trainflow.config import PipelineConfig
-from trainflow.runtime import PreflightError, preflight, ray_init_kwargs
+from trainflow.cluster import PreflightError, preflight
+from trainflow.cluster.session import ray_init_kwargs
 
 root, setup_worker = Path(sys.argv[1]), sys.argv[2]
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})

@@ -194,24 +194,15 @@ def check_shared(
     import secrets
 
     import ray
-    from ray.exceptions import GetTimeoutError, RayError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = alive_nodes() if nodes is None else nodes
     if len(nodes) < 2:
         return
     token = secrets.token_hex(6)
-    made = []
+    made: list = []
     try:
-        for name, folder in folders.items():
-            fs, path = filesystem(folder)
-            try:
-                fs.create_dir(f"{path}/{MARKERS}{token}")
-            except OSError as e:
-                raise PreflightError(
-                    f"{name} {folder} is not writable from this driver: {_first_line(e)}"
-                ) from None
-            made.append((fs, f"{path}/{MARKERS}{token}"))
+        _make_marker_folders(folders, token, made)
         task = ray.remote(num_cpus=0, max_retries=0)(_write_markers)
         refs = {
             node: task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
@@ -221,42 +212,70 @@ def check_shared(
         }
         for node, ref in refs.items():
             where = f"Ray node {node} ({nodes[node]})"
-            try:
-                errors = ray.get(ref, timeout=timeout_s)
-            except GetTimeoutError:
-                raise PreflightError(
-                    f"{where} did not answer within {timeout_s:g} s when asked to write into "
-                    f"{', '.join(folders.values())}"
-                ) from None
-            except RayError as e:
-                raise PreflightError(
-                    f"{where} could not run the shared storage check: {_first_line(e)}"
-                ) from None
+            errors = _markers_written(ref, where, folders, timeout_s)
             for name, folder in folders.items():
-                if name in errors:
-                    raise PreflightError(
-                        f"{name} {folder} is not reachable from {where}: {errors[name]}; "
-                        f"{_FOLDER_SETTINGS.get(name, 'set it to')} a folder every node and this driver "
-                        "mount at the same path, or shared storage"
-                    )
-                fs, path = filesystem(folder)
-                try:
-                    with fs.open_input_stream(f"{path}/{MARKERS}{token}/{node}") as marker:
-                        seen = marker.read().decode() == node
-                except (OSError, FileNotFoundError):
-                    seen = False
-                if not seen:
-                    raise PreflightError(
-                        f"{name} {folder} is not shared: {where} wrote a marker there that this driver "
-                        f"does not see; {_FOLDER_SETTINGS.get(name, 'set it to')} a folder every node and "
-                        "this driver mount at the same path, or shared storage"
-                    )
+                _check_marker_seen(name, folder, token, node, where, errors.get(name))
     finally:
         for fs, marker_folder in made:
             try:
                 fs.delete_dir(marker_folder)
             except OSError:
                 pass
+
+
+def _make_marker_folders(folders: dict[str, str], token: str, made: list) -> None:
+    """Create each folder's marker folder from this driver, adding each to ``made`` (the
+    filesystem and path, for removal) as it is made; PreflightError for a folder this
+    driver cannot write into."""
+    for name, folder in folders.items():
+        fs, path = filesystem(folder)
+        try:
+            fs.create_dir(f"{path}/{MARKERS}{token}")
+        except OSError as e:
+            raise PreflightError(
+                f"{name} {folder} is not writable from this driver: {_first_line(e)}"
+            ) from None
+        made.append((fs, f"{path}/{MARKERS}{token}"))
+
+
+def _markers_written(ref, where: str, folders: dict[str, str], timeout_s: float) -> dict[str, str]:
+    """What the marker task on the node ``where`` answered: the error per folder it could
+    not write in. PreflightError when it did not answer or did not run."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayError
+
+    try:
+        return ray.get(ref, timeout=timeout_s)
+    except GetTimeoutError:
+        raise PreflightError(
+            f"{where} did not answer within {timeout_s:g} s when asked to write into "
+            f"{', '.join(folders.values())}"
+        ) from None
+    except RayError as e:
+        raise PreflightError(f"{where} could not run the shared storage check: {_first_line(e)}") from None
+
+
+def _check_marker_seen(name: str, folder: str, token: str, node: str, where: str, error: str | None) -> None:
+    """PreflightError unless the node ``where`` wrote its marker into ``folder`` (``error``:
+    why it could not) and this driver reads it back there."""
+    if error is not None:
+        raise PreflightError(
+            f"{name} {folder} is not reachable from {where}: {error}; "
+            f"{_FOLDER_SETTINGS.get(name, 'set it to')} a folder every node and this driver "
+            "mount at the same path, or shared storage"
+        )
+    fs, path = filesystem(folder)
+    try:
+        with fs.open_input_stream(f"{path}/{MARKERS}{token}/{node}") as marker:
+            seen = marker.read().decode() == node
+    except (OSError, FileNotFoundError):
+        seen = False
+    if not seen:
+        raise PreflightError(
+            f"{name} {folder} is not shared: {where} wrote a marker there that this driver "
+            f"does not see; {_FOLDER_SETTINGS.get(name, 'set it to')} a folder every node and "
+            "this driver mount at the same path, or shared storage"
+        )
 
 
 def check_cache(config: PipelineConfig) -> None:

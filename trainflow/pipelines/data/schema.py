@@ -139,75 +139,110 @@ def inspect_source(
     """Check that the source exists and holds the configured columns with usable types
     for the ``task``'s label; read no rows. ``cache_root`` holds torchvision downloads
     (default TRAINFLOW_HOME/cache)."""
-    source, fmt, files, location, size = cfg.source, cfg.format, [], cfg.source, 0
-    found, image_mode = None, cfg.image_mode or "RGB"  # an image source's own classes and mode
     try:
-        if source in sources.BUILTINS:
-            import sklearn
-
-            fmt = "builtin"
-            schema = pa.Schema.from_pandas(sources.BUILTINS[source]().head(1), preserve_index=False)
-            fingerprint = hashlib.sha256(f"{source}|sklearn {sklearn.__version__}".encode()).hexdigest()[:16]
-        elif source.startswith("builtin:"):
-            raise DataError(f"data.source {source!r}: the builtin sources are {', '.join(sources.BUILTINS)}")
-        else:
-            if source.startswith(TORCHVISION_PREFIX):
-                if cache_root is None:
-                    from trainflow.workspace import workspace
-
-                    cache_root = workspace().cache
-                name = source.removeprefix(TORCHVISION_PREFIX)
-                location = str(sources.torchvision_parquet(name, cache_root / "torchvision"))
-                fmt = "parquet"
-            listing = sources.list_source(location, fmt)
-            fmt, files, size = listing.format, listing.files, sum(listing.sizes)
-            fingerprint = sources.fingerprint(listing)
-            if source.startswith(TORCHVISION_PREFIX):
-                meta = sources.converted_meta(location)
-                fmt, found, image_mode = "image_parquet", meta["classes"], cfg.image_mode or meta["mode"]
-            elif fmt == "images":
-                found = sorted({sources.image_label(f) for f in files})
-            if fmt in IMAGE_FORMATS:
-                schema = pa.schema([(IMAGE, pa.binary()), (cfg.label_column, pa.string())])
-            else:
-                schema = _schema(listing, source)
+        found = _read_metadata(cfg, cache_root)
     except SourceError as e:
         raise DataError(str(e)) from None
-    images = fmt in IMAGE_FORMATS
-    features = _check_columns(cfg, schema, source, task, images=images)
-    classes = cfg.classes
-    what = "the image folders" if fmt == "images" else "the classes"
-    if images and task == "regression":
-        raise DataError(
-            f"task: regression needs a numeric label column; {what} of {source} "
-            "label each image by its class name (use task: classification)"
-        )
-    if images:
-        if classes is not None:
-            outside = [c for c in found if c not in map(str, classes)]
-            if outside:
-                raise DataError(
-                    f"data.classes: {what} {outside} of {source} are not among the declared classes {classes}"
-                )
-            classes = [str(c) for c in classes]
-        else:
-            classes = found
+    images = found.format in IMAGE_FORMATS
+    features = _check_columns(cfg, found.schema, cfg.source, task, images=images)
+    classes = _image_classes(cfg, found, task) if images else cfg.classes
     return SourceInfo(
-        source=source,
-        format=fmt,
-        files=files,
+        source=cfg.source,
+        format=found.format,
+        files=found.files,
         label_column=cfg.label_column,
         input_columns=features,
-        fingerprint=fingerprint,
+        fingerprint=found.fingerprint,
         limit=cfg.limit,
         categorical_columns=list(cfg.categorical_columns),
         classes=list(classes) if classes is not None else None,
         missing=cfg.missing,
-        image_mode=image_mode,
+        image_mode=found.image_mode,
         task=task,
-        location=location,
-        bytes=size,
+        location=found.location,
+        bytes=found.bytes,
     )
+
+
+@dataclass(frozen=True)
+class _Metadata:
+    """What a source's metadata says, before its columns are checked against the config."""
+
+    format: str
+    schema: pa.Schema
+    fingerprint: str
+    location: str  # where the files are: the source, or the torchvision Parquet folder
+    image_mode: str  # data.image_mode, else the source's own, else RGB
+    files: list[str] = field(default_factory=list)
+    bytes: int = 0
+    classes: list[Any] | None = None  # an image source's own: its folders, or the dataset's
+
+
+def _read_metadata(cfg: DataConfig, cache_root: Path | None) -> _Metadata:
+    """The source's format, columns and fingerprint, from metadata only; SourceError
+    naming the source where it cannot be read."""
+    if cfg.source in sources.BUILTINS:
+        return _builtin_metadata(cfg)
+    if cfg.source.startswith("builtin:"):
+        raise DataError(f"data.source {cfg.source!r}: the builtin sources are {', '.join(sources.BUILTINS)}")
+    return _file_metadata(cfg, cache_root)
+
+
+def _builtin_metadata(cfg: DataConfig) -> _Metadata:
+    """A builtin source's columns, from its first row; its fingerprint is sklearn's version."""
+    import sklearn
+
+    source = cfg.source
+    schema = pa.Schema.from_pandas(sources.BUILTINS[source]().head(1), preserve_index=False)
+    fingerprint = hashlib.sha256(f"{source}|sklearn {sklearn.__version__}".encode()).hexdigest()[:16]
+    return _Metadata("builtin", schema, fingerprint, location=source, image_mode=cfg.image_mode or "RGB")
+
+
+def _file_metadata(cfg: DataConfig, cache_root: Path | None) -> _Metadata:
+    """A source of files (a torchvision dataset: its converted Parquet, made on first use):
+    their listing, fingerprint and columns, and an image source's classes and mode."""
+    source, location, fmt = cfg.source, cfg.source, cfg.format
+    torchvision = source.startswith(TORCHVISION_PREFIX)
+    if torchvision:
+        if cache_root is None:
+            from trainflow.workspace import workspace
+
+            cache_root = workspace().cache
+        name = source.removeprefix(TORCHVISION_PREFIX)
+        location = str(sources.torchvision_parquet(name, cache_root / "torchvision"))
+        fmt = "parquet"
+    listing = sources.list_source(location, fmt)
+    fmt, fingerprint = listing.format, sources.fingerprint(listing)
+    found, image_mode = None, cfg.image_mode or "RGB"
+    if torchvision:
+        meta = sources.converted_meta(location)
+        fmt, found, image_mode = "image_parquet", meta["classes"], cfg.image_mode or meta["mode"]
+    elif fmt == "images":
+        found = sorted({sources.image_label(f) for f in listing.files})
+    if fmt in IMAGE_FORMATS:
+        schema = pa.schema([(IMAGE, pa.binary()), (cfg.label_column, pa.string())])
+    else:
+        schema = _schema(listing, source)
+    return _Metadata(fmt, schema, fingerprint, location, image_mode, listing.files, sum(listing.sizes), found)
+
+
+def _image_classes(cfg: DataConfig, found: _Metadata, task: str) -> list[Any]:
+    """An image source's classes: the declared ones (data.classes), which must hold every
+    class the source labels its images with, else the source's own."""
+    what = "the image folders" if found.format == "images" else "the classes"
+    if task == "regression":
+        raise DataError(
+            f"task: regression needs a numeric label column; {what} of {cfg.source} "
+            "label each image by its class name (use task: classification)"
+        )
+    if cfg.classes is None:
+        return found.classes
+    outside = [c for c in found.classes if c not in map(str, cfg.classes)]
+    if outside:
+        raise DataError(
+            f"data.classes: {what} {outside} of {cfg.source} are not among the declared classes {cfg.classes}"
+        )
+    return [str(c) for c in cfg.classes]
 
 
 def inspect_dataset(ds: ray.data.Dataset, cfg: DataConfig, *, task: str = "classification") -> SourceInfo:

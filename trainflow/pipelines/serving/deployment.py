@@ -1,0 +1,229 @@
+"""The Serve application: ``ModelServer``, the deployment whose replicas each serve one
+loaded version behind a FastAPI ingress, batch the requests and follow an alias; and
+:func:`app`, which binds it to a model for ``serve.run``."""
+
+# No ``from __future__ import annotations``: FastAPI reads the routes' parameter types
+# (``request: Request``) at run time, through Serve's ingress wrapper.
+import asyncio
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from ray import serve
+
+from trainflow.config import ConfigError
+from trainflow.pipelines import registry
+from trainflow.pipelines.models.checkpoint import model_actor_options
+from trainflow.pipelines.serving.requests import Inputs, RequestError, parse_body, parse_inputs, read_body
+from trainflow.pipelines.serving.served import Served, answer, now
+from trainflow.pipelines.serving.settings import (
+    BATCH_MAX_ROWS,
+    BATCH_WAIT_S,
+    MAX_ONGOING_REQUESTS,
+    TARGET_ONGOING_REQUESTS,
+    ServeSettings,
+)
+from trainflow.workspace import Workspace, workspace
+
+log = logging.getLogger("trainflow.serving")
+
+
+class _NoBatchSizeWarning(logging.Filter):
+    """Drops Serve's warning that a batch's size is above ``max_ongoing_requests``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is larger than `max_ongoing_requests`" not in record.getMessage()
+
+
+def _rows_in(batch: list[Inputs]) -> int:
+    """A batch's size for ``@serve.batch``: its rows, not its requests."""
+    return sum(inputs.rows for inputs in batch)
+
+
+# POST /predict's body as /docs shows it: rows, columns or images, an example of each.
+_PREDICT_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "rows": {"type": "array", "items": {"type": "object"}},
+                        "columns": {"type": "object", "additionalProperties": {"type": "array"}},
+                        "images": {"type": "array", "items": {}},
+                    },
+                },
+                "examples": {
+                    "rows": {"value": {"rows": [{"a": 0.5, "b": -1.0}]}},
+                    "columns": {"value": {"columns": {"a": [0.5, 1.0], "b": [-1.0, 2.0]}}},
+                    "images": {"value": {"images": ["<base64 PNG>"]}},
+                },
+            }
+        },
+    }
+}
+
+api = FastAPI(
+    title="trainflow model server",
+    description="A registered trainflow model: POST /predict, GET /model, GET /healthz.",
+)
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 1})
+@serve.ingress(api)
+class ModelServer:
+    """A replica: one loaded version, swapped for the alias's new version when it moves."""
+
+    def __init__(self, uri: str, home: str, tracking_uri: str | None, settings: ServeSettings):
+        # Serve compares the batch's size, counted here in rows, with max_ongoing_requests,
+        # counted in requests, and warns that batches stay below it: they do not.
+        logging.getLogger("ray.serve").addFilter(_NoBatchSizeWarning())
+        # The registry the driver reads, whatever this worker's environment says.
+        if tracking_uri:
+            os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
+        else:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        self._ws = Workspace(Path(home))
+        self._uri = uri
+        self._alias = registry.followed_alias(uri)
+        self._settings = settings
+        mv = registry.resolve(self._ws, uri)
+        self._served = Served.load(self._ws, mv.name, str(mv.version))
+        self._checked_at: str | None = now()
+        self._follow_error: str | None = None
+        self._predict_batch.set_max_batch_size(settings.batch_max_rows)
+        self._predict_batch.set_batch_wait_timeout_s(settings.batch_wait_s)
+        self._stop = threading.Event()
+        if self._alias is not None:
+            threading.Thread(target=self._follow, name="trainflow-follow-alias", daemon=True).start()
+
+    def __del__(self) -> None:
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
+
+    def _follow(self) -> None:
+        """Every poll interval: where does the alias point? Load a new version whole, then
+        swap it in; a failure keeps the current version serving and is shown in /model."""
+        while not self._stop.wait(self._settings.poll_interval_s):
+            try:
+                mv = registry.resolve(self._ws, self._uri)
+                if str(mv.version) != self._served.version:
+                    new = Served.load(self._ws, mv.name, str(mv.version))
+                    old, self._served = self._served.version, new
+                    log.warning("%s: now serving version %s (was %s)", self._uri, new.version, old)
+                self._checked_at, self._follow_error = now(), None
+            except Exception as e:  # the registry unreachable, a checkpoint refused: keep serving
+                error = f"{type(e).__name__}: {e}"
+                if isinstance(e, (ImportError, ConfigError)):
+                    # The model could not be built here: the replicas carry the module of
+                    # the version served at start only (model.kind: package.module:callable).
+                    error += "; restart the server to serve a version built from another module"
+                if error != self._follow_error:  # logged when the error changes, not every poll
+                    log.warning("%s: cannot follow the alias: %s", self._uri, error)
+                self._follow_error = error
+
+    @serve.batch(max_batch_size=BATCH_MAX_ROWS, batch_wait_timeout_s=BATCH_WAIT_S, batch_size_fn=_rows_in)
+    async def _predict_batch(self, batch: list[Inputs]) -> list[dict[str, Any] | RequestError]:
+        # Off the event loop, which meanwhile takes in the requests of the next batch.
+        return await asyncio.to_thread(answer, self._served, batch)
+
+    @api.post("/predict", openapi_extra=_PREDICT_DOC)
+    async def predict(self, request: Request) -> JSONResponse:
+        """Predictions for rows, columns or images (see the examples)."""
+        try:
+            payload = parse_body(await read_body(request, self._settings.max_body_bytes))
+            inputs = parse_inputs(payload, self._served.predictor.preprocessor, self._settings.max_rows)
+            result = await self._predict_batch(inputs)
+        except RequestError as e:
+            return e.response()
+        if isinstance(result, RequestError):
+            return result.response()
+        return JSONResponse(result)
+
+    @api.get("/model")
+    def model(self) -> JSONResponse:
+        """The version serving, the alias it follows, what it reads, its gate decision."""
+        served = self._served
+        pre = served.predictor.preprocessor
+        info: dict[str, Any] = {
+            "name": served.name,
+            "version": served.version,
+            "uri": self._uri,
+            "alias": self._alias,
+            "task": pre.task,
+            "classes": list(pre.classes),
+        }
+        if pre.image:
+            info["image"] = {"shape": list(pre.image["shape"]), "input": "images"}
+        else:
+            info["input_columns"] = pre.input_columns
+        info |= {
+            "gate": served.gate,
+            "metrics": served.metrics,
+            "loaded_at": served.loaded_at,
+            "checked_at": self._checked_at if self._alias else None,
+            "follow_error": self._follow_error,
+            "poll_interval_s": self._settings.poll_interval_s if self._alias else None,
+            "limits": {"max_rows": self._settings.max_rows, "max_body_bytes": self._settings.max_body_bytes},
+            "batching": {
+                "max_rows": self._settings.batch_max_rows,
+                "wait_s": self._settings.batch_wait_s,
+            },
+        }
+        return JSONResponse(info)
+
+    @api.get("/healthz")
+    def healthz(self) -> dict[str, str]:
+        return {"status": "ok", "model": self._served.name, "version": self._served.version}
+
+
+def app(
+    model: str,
+    *,
+    replicas: int = 1,
+    max_replicas: int | None = None,
+    cpus_per_replica: float = 1.0,
+    settings: ServeSettings | None = None,
+    ws: Workspace | None = None,
+) -> serve.Application:
+    """The Serve application for ``serve.run``: ``model`` (``NAME``, ``NAME@ALIAS``,
+    ``NAME/VERSION``) behind :class:`ModelServer`'s HTTP API, on ``replicas`` replicas of
+    ``cpus_per_replica`` CPUs each, or with ``max_replicas`` from one up to that many as
+    the load asks (Serve's autoscaling, TARGET_ONGOING_REQUESTS per replica). An unknown
+    model, version or alias is a RegistryError here, before any replica starts."""
+    if replicas < 1 or (max_replicas is not None and max_replicas < 1):
+        raise ValueError(f"replicas and max_replicas must be at least 1, got {replicas}, {max_replicas}")
+    import ray
+
+    ws = ws or workspace()
+    folder = registry.local_checkpoint(ws, registry.resolve(ws, model))
+    # A user's model (model.kind: package.module:callable) brings its module to the
+    # replicas, which the cluster's workers need not have: the module of the version
+    # served at the start (a later version the alias moves to must use the same one).
+    # Shipped with the replicas when Ray is connected already; else serve_until_stopped's
+    # session ships it with the job, whose runtime_env the replicas inherit.
+    actor_options = {
+        "num_cpus": cpus_per_replica,
+        **(model_actor_options(str(folder)) if ray.is_initialized() else {}),
+    }
+    scaling: dict[str, Any] = {"num_replicas": replicas}
+    if max_replicas is not None:
+        scaling = {
+            "autoscaling_config": {
+                "min_replicas": 1,
+                "max_replicas": max_replicas,
+                "target_ongoing_requests": TARGET_ONGOING_REQUESTS,
+            }
+        }
+    return ModelServer.options(
+        **scaling,
+        ray_actor_options=actor_options,
+        max_ongoing_requests=MAX_ONGOING_REQUESTS,
+    ).bind(model, str(ws.home), os.environ.get("MLFLOW_TRACKING_URI"), settings or ServeSettings())

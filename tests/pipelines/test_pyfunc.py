@@ -1,5 +1,7 @@
 """Every registered version loads through MLflow's own API, as trainflow loads it."""
 
+import shutil
+
 import mlflow
 import numpy as np
 import pandas as pd
@@ -20,7 +22,7 @@ def mlflow_registry(trainflow_home, monkeypatch):
     # previous URI that way leaves MLFLOW_TRACKING_URI naming ./mlflow.db for every later
     # test and subprocess of the session.
     ws = workspace()
-    registry._experiment_id(registry.client(ws), ws)
+    registry.experiment_id(registry.client(ws), ws)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", registry.tracking_uri(ws))
     monkeypatch.setenv("MLFLOW_REGISTRY_URI", registry.tracking_uri(ws))
     return ws
@@ -58,3 +60,19 @@ def test_the_flavor_files_are_registered_and_hashed(mlflow_registry, tmp_path):
     (folder / "MLmodel").write_text("altered")
     with pytest.raises(registry.IntegrityError, match="MLmodel"):
         registry.local_checkpoint(ws, registry.resolve(ws, "toy/1"))
+
+
+def test_a_version_whose_mlmodel_names_the_old_loader_module_still_loads(mlflow_registry, tmp_path):
+    ws = mlflow_registry
+    register(ws, make_checkpoint(tmp_path / "c1", seed=1), 0.8)
+    folder = registry.local_checkpoint(ws, registry.resolve(ws, "toy/1"))
+    mlmodel = (folder / "MLmodel").read_text()
+    assert "loader_module: trainflow.pipelines.registry.pyfunc" in mlmodel
+    # The same files with MLmodel as older versions carry it: the loader module at its old path.
+    old = tmp_path / "old"
+    shutil.copytree(folder, old)
+    (old / "MLmodel").write_text(
+        mlmodel.replace("trainflow.pipelines.registry.pyfunc", "trainflow.pipelines.pyfunc")
+    )
+    model = mlflow.pyfunc.load_model(str(old))
+    np.testing.assert_array_equal(model.predict(FRAME), registry.load_model("toy/1").predict(FRAME))

@@ -1,0 +1,62 @@
+"""The MLflow model registry, by concern: ``store`` (where it lives: the tracking URI,
+the embedded SQLite store, its lock, a client that retries while the database is
+locked), ``lineage`` (a version's lineage tags and the SHA-256 of its files),
+``aliases`` (``champion``, ``challenger`` and the history of their moves), ``versions``
+(resolve a model URI, list and describe versions, promote, roll back, load),
+``gate`` (the promotion decision), ``registration`` (a checkpoint registered and gated)
+and ``pyfunc`` (MLflow's python_function flavor of every version)."""
+
+from trainflow.pipelines.registry.aliases import CHALLENGER, CHAMPION, moves
+from trainflow.pipelines.registry.gate import GateDecision, Reevaluate, decide
+from trainflow.pipelines.registry.lineage import (
+    HASHES_FILE,
+    HASHES_TAG,
+    TEST_FINGERPRINT_TAG,
+    IntegrityError,
+    lineage_tags,
+)
+from trainflow.pipelines.registry.registration import Registration, model_link, register_checkpoint
+from trainflow.pipelines.registry.store import client, experiment_id, retry_locked, tracking_uri
+from trainflow.pipelines.registry.versions import (
+    RegistryError,
+    VersionSummary,
+    followed_alias,
+    load_model,
+    local_checkpoint,
+    promote,
+    resolve,
+    rollback,
+    version_details,
+    version_summaries,
+)
+
+__all__ = [
+    "CHALLENGER",
+    "CHAMPION",
+    "HASHES_FILE",
+    "HASHES_TAG",
+    "TEST_FINGERPRINT_TAG",
+    "GateDecision",
+    "IntegrityError",
+    "Reevaluate",
+    "Registration",
+    "RegistryError",
+    "VersionSummary",
+    "client",
+    "decide",
+    "experiment_id",
+    "followed_alias",
+    "lineage_tags",
+    "load_model",
+    "local_checkpoint",
+    "model_link",
+    "moves",
+    "promote",
+    "register_checkpoint",
+    "resolve",
+    "retry_locked",
+    "rollback",
+    "tracking_uri",
+    "version_details",
+    "version_summaries",
+]

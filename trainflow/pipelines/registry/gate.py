@@ -1,0 +1,164 @@
+"""The promotion gate: whether a new version beats the champion, and the alias it gets.
+
+The gate compares the candidate's test metric with the champion's on the same test
+data, re-scoring the champion when it was measured on other data, then moves
+``champion`` to the candidate if it passes and ``challenger`` otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainflow.config import LOWER_IS_BETTER
+from trainflow.pipelines.registry.aliases import CHALLENGER, CHAMPION, alias_version, move_alias
+from trainflow.pipelines.registry.lineage import TEST_FINGERPRINT_TAG
+from trainflow.pipelines.registry.store import registry_lock
+from trainflow.pipelines.registry.versions import local_checkpoint
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities.model_registry import ModelVersion
+
+    from trainflow.config import RegistryConfig
+    from trainflow.workspace import Workspace
+
+# What re-scores a champion on the candidate's test data: its local checkpoint folder in,
+# its test metrics out (``accuracy``, ``macro_f1``...).
+Reevaluate = Callable[[Path], dict[str, Any]]
+
+
+@dataclass
+class GateDecision:
+    passed: bool
+    metric: str
+    candidate: float
+    champion: float | None
+    champion_version: str | None
+    min_improvement: float
+    min_value: float | None
+    same_test_data: bool | None
+    reason: str
+    # True when the champion's number was measured now, on the candidate's test data.
+    champion_reevaluated: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def decide(
+    metric: str,
+    candidate: float,
+    champion: float | None,
+    gate: RegistryConfig,
+    *,
+    champion_version: str | None = None,
+    same_test_data: bool | None = None,
+    champion_reevaluated: bool = False,
+    champion_note: str | None = None,
+) -> GateDecision:
+    """The promotion gate: clear min_value (a floor, or a ceiling for an error metric such
+    as rmse), and beat the champion by min_improvement in the metric's better direction.
+
+    A champion without a number to compare (``champion`` None) leaves min_value alone to
+    decide; ``champion_note`` says why, in the reason.
+    """
+    common = dict(
+        metric=metric,
+        candidate=candidate,
+        champion=champion,
+        champion_version=champion_version,
+        min_improvement=gate.min_improvement,
+        min_value=gate.min_value,
+        same_test_data=same_test_data,
+        champion_reevaluated=champion_reevaluated,
+    )
+    lower = metric in LOWER_IS_BETTER
+    bound = gate.min_value
+    if bound is not None and (candidate > bound if lower else candidate < bound):
+        where = "above the ceiling" if lower else "below"
+        return GateDecision(False, reason=f"{metric} {candidate:.4f} is {where} min_value {bound}", **common)
+    if champion is None:
+        clears = f"; {metric} {candidate:.4f} clears min_value {bound}" if bound is not None else ""
+        return GateDecision(True, reason=f"{champion_note or 'no champion yet'}{clears}", **common)
+    where = " (champion re-evaluated on this test data)" if champion_reevaluated else ""
+    # The improvement in the better direction: a fall in rmse is a positive improvement.
+    improvement = champion - candidate if lower else candidate - champion
+    direction = " (lower is better)" if lower else ""
+    compared = (
+        f"{metric} {candidate:.4f} vs champion v{champion_version} {champion:.4f}{where}: "
+        f"improvement {improvement:+.4f}{direction}"
+    )
+    if improvement >= gate.min_improvement:
+        return GateDecision(True, reason=f"{compared} >= {gate.min_improvement}", **common)
+    return GateDecision(False, reason=f"{compared} < {gate.min_improvement}", **common)
+
+
+def _champion_number(
+    ws: Workspace,
+    c: MlflowClient,
+    champ: ModelVersion,
+    metric: str,
+    fingerprint: str | None,
+    reevaluate: Reevaluate | None,
+) -> tuple[float | None, bool, bool, str | None]:
+    """The champion's metric on the candidate's test data, whether that is the data it was
+    measured on, whether it was re-scored now, and why there is no number if there is none."""
+    same = champ.tags.get(TEST_FINGERPRINT_TAG) == fingerprint
+    if same or reevaluate is None:
+        value = c.get_run(champ.run_id).data.metrics.get(f"test_{metric}")
+        note = None if value is not None else f"champion v{champ.version} has no test_{metric}"
+        return value, same, False, note
+    try:
+        scored = reevaluate(local_checkpoint(ws, champ))
+    except ValueError as e:
+        # Other features or classes than the new data has (DataError), or an altered
+        # checkpoint (IntegrityError): the champion cannot be compared on these rows.
+        return None, same, False, f"champion v{champ.version} cannot score this test data ({e})"
+    if metric not in scored:  # a champion of the other task
+        return None, same, False, f"champion v{champ.version} is not measured by {metric}"
+    return float(scored[metric]), same, True, None
+
+
+def gate_version(
+    ws: Workspace,
+    c: MlflowClient,
+    name: str,
+    version: str,
+    metrics: dict[str, float],
+    fingerprint: str | None,
+    gate: RegistryConfig,
+    reevaluate: Reevaluate | None,
+) -> GateDecision:
+    """Decide on a READY version against the champion, keep the decision as the version's
+    ``gate.*`` tags, and point ``champion`` at it if it passes, ``challenger`` if not.
+
+    ``metrics`` are its test metrics; ``fingerprint`` names the test data they were
+    measured on. Under registry_lock: no other process moves the champion meanwhile.
+    """
+    metric = gate.gate_metric
+    with registry_lock(ws):
+        champ = alias_version(c, name, CHAMPION)
+        champ_value = same = note = None
+        reevaluated = False
+        if champ is not None:
+            champ_value, same, reevaluated, note = _champion_number(
+                ws, c, champ, metric, fingerprint, reevaluate
+            )
+        decision = decide(
+            metric,
+            float(metrics[metric]),
+            champ_value,
+            gate,
+            champion_version=str(champ.version) if champ else None,
+            same_test_data=same,
+            champion_reevaluated=reevaluated,
+            champion_note=note,
+        )
+        for key, value in decision.to_dict().items():
+            c.set_model_version_tag(name, version, f"gate.{key}", str(value))
+        alias = CHAMPION if decision.passed else CHALLENGER
+        move_alias(c, name, alias, version, action="gate", reason=decision.reason)
+    return decision

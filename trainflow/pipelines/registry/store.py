@@ -1,0 +1,134 @@
+"""Where the registry lives and how it is opened.
+
+The registry is the embedded SQLite store under TRAINFLOW_HOME unless
+MLFLOW_TRACKING_URI points at an MLflow server. The embedded store is one SQLite file
+that several processes write to, so every client call retries while the database is
+locked, and a file lock lets one process at a time decide and move aliases.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+    from trainflow.workspace import Workspace
+
+EXPERIMENT = "trainflow"
+
+
+def tracking_uri(ws: Workspace) -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{ws.mlflow_db}"
+
+
+def _embedded() -> bool:
+    return not os.environ.get("MLFLOW_TRACKING_URI")
+
+
+def _artifact_location(ws: Workspace) -> str | None:
+    """Where a new experiment keeps its artifacts: beside its SQLite database (the embedded
+    store's, or one that MLFLOW_TRACKING_URI names), not in ./mlruns of whatever folder
+    the run started in, MLflow's default for a database it did not create through a
+    server; an MLflow server's own artifact root (None) otherwise."""
+    if _embedded():
+        return ws.artifacts.as_uri()
+    uri = tracking_uri(ws)
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+    return None
+
+
+def _locked_database(e: BaseException) -> bool:
+    return "database is locked" in str(e) or "database table is locked" in str(e)
+
+
+def retry_locked(fn: Callable, *args, attempts: int = 12, **kwargs):
+    """Call fn, retrying with backoff while SQLite says the database is locked.
+
+    The embedded store is one SQLite file; flow runs registering at the same moment take
+    turns on its write lock, and SQLite answers the loser "database is locked" instead
+    of waiting. A locked write did not happen, so trying it again is safe.
+    """
+    delay = 0.05
+    for attempt in range(attempts):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            if attempt == attempts - 1 or not _locked_database(e):
+                raise
+            time.sleep(delay * (1 + (os.getpid() % 7) / 7))  # spread the processes apart
+            delay = min(delay * 2, 2.0)
+
+
+class _RetryingClient:
+    """An MlflowClient whose every call retries while the SQLite database is locked."""
+
+    def __init__(self, inner: MlflowClient):
+        self._inner = inner
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+        return functools.partial(retry_locked, attr)
+
+
+@contextlib.contextmanager
+def registry_lock(ws: Workspace) -> Iterator[None]:
+    """One process at a time reads the champion, decides and moves aliases.
+
+    A file lock serializes processes on this machine (the embedded store's case); with
+    an MLflow server, the training flow's per-model Prefect concurrency slot does.
+    """
+    path = ws.home / "registry.lock"
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def client(ws: Workspace) -> MlflowClient:
+    from mlflow import MlflowClient
+
+    uri = tracking_uri(ws)
+    if _embedded() and uri not in _opened:
+        # A process's first client creates or upgrades the database's tables: two
+        # processes doing it at once collide ("duplicate column name"), so each does it
+        # under the lock, registry tables included.
+        with registry_lock(ws):
+            c = MlflowClient(tracking_uri=uri, registry_uri=uri)
+            c.search_registered_models(max_results=1)
+        _opened.add(uri)
+    else:
+        c = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    return _RetryingClient(c)  # type: ignore[return-value]
+
+
+_opened: set[str] = set()  # the embedded stores this process has opened
+
+
+def experiment_id(c: MlflowClient, ws: Workspace) -> str:
+    """The id of trainflow's MLflow experiment, made on first use with its artifacts
+    where :func:`_artifact_location` says."""
+    exp = c.get_experiment_by_name(EXPERIMENT)
+    if exp is not None:
+        return exp.experiment_id
+    location = _artifact_location(ws)
+    try:
+        return c.create_experiment(EXPERIMENT, artifact_location=location)
+    except Exception:
+        # Another run created it between our look and our create.
+        exp = c.get_experiment_by_name(EXPERIMENT)
+        if exp is None:
+            raise
+        return exp.experiment_id

@@ -1,0 +1,238 @@
+"""A registered model's versions: find one by URI, list and describe them, move the
+champion by hand, and load a version's checkpoint on this machine."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainflow.files import publishing_folder
+from trainflow.pipelines.models.checkpoint import Predictor, load_checkpoint
+from trainflow.pipelines.registry.aliases import (
+    CHAMPION,
+    alias_version,
+    champion_stack,
+    move_alias,
+    moves,
+)
+from trainflow.pipelines.registry.lineage import HASHES_TAG, verify_files
+from trainflow.pipelines.registry.store import client, registry_lock, tracking_uri
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities.model_registry import ModelVersion
+
+    from trainflow.workspace import Workspace
+
+
+class RegistryError(ValueError):
+    """A model, version or alias that does not exist, or a move that cannot be made."""
+
+
+def require_model(c: MlflowClient, name: str) -> None:
+    """Refuse a model name the registry does not hold, naming the ones it does."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        c.get_registered_model(name)
+    except MlflowException:
+        known = sorted(rm.name for rm in c.search_registered_models())
+        raise RegistryError(
+            f"unknown model {name!r}; registered models: {', '.join(known) or 'none'}"
+        ) from None
+
+
+def require_version(c: MlflowClient, name: str, version: str) -> ModelVersion:
+    """A version of a model, or an error naming the versions it has."""
+    from mlflow.exceptions import MlflowException
+
+    require_model(c, name)
+    try:
+        return c.get_model_version(name, version)
+    except MlflowException:
+        versions = sorted(int(v.version) for v in c.search_model_versions(f"name='{name}'"))
+        raise RegistryError(
+            f"{name} has no version {version}; its versions: {', '.join(map(str, versions)) or 'none'}"
+        ) from None
+
+
+# --- resolving a model URI -----------------------------------------------------------
+
+_URI = re.compile(r"^(?:models:/)?(?P<name>[^@/]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))?$")
+
+
+def resolve(ws: Workspace, uri: str) -> ModelVersion:
+    """``NAME``, ``NAME@ALIAS``, ``NAME/VERSION`` or their ``models:/`` forms -> a ModelVersion.
+
+    A bare name means its champion.
+    """
+    m = _URI.match(uri)
+    if not m:
+        raise RegistryError(f"model {uri!r}: use NAME@ALIAS, NAME/VERSION or models:/NAME@ALIAS")
+    c = client(ws)
+    name = m["name"]
+    if m["version"]:
+        return require_version(c, name, m["version"])
+    require_model(c, name)
+    alias = m["alias"] or CHAMPION
+    mv = alias_version(c, name, alias)
+    if mv is None:
+        aliases = sorted(c.get_registered_model(name).aliases)
+        raise RegistryError(f"{name} has no alias {alias!r}; its aliases: {', '.join(aliases) or 'none'}")
+    return mv
+
+
+def followed_alias(uri: str) -> str | None:
+    """The alias a model URI follows (``champion`` for a bare name); None for a pinned
+    ``NAME/VERSION``, which never moves."""
+    m = _URI.match(uri)
+    if not m:
+        raise RegistryError(f"model {uri!r}: use NAME@ALIAS, NAME/VERSION or models:/NAME@ALIAS")
+    return None if m["version"] else (m["alias"] or CHAMPION)
+
+
+# --- listing and describing ----------------------------------------------------------
+
+
+def list_versions(ws: Workspace, name: str) -> list[ModelVersion]:
+    c = client(ws)
+    require_model(c, name)
+    return sorted(c.search_model_versions(f"name='{name}'"), key=lambda v: int(v.version))
+
+
+@dataclass(frozen=True)
+class VersionSummary:
+    """One version as ``trainflow models list`` shows it."""
+
+    version: str
+    aliases: list[str]
+    metrics: dict[str, float]  # its run's metrics: test_accuracy, test_macro_f1, ...
+    gate_passed: str  # "True", "False", or "" when the gate never ran on it
+    created_ms: int
+
+
+def version_summaries(ws: Workspace, name: str) -> list[VersionSummary]:
+    """Every version of a model, oldest first, with its aliases, metrics and gate result."""
+    versions = list_versions(ws, name)
+    c = client(ws)
+    # Searched versions come without their aliases; the registered model holds them.
+    aliases: dict[str, list[str]] = {}
+    for alias, version in c.get_registered_model(name).aliases.items():
+        aliases.setdefault(str(version), []).append(alias)
+    return [
+        VersionSummary(
+            version=str(mv.version),
+            aliases=sorted(aliases.get(str(mv.version), [])),
+            metrics=dict(c.get_run(mv.run_id).data.metrics) if mv.run_id else {},
+            gate_passed=mv.tags.get("gate.passed", ""),
+            created_ms=int(mv.creation_timestamp),
+        )
+        for mv in versions
+    ]
+
+
+def version_details(ws: Workspace, uri: str) -> dict[str, Any]:
+    """A version's aliases, test metrics, lineage tags, gate decision and alias moves."""
+    mv = resolve(ws, uri)
+    c = client(ws)
+    run = c.get_run(mv.run_id)
+    tags = dict(mv.tags)
+    return {
+        "name": mv.name,
+        "version": str(mv.version),
+        "status": mv.status,
+        "aliases": sorted(mv.aliases),
+        "source": mv.source,
+        "metrics": {k: v for k, v in run.data.metrics.items() if k.startswith("test_")},
+        "gate": {k.removeprefix("gate."): v for k, v in tags.items() if k.startswith("gate.")},
+        "alias_moves": [m for m in moves(c, mv.name) if m["version"] == str(mv.version)],
+        "tags": tags,
+    }
+
+
+# --- moving the champion by hand -----------------------------------------------------
+
+
+def promote(ws: Workspace, name: str, version: str, reason: str = "promoted by hand") -> dict:
+    """Make ``version`` the champion, whatever the gate said."""
+    c = client(ws)
+    mv = require_version(c, name, version)
+    if mv.status != "READY":
+        raise RegistryError(f"{name} version {version} is {mv.status}, not READY; it cannot be champion")
+    with registry_lock(ws):
+        return move_alias(c, name, CHAMPION, str(version), action="promote", reason=reason)
+
+
+def rollback(ws: Workspace, name: str) -> dict:
+    """Move the champion back to the champion before it."""
+    c = client(ws)
+    require_model(c, name)
+    with registry_lock(ws):
+        current = alias_version(c, name, CHAMPION)
+        stack = champion_stack(moves(c, name))
+        if current is None or len(stack) < 2 or stack[-1] != str(current.version):
+            now = f"v{current.version}" if current else "none"
+            raise RegistryError(f"{name} has no previous champion to roll back to (champion: {now})")
+        return move_alias(
+            c, name, CHAMPION, stack[-2], action="rollback", reason=f"rolled back from v{current.version}"
+        )
+
+
+# --- loading -------------------------------------------------------------------------
+
+
+def local_checkpoint(ws: Workspace, mv: ModelVersion) -> Path:
+    """The version's checkpoint folder on this machine, downloaded once, checked every time."""
+    from mlflow.artifacts import download_artifacts
+
+    local = ws.home / "models" / mv.name / str(mv.version)
+    if not local.is_dir():
+        # A half-copied model is never loaded; a copy another process finished first is kept.
+        with publishing_folder(local, finished=Path.is_dir) as tmp, _no_progress_bar():
+            got = Path(
+                download_artifacts(artifact_uri=mv.source, dst_path=str(tmp), tracking_uri=tracking_uri(ws))
+            )
+            if got != tmp:  # the artifacts came in a folder of their own: lift its files
+                for item in got.iterdir():
+                    item.rename(tmp / item.name)
+                got.rmdir()
+    expected = mv.tags.get(HASHES_TAG)
+    if expected:
+        verify_files(local, json.loads(expected), f"{mv.name} version {mv.version}")
+    return local
+
+
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """MLflow draws a progress bar on stderr for a few small files; a command's one-line
+    error or a Prefect log should not start with it. The user's own setting wins."""
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    if key in os.environ:
+        yield
+        return
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        os.environ.pop(key, None)
+
+
+def load_model(uri: str, ws: Workspace | None = None) -> Predictor:
+    """A registered model, ready to predict raw rows with its saved preprocessing.
+
+    >>> model = load_model("digits@champion")
+    >>> model.predict(frame)
+    """
+    from trainflow.workspace import workspace
+
+    ws = ws or workspace()
+    mv = resolve(ws, uri)
+    predictor = load_checkpoint(local_checkpoint(ws, mv))
+    predictor.version = str(mv.version)
+    return predictor

@@ -1,9 +1,10 @@
 """The training loop that runs on every Ray Train worker, and its parts: optimizer,
 learning-rate schedule, precision, early stopping, one epoch of training, validation.
 
-:func:`train_loop_per_worker` reads its :class:`~.settings.TrainSettings`, its share of
-the prepared splits (:mod:`.inputs`), trains, and reports each epoch's metrics with a
-checkpoint from rank 0, resuming from Ray's latest checkpoint when there is one.
+:func:`train_loop_per_worker` reads its :class:`~.settings.TrainSettings`, builds its
+:class:`TrainingParts`, resumes them from Ray's latest checkpoint when there is one, opens
+its share of the prepared splits (:mod:`.inputs`), and then, epoch by epoch, trains,
+validates and reports the epoch's metrics with a checkpoint from rank 0.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,8 +38,15 @@ from trainflow.pipelines.training.progress import ProgressLog
 from trainflow.pipelines.training.settings import SETTINGS, Outcome
 
 if TYPE_CHECKING:
+    import ray.data
+
     from trainflow.config import TrainConfig
     from trainflow.pipelines.training.settings import TrainSettings
+
+# A split held in memory: its features and labels, as tensors on the worker's device.
+InMemory = tuple[torch.Tensor, torch.Tensor]
+# A mini-batch: its features and labels, by column name.
+Batch = dict[str, torch.Tensor]
 
 
 def make_optimizer(
@@ -257,6 +266,196 @@ def _resume_state(checkpoint, settings: TrainSettings) -> tuple[dict, dict] | No
         return _load_training_state(Path(folder)) if folder else None
 
 
+@dataclass
+class TrainingParts:
+    """What one worker trains with, built once from the settings: the model (wrapped for
+    DDP), what updates it, the precision, the loss and early stopping. Every part but the
+    loss saves its state with each checkpoint and resumes from it."""
+
+    device: torch.device
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    precision: Precision
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    grad_clip_norm: float | None
+    classify: bool  # validation measures accuracy too
+    stopping: EarlyStopping | None
+
+    @classmethod
+    def build(cls, settings: TrainSettings) -> TrainingParts:
+        """The parts of ``settings``' run on this worker's device. Seeded before the model
+        is built: the same initial weights on every worker."""
+        import ray.train.torch
+
+        cfg = settings.train
+        if cfg.deterministic:
+            ray.train.torch.enable_reproducibility(cfg.seed)
+        else:
+            seed_everything(cfg.seed)
+        device = ray.train.torch.get_device()
+        model = ray.train.torch.prepare_model(initial_model(settings.model_spec))
+        optimizer = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.weight_decay, cfg.momentum)
+        loss_fn = make_loss(
+            settings.config.loss, label_smoothing=cfg.label_smoothing, class_weights=settings.class_weights
+        )
+        return cls(
+            device=device,
+            model=model,
+            optimizer=optimizer,
+            scheduler=make_scheduler(optimizer, cfg),
+            precision=Precision(cfg.precision, device),
+            loss_fn=loss_fn.to(device) if settings.class_weights else loss_fn,
+            grad_clip_norm=cfg.grad_clip_norm,
+            classify=settings.config.task == "classification",
+            stopping=EarlyStopping(**cfg.early_stopping.model_dump()) if cfg.early_stopping else None,
+        )
+
+    def train_on(self, batches: Iterable[Batch], on_step: Callable[[int, float], None] | None) -> float:
+        """One epoch of training on ``batches`` (:func:`train_epoch`): the mean train loss."""
+        return train_epoch(
+            self.model, batches, self.optimizer, self.loss_fn, self.precision, self.grad_clip_norm, on_step
+        )
+
+    def validate_on(self, batches: Iterable[Batch]) -> dict[str, float]:
+        """The validation metrics over ``batches`` (:func:`validate`)."""
+        return validate(self.model, batches, self.loss_fn, self.precision, self.classify)
+
+    def train_state(self, epoch: int, history: list[dict[str, float]]) -> dict[str, Any]:
+        """What a checkpoint holds to resume after ``epoch``, besides the model's weights."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.precision.scaler.state_dict(),
+            "early_stopping": json.dumps(self.stopping.state_dict()) if self.stopping else "",
+            "epoch": epoch,
+            "history": json.dumps(history),
+        }
+
+    def resume(self, state: tuple[dict, dict] | None) -> tuple[int, list[dict[str, float]]]:
+        """Load a checkpoint's train state and model weights (:func:`_resume_state`); return
+        the epoch it ends after and the metrics of the epochs so far (0 and [] without one)."""
+        if state is None:
+            return 0, []
+        train_state, model_state = state
+        _unwrap(self.model).load_state_dict(model_state)
+        self.optimizer.load_state_dict(train_state["optimizer"])
+        self.scheduler.load_state_dict(train_state["scheduler"])
+        self.precision.scaler.load_state_dict(train_state["scaler"])
+        if self.stopping is not None and train_state["early_stopping"]:
+            self.stopping.load_state_dict(json.loads(train_state["early_stopping"]))
+        return train_state["epoch"], json.loads(train_state["history"])
+
+
+def open_splits(
+    settings: TrainSettings, rank: int, world_size: int, device: torch.device
+) -> tuple[InMemory | StreamedEpochs, InMemory | ray.data.DataIterator]:
+    """This worker's train and val splits: tensors on ``device`` for the splits in
+    ``settings.memory_splits``, else its Ray Data shard, the train split's epochs
+    streamed in chunks (:class:`~.inputs.StreamedEpochs`)."""
+    train = split_source("train", settings.memory_splits, rank, world_size, device)
+    val = split_source("val", settings.memory_splits, rank, world_size, device)
+    if not isinstance(train, tuple):
+        chunk_rows = stream_chunk_rows(settings.train.batch_size, settings.model_spec["num_features"])
+        train = StreamedEpochs(train, chunk_rows, device, device.type == "cuda")
+    return train, val
+
+
+def epoch_batches(
+    train: InMemory | StreamedEpochs,
+    val: InMemory | ray.data.DataIterator,
+    epoch: int,
+    seed: int,
+    settings: TrainSettings,
+    device: torch.device,
+) -> tuple[Iterable[Batch], Iterable[Batch]]:
+    """Epoch ``epoch``'s train batches, shuffled by a generator seeded with ``seed`` (and
+    augmented, in memory, when the preprocessor augments), and its val batches in order."""
+    batch_size = settings.train.batch_size
+    if isinstance(train, tuple):
+        train_batches = tensor_batches(*train, batch_size, torch.Generator().manual_seed(seed))
+        train_batches = augmented_batches(train_batches, settings.preprocessor)
+    else:
+        # Chunks of whole batches from Ray Data (stream_chunk_rows), each shuffled and cut
+        # into batches here.
+        chunks = train.epoch(more=epoch + 1 < settings.train.epochs)
+        train_batches = chunk_batches(chunks, batch_size, torch.Generator().manual_seed(seed))
+    if isinstance(val, tuple):
+        val_batches = tensor_batches(*val, batch_size)
+    else:
+        pin_memory = device.type == "cuda"
+        val_batches = val.iter_torch_batches(batch_size=batch_size, device=device, pin_memory=pin_memory)
+    return train_batches, val_batches
+
+
+def step_logger(
+    progress: ProgressLog | None, log_every: int | None, rank: int, epoch: int
+) -> Callable[[int, float], None] | None:
+    """What :func:`train_epoch` calls after each step of epoch ``epoch``: rank 0 writes
+    every ``log_every``-th step's loss to ``progress``. None when there is no such row to
+    write (no ``train.log_every_n_steps``, another rank, nobody following)."""
+    if not (log_every and rank == 0 and progress is not None):
+        return None
+
+    def on_step(step: int, loss: float) -> None:
+        if step % log_every == 0:
+            progress.step({"epoch": epoch + 1, "step": step, "loss": loss})
+
+    return on_step
+
+
+def report_epoch(
+    metrics: dict[str, float],
+    history: list[dict[str, float]],
+    parts: TrainingParts,
+    settings: TrainSettings,
+    saved_config: dict[str, Any],
+    rank: int,
+    progress: ProgressLog | None,
+) -> None:
+    """Report an epoch's ``metrics`` to Ray Train from every worker, rank 0's report with
+    a checkpoint: the model with its spec, preprocessor and config, the metrics with the
+    ``history`` of every epoch so far, and the train state to resume from. Rank 0 also
+    writes the epoch's progress row."""
+    import ray.train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = None
+        if rank == 0:
+            save_checkpoint(
+                tmp,
+                model=parts.model,
+                spec=settings.model_spec,
+                preprocessor=settings.preprocessor,
+                config=saved_config,
+                metrics={**metrics, "history": history},
+                train_state=parts.train_state(metrics["epoch"], history),
+            )
+            checkpoint = ray.train.Checkpoint.from_directory(tmp)
+            if progress is not None:
+                progress.add(metrics)
+        ray.train.report(metrics, checkpoint=checkpoint)
+
+
+def diverged(train_loss: float, epoch: int, lr: float) -> Outcome:
+    """How a run ends whose train loss became NaN or infinite in ``epoch``, saying what to
+    change. Returned, not raised: Ray would restart the workers, and they would diverge
+    again from the last checkpoint."""
+    return Outcome(
+        "diverged",
+        epoch,
+        f"train loss became {train_loss} in epoch {epoch}; lower train.lr "
+        f"(now {lr}) or check the data for extreme values",
+    )
+
+
+def early_stopped(stopping: EarlyStopping, epoch: int) -> Outcome:
+    """How a run ends that early stopping ended after ``epoch``, saying why."""
+    return Outcome(
+        "early_stopped", epoch, f"{stopping.metric} did not improve for {stopping.patience} epochs"
+    )
+
+
 def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
     """Runs on every Ray Train worker, with its settings under ``loop_config["settings"]``.
 
@@ -264,33 +463,16 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
     """
     import ray
     import ray.train
-    import ray.train.torch
 
     settings = loop_config[SETTINGS]
     cfg = settings.train
-    epochs, batch_size, seed, log_every = cfg.epochs, cfg.batch_size, cfg.seed, cfg.log_every_n_steps
     callbacks = load_callbacks(cfg.callbacks)
-    stopping = EarlyStopping(**cfg.early_stopping.model_dump()) if cfg.early_stopping else None
     saved_config = settings.config.model_dump(mode="json")  # what each checkpoint's config.json holds
 
-    # Seeded before the model is built: the same initial weights on every worker.
-    if cfg.deterministic:
-        ray.train.torch.enable_reproducibility(seed)
-    else:
-        seed_everything(seed)
+    # Set up: the model and what trains it; this worker's place in the group.
+    parts = TrainingParts.build(settings)
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
-    device = ray.train.torch.get_device()
-    model = ray.train.torch.prepare_model(initial_model(settings.model_spec))
-    optimizer = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.weight_decay, cfg.momentum)
-    scheduler = make_scheduler(optimizer, cfg)
-    precision = Precision(cfg.precision, device)
-    classify = settings.config.task == "classification"
-    loss_fn = make_loss(
-        settings.config.loss, label_smoothing=cfg.label_smoothing, class_weights=settings.class_weights
-    )
-    if settings.class_weights:
-        loss_fn = loss_fn.to(device)
     # The ProgressLog the driver follows (None: nobody follows this run).
     progress = ProgressLog(settings.progress, rank) if settings.progress else None
     if settings.placements and rank == 0:
@@ -299,105 +481,35 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
     # Resume: Ray hands back the latest checkpoint after a worker failure or when the
     # same run name is fitted again (a Prefect retry of the train task, `--resume`); a
     # newer folder that Ray's controller never recorded (its driver died first) wins.
-    start_epoch, history = 0, []
-    state = _resume_state(ray.train.get_checkpoint(), settings)
-    if state is not None:
-        train_state, model_state = state
-        _unwrap(model).load_state_dict(model_state)
-        optimizer.load_state_dict(train_state["optimizer"])
-        scheduler.load_state_dict(train_state["scheduler"])
-        precision.scaler.load_state_dict(train_state["scaler"])
-        if stopping is not None and train_state["early_stopping"]:
-            stopping.load_state_dict(json.loads(train_state["early_stopping"]))
-        start_epoch = train_state["epoch"]
-        history = json.loads(train_state["history"])
+    start_epoch, history = parts.resume(_resume_state(ray.train.get_checkpoint(), settings))
     if progress is not None:
         progress.started(ray.get_runtime_context().get_node_id(), start_epoch)
 
-    # Splits in memory_splits are read once, straight from the prepared Parquet, and kept
-    # as tensors: Ray Data's split coordinators and a streaming pass per epoch cost more
-    # than a small epoch (benchmarks/training.py). The others stream from Ray Data every epoch.
-    world_size = ctx.get_world_size()
-    train = split_source("train", settings.memory_splits, rank, world_size, device)
-    val = split_source("val", settings.memory_splits, rank, world_size, device)
-    pin_memory = device.type == "cuda"
-    if not isinstance(train, tuple):
-        chunk_rows = stream_chunk_rows(batch_size, settings.model_spec["num_features"])
-        train = StreamedEpochs(train, chunk_rows, device, pin_memory)
+    # Data: the splits in memory_splits are read once, straight from the prepared Parquet,
+    # and kept as tensors: Ray Data's split coordinators and a streaming pass per epoch
+    # cost more than a small epoch (benchmarks/training.py). The others stream every epoch.
+    train, val = open_splits(settings, rank, ctx.get_world_size(), parts.device)
 
-    outcome = Outcome("completed", epochs)
-    for epoch in range(start_epoch, epochs):
-        this_seed = epoch_seed(seed, epoch, rank)
+    for epoch in range(start_epoch, cfg.epochs):
+        # Train, from a seed of the epoch's own: a resumed run draws as one that never stopped.
+        this_seed = epoch_seed(cfg.seed, epoch, rank)
         seed_everything(this_seed)
-        if isinstance(train, tuple):
-            train_batches = tensor_batches(*train, batch_size, torch.Generator().manual_seed(this_seed))
-            train_batches = augmented_batches(train_batches, settings.preprocessor)
-        else:
-            # Chunks of whole batches from Ray Data (stream_chunk_rows), each shuffled and cut
-            # into batches here.
-            chunks = train.epoch(more=epoch + 1 < epochs)
-            train_batches = chunk_batches(chunks, batch_size, torch.Generator().manual_seed(this_seed))
-        if isinstance(val, tuple):
-            val_batches = tensor_batches(*val, batch_size)
-        else:
-            val_batches = val.iter_torch_batches(batch_size=batch_size, device=device, pin_memory=pin_memory)
+        train_batches, val_batches = epoch_batches(train, val, epoch, this_seed, settings, parts.device)
+        lr = parts.optimizer.param_groups[0]["lr"]
+        train_loss = parts.train_on(train_batches, step_logger(progress, cfg.log_every_n_steps, rank, epoch))
+        if not math.isfinite(train_loss):  # all-reduced: every worker stops here together
+            return diverged(train_loss, epoch + 1, cfg.lr)
 
-        on_step = None
-        if log_every and rank == 0 and progress is not None:
-
-            def on_step(step: int, loss: float, epoch: int = epoch) -> None:
-                if step % log_every == 0:
-                    progress.step({"epoch": epoch + 1, "step": step, "loss": loss})
-
-        lr = optimizer.param_groups[0]["lr"]
-        train_loss = train_epoch(
-            model, train_batches, optimizer, loss_fn, precision, cfg.grad_clip_norm, on_step
-        )
-        if not math.isfinite(train_loss):
-            # Every worker holds the same all-reduced figure, so all stop here together.
-            # A returned outcome, not an exception: Ray would restart the workers and
-            # diverge again from the last checkpoint.
-            return Outcome(
-                "diverged",
-                epoch + 1,
-                f"train loss became {train_loss} in epoch {epoch + 1}; lower train.lr "
-                f"(now {cfg.lr}) or check the data for extreme values",
-            )
-        validated = validate(model, val_batches, loss_fn, precision, classify)
-        scheduler.step()
-        metrics = {"epoch": epoch + 1, "train_loss": train_loss, **validated, "lr": lr}
+        # Validate, then step the schedule and early stopping.
+        metrics = {"epoch": epoch + 1, "train_loss": train_loss, **parts.validate_on(val_batches), "lr": lr}
+        parts.scheduler.step()
         history.append(metrics)
-        stop = stopping.update(metrics) if stopping is not None else False
-        with tempfile.TemporaryDirectory() as tmp:
-            report_checkpoint = None
-            if rank == 0:
-                save_checkpoint(
-                    tmp,
-                    model=model,
-                    spec=settings.model_spec,
-                    preprocessor=settings.preprocessor,
-                    config=saved_config,
-                    metrics={**metrics, "history": history},
-                    train_state={
-                        "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(),
-                        "scaler": precision.scaler.state_dict(),
-                        "early_stopping": json.dumps(stopping.state_dict()) if stopping else "",
-                        "epoch": epoch + 1,
-                        "history": json.dumps(history),
-                    },
-                )
-                report_checkpoint = ray.train.Checkpoint.from_directory(tmp)
-                if progress is not None:
-                    progress.add(metrics)
-            ray.train.report(metrics, checkpoint=report_checkpoint)
+        stop = parts.stopping.update(metrics) if parts.stopping is not None else False
+
+        # Checkpoint and report, then the user's callbacks.
+        report_epoch(metrics, history, parts, settings, saved_config, rank, progress)
         for callback in callbacks:
             callback(epoch + 1, metrics, rank)
         if stop:
-            outcome = Outcome(
-                "early_stopped",
-                epoch + 1,
-                f"{stopping.metric} did not improve for {stopping.patience} epochs",
-            )
-            break
-    return outcome
+            return early_stopped(parts.stopping, epoch + 1)
+    return Outcome("completed", cfg.epochs)

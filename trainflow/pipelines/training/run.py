@@ -95,27 +95,55 @@ def run_training(
     under ``storage``, and return its best checkpoint.
 
     A run of the same name and storage that has checkpoints resumes from its latest (a
-    retry of the caller, for instance). ``on_row`` is called, in the caller's thread for
-    the first and a follower thread for the others, with ``{"kind": "plan", "in_memory":
-    [...], "streamed": [...], "run_path": ..., "parameters": ..., "loss": ...,
-    "class_weights": ...}`` before the workers start, then each row
-    the workers write (``start``, ``epoch``, ``step``: see progress.ProgressLog). Without
-    ``on_row`` the workers write no rows, and the result has no ``starts`` and ``nodes``.
+    retry of the caller, for instance). ``on_row`` is called with the ``plan`` row
+    (:func:`plan_row`) in the caller's thread before the workers start, then in a follower
+    thread with each row the workers write (``start``, ``epoch``, ``step``: see
+    progress.ProgressLog). Without ``on_row`` the workers write no rows, and the result
+    has no ``starts`` and ``nodes``.
     ``callbacks``: Ray Train callbacks, such as Ray Tune's TuneReportCallback in a sweep;
     ``placements``: the PlacementTracker the worker groups record themselves in.
 
     Raises TrainingDiverged when the loss became NaN or infinite.
     """
+    # The trainer's inputs: the workers' settings and the streamed splits' Datasets.
+    settings, datasets, in_memory = trainer_inputs(
+        config, prepared, run_name=run_name, storage=storage, follow=on_row is not None, placements=placements
+    )
+    trainer = build_trainer(settings, datasets, run_name=run_name, storage_path=storage, callbacks=callbacks)
+    if on_row is not None:
+        on_row(plan_row(settings, in_memory, redacted(join(storage, run_name))))
+
+    # Fit, following the rows the workers write; SIGTERM stops it (stop_on_signals).
+    timeline("train fit start")
+    with (
+        follow_progress(settings.progress, on_row) if settings.progress else nullcontext(Progress()) as seen,
+        stop_on_signals(),
+    ):
+        result = fit(trainer)
+    timeline("train fit returned")
+
+    # The result: how training ended and its best checkpoint.
+    return training_result(result, config, storage=storage, run_name=run_name, seen=seen, in_memory=in_memory)
+
+
+def trainer_inputs(
+    config: PipelineConfig,
+    prepared: PreparedSplits,
+    *,
+    run_name: str,
+    storage: str,
+    follow: bool,
+    placements: str | None,
+) -> tuple[TrainSettings, dict[str, ray.data.Dataset] | None, tuple[str, ...]]:
+    """What the trainer of a run of ``config`` on ``prepared`` is given: the workers'
+    settings and a Dataset for each streamed split (None when none streams); with the
+    names of the splits the workers hold in memory. ``follow``: the workers write
+    progress rows, to a :class:`~.progress.ProgressLog` of this call's own."""
     in_memory = splits_in_memory(config, prepared.path)
     memory_splits, datasets = split_inputs(
         prepared.path, in_memory=in_memory, preprocessor=prepared.preprocessor
     )
-    # Unique per call: a retry must not read the last attempt's progress rows. Rows that a
-    # killed driver of this run left on the cluster (its follower never deleted them) go.
-    progress = None
-    if on_row is not None:
-        clear_progress(f"trainflow-progress-{run_name}-")
-        progress = f"trainflow-progress-{run_name}-{uuid.uuid4().hex[:8]}"
+    progress = new_progress_name(run_name) if follow else None
     settings = TrainSettings.from_config(
         config,
         preprocessor=prepared.preprocessor,
@@ -131,35 +159,58 @@ def run_training(
         placements=placements,
         resume_from=newest_checkpoint(storage, run_name),
     )
-    trainer = build_trainer(settings, datasets, run_name=run_name, storage_path=storage, callbacks=callbacks)
-    if on_row is not None:
-        streamed = [name for name in TRAIN_SPLITS if name not in in_memory]
-        on_row(
-            {
-                "kind": "plan",
-                "in_memory": list(in_memory),
-                "streamed": streamed,
-                "run_path": redacted(join(storage, run_name)),
-                "parameters": describe_parameters(settings.model_spec),
-                "loss": config.loss,
-                "class_weights": settings.class_weights,
-            }
-        )
+    return settings, datasets, in_memory
+
+
+def new_progress_name(run_name: str) -> str:
+    """The name of the progress rows of one call of the run ``run_name``: unique, so that a
+    retry does not read the last attempt's rows. Rows that a killed driver of this run left
+    on the cluster (its follower never deleted them) are deleted first."""
+    clear_progress(f"trainflow-progress-{run_name}-")
+    return f"trainflow-progress-{run_name}-{uuid.uuid4().hex[:8]}"
+
+
+def plan_row(settings: TrainSettings, in_memory: tuple[str, ...], run_path: str) -> dict[str, Any]:
+    """The ``plan`` row ``on_row`` gets before the workers start: the splits held in memory
+    and those streamed, where the run is stored, the model's parameters, the loss and the
+    class weights."""
+    return {
+        "kind": "plan",
+        "in_memory": list(in_memory),
+        "streamed": [name for name in TRAIN_SPLITS if name not in in_memory],
+        "run_path": run_path,
+        "parameters": describe_parameters(settings.model_spec),
+        "loss": settings.config.loss,
+        "class_weights": settings.class_weights,
+    }
+
+
+def fit(trainer: TorchTrainer) -> ray.train.Result:
+    """``trainer.fit()``; a failure of the workers with an error trainflow raises for a
+    user to act on is raised as that error (:func:`expected_worker_error`)."""
     from ray.train import TrainingFailedError
 
-    timeline("train fit start")
-    with (
-        follow_progress(progress, on_row) if progress else nullcontext(Progress()) as seen,
-        stop_on_signals(),
-    ):
-        try:
-            result = trainer.fit()
-        except TrainingFailedError as e:
-            expected = expected_worker_error(e)
-            if expected is None:
-                raise
-            raise expected from None
-    timeline("train fit returned")
+    try:
+        return trainer.fit()
+    except TrainingFailedError as e:
+        expected = expected_worker_error(e)
+        if expected is None:
+            raise
+        raise expected from None
+
+
+def training_result(
+    result: ray.train.Result,
+    config: PipelineConfig,
+    *,
+    storage: str,
+    run_name: str,
+    seen: Progress,
+    in_memory: tuple[str, ...],
+) -> TrainingResult:
+    """What came of the fit of the run ``run_name`` of ``config``, with the worker starts
+    ``seen`` and the splits held ``in_memory``. Raises TrainingDiverged when the loss
+    became NaN or infinite."""
     outcome: Outcome = result.return_value or Outcome("completed", config.train.epochs)
     if outcome.status == "diverged":
         raise TrainingDiverged(outcome.message)

@@ -1,0 +1,63 @@
+"""What a cluster needs beyond resources, checked before training: an address that
+answers, the same versions on its workers, a model module they import, storage its
+nodes share."""
+
+import pytest
+
+from tests.cluster.hang import answers
+from trainflow.cluster.checks import PreflightError
+
+
+def test_a_single_node_shares_its_own_disk_and_is_not_asked(ray_cluster, tmp_path):
+    """The shared storage check (a marker task per node) costs nothing on one node: a
+    folder no node could write into passes, since nothing is written."""
+    from trainflow.cluster.checks import alive_nodes, check_shared
+
+    assert len(alive_nodes()) == 1
+    check_shared({"storage": str(tmp_path / "missing" / "runs")})
+    assert not (tmp_path / "missing").exists()
+
+
+def test_the_versions_check_reads_a_workers_python_ray_and_torch(ray_cluster):
+    from importlib import metadata
+
+    import ray
+
+    from trainflow.cluster.checks import check_versions
+
+    seen = check_versions(ray.get_runtime_context().gcs_address)
+    assert seen["torch"] == metadata.version("torch") and seen["Ray"] == ray.__version__
+
+
+def test_the_versions_check_refuses_a_model_module_the_clusters_workers_cannot_import(ray_cluster):
+    import ray
+
+    from trainflow.cluster.checks import check_versions
+
+    address = ray.get_runtime_context().gcs_address
+    assert check_versions(address, module="json")["module_error"] is None
+    with pytest.raises(PreflightError) as refused:
+        check_versions(address, module="trainflow_test_absent_net")
+    assert str(refused.value) == (
+        f"model.kind: a worker of the Ray cluster at {address} cannot import trainflow_test_absent_net, "
+        "which the job ships: ModuleNotFoundError: No module named 'trainflow_test_absent_net'; install "
+        "what it imports on the cluster's nodes"
+    )
+
+
+def test_an_address_where_no_cluster_answers_fails_at_once():
+    """ray_session checks an address before ray.init, which would retry it for minutes."""
+    import socket
+
+    from trainflow.cluster.checks import check_reachable
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(
+        PreflightError, match=rf"no Ray cluster answers at 127\.0\.0\.1:{port} .*ray start --head"
+    ):
+        answers(lambda: check_reachable(f"127.0.0.1:{port}"))
+    with pytest.raises(PreflightError, match=r"'head-node' .* is not host:port"):
+        check_reachable("head-node")
+    check_reachable("ray://head:10001")  # Ray Client addresses are left to Ray

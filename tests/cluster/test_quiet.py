@@ -1,0 +1,40 @@
+"""A Ray worker of a run knows its own cluster, and keeps trainflow's own one-line errors
+off the driver's console."""
+
+import logging
+
+
+def test_a_workers_traceback_of_trainflows_own_errors_stays_in_its_log(caplog):
+    """Ray Train logs each failed training function's traceback in the worker; the driver
+    reports a ConfigError or DataError in one line, so the worker's hook drops those."""
+    from ray.train.v2._internal.util import construct_user_exception_with_traceback
+
+    from trainflow.cluster.quiet import _NoExpectedTrainErrors
+    from trainflow.config import ConfigError
+
+    logger = logging.getLogger("ray.train.v2._internal.util")
+    logger.addFilter(only := _NoExpectedTrainErrors())
+    try:
+        for error in (ConfigError("model.kind x:y: importing x failed"), RuntimeError("a bug")):
+            try:
+                raise error
+            except Exception as e:  # noqa: BLE001
+                construct_user_exception_with_traceback(e)
+    finally:
+        logger.removeFilter(only)
+    logged = [r.getMessage() for r in caplog.records if r.name == logger.name]
+    assert len(logged) == 1 and logged[0].rstrip().endswith("RuntimeError: a bug"), logged
+
+
+def test_workers_know_their_own_cluster_among_several_on_the_machine(ray_cluster):
+    """Ray's helpers in a worker (Train's placement-group cleaner) resolve the cluster by
+    RAY_ADDRESS, else by whichever cluster was started last on the machine."""
+    import os
+
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def address() -> str | None:
+        return os.environ.get("RAY_ADDRESS")
+
+    assert ray.get(address.remote()) == ray.get_runtime_context().gcs_address

@@ -299,16 +299,6 @@ def test_a_shard_read_from_parquet_is_every_world_size_th_row(prepared):
     assert sorted(torch.cat([shard_y for _, shard_y in every]).tolist()) == sorted(y.tolist())
 
 
-def test_the_controllers_torch_backend_picks_the_process_group_backend_as_ray_does():
-    # A GPU worker group cannot run here; the choice it makes can be checked on any machine.
-    from trainflow.ray_internals import process_group_backend
-
-    assert process_group_backend(None, {"CPU": 1}) == "gloo"
-    assert process_group_backend(None, {"CPU": 1, "GPU": 1}) == "nccl"
-    assert process_group_backend(None, {"GPU": 0.5}) == "nccl"
-    assert process_group_backend("gloo", {"GPU": 1}) == "gloo"
-
-
 def test_auto_keeps_each_split_in_memory_by_its_own_size():
     small, large = 1 << 20, inputs.IN_MEMORY_BYTES
     assert inputs.in_memory_splits("auto", {"train": large, "val": small}) == ("val",)

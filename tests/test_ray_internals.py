@@ -1,0 +1,376 @@
+"""Each use trainflow makes of Ray's private modules and attributes, one test per use
+numbered as in :mod:`trainflow.ray_internals`' docstring: when a Ray release changes what
+a use relies on (a module, attribute or function gone, a signature or behaviour changed),
+its test fails and names it. Each exercises the real thing, on the session's Ray cluster
+where it needs one."""
+
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from trainflow import ray_internals
+
+NAMESPACE = "trainflow-test-ray-internals"
+
+
+# 1. The GCS key-value store.
+
+
+def test_the_kv_store_keeps_lists_and_deletes_by_prefix_what_a_training_writes(ray_cluster):
+    prefix = f"trainflow/test/{uuid.uuid4().hex[:8]}/"
+    assert ray_internals.kv_put(f"{prefix}a", b"1", NAMESPACE) is False  # a new key
+    assert ray_internals.kv_put(f"{prefix}a", b"2", NAMESPACE, overwrite=False) is True  # kept
+    assert ray_internals.kv_get(f"{prefix}a", NAMESPACE) == b"1"
+    assert ray_internals.kv_put(f"{prefix}b", "3", NAMESPACE) is False  # str is stored as bytes
+    assert ray_internals.kv_get(f"{prefix}b".encode(), NAMESPACE) == b"3"
+    assert sorted(ray_internals.kv_list(prefix, NAMESPACE)) == [f"{prefix}a".encode(), f"{prefix}b".encode()]
+    ray_internals.kv_put("trainflow/test/elsewhere", b"", NAMESPACE)
+    ray_internals.kv_delete_prefix(prefix, NAMESPACE)
+    assert ray_internals.kv_list(prefix, NAMESPACE) == []
+    assert ray_internals.kv_get(f"{prefix}a", NAMESPACE) is None
+    assert ray_internals.kv_list("trainflow/test/elsewhere", NAMESPACE) == [b"trainflow/test/elsewhere"]
+    ray_internals.kv_delete_prefix("trainflow/test/elsewhere", NAMESPACE)
+
+
+def test_where_ray_moved_the_kv_store_each_call_answers_empty_after_one_warning(monkeypatch, caplog):
+    """Ray without ``_internal_kv_*`` (taken away here, as a release that moved them would
+    ship): no progress rows, no recorded placement groups, one warning that says so."""
+    from ray.experimental import internal_kv
+
+    monkeypatch.setattr(ray_internals, "_kv_moved", [])
+    for name in ("put", "get", "list", "del"):
+        monkeypatch.delattr(internal_kv, f"_internal_kv_{name}")
+    with caplog.at_level(logging.WARNING, logger="trainflow"):
+        assert ray_internals.kv_put("trainflow/test/key", b"", NAMESPACE) is False
+        assert ray_internals.kv_get("trainflow/test/key", NAMESPACE) is None
+        assert ray_internals.kv_list("trainflow/test/", NAMESPACE) == []
+        ray_internals.kv_delete_prefix("trainflow/test/", NAMESPACE)
+    warned = [r.getMessage() for r in caplog.records if r.name == "trainflow"]
+    assert len(warned) == 1 and "ray.experimental.internal_kv._internal_kv_put" in warned[0], warned
+
+
+# 2. An actor's state from the GCS.
+
+
+def test_an_actor_lives_until_the_gcs_records_it_dead(ray_cluster):
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Controller:
+        def ready(self) -> bool:
+            return True
+
+    controller = Controller.remote()
+    ray.get(controller.ready.remote())
+    actor_id = controller._actor_id.hex()
+    assert ray_internals.actor_alive(actor_id, timeout=10) is True
+    ray.kill(controller)
+    deadline = time.monotonic() + 30
+    while ray_internals.actor_alive(actor_id):
+        assert time.monotonic() < deadline, "a killed actor still lives for the GCS"
+        time.sleep(0.2)
+
+
+# 3. Train's placement-group cleaner, answered by the GCS.
+
+
+def test_the_cleaner_module_checks_liveness_through_is_actor_alive_with_its_arguments():
+    """The cleaner calls ``is_actor_alive(actor_id=..., timeout=...)``, which
+    :func:`~trainflow.ray_internals.actor_alive` replaces and must answer the same way."""
+    spec = importlib.util.find_spec(ray_internals.PG_CLEANER)
+    assert spec is not None and spec.loader is not None, f"Ray has no module {ray_internals.PG_CLEANER}"
+    cleaner = importlib.import_module(ray_internals.PG_CLEANER)
+    assert callable(getattr(cleaner, "is_actor_alive", None)), "the cleaner has no is_actor_alive"
+    assert {"actor_id", "timeout"} <= set(inspect.signature(cleaner.is_actor_alive).parameters)
+    assert {"actor_id", "timeout"} <= set(inspect.signature(ray_internals.actor_alive).parameters)
+
+
+@pytest.mark.slow
+def test_the_cleaner_module_imported_after_the_hook_asks_the_gcs():
+    """In a fresh process (as the cleaner's own worker, whose setup hook runs first), the
+    module finder gives the cleaner's module trainflow's check as it is imported."""
+    code = (
+        "import sys\n"
+        "from trainflow import ray_internals\n"
+        "assert ray_internals.PG_CLEANER not in sys.modules\n"
+        "ray_internals.answer_cleaner_from_gcs()\n"
+        "ray_internals.answer_cleaner_from_gcs()  # idempotent: one finder\n"
+        "finders = [f for f in sys.meta_path if type(f).__name__ == '_CleanerFromGcs']\n"
+        "assert len(finders) == 1, sys.meta_path\n"
+        "import ray.train.v2._internal.execution.controller.placement_group_cleaner as cleaner\n"
+        "assert cleaner.is_actor_alive is ray_internals.actor_alive, cleaner.is_actor_alive\n"
+        "assert callable(cleaner.PlacementGroupCleaner)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_trains_placement_group_cleaner_asks_the_runs_own_cluster_whether_its_controller_lives(ray_cluster):
+    """The cleaner removes a run's placement group once it believes the controller dead.
+    Ray asks the state API, which a cluster without the dashboard (trainflow's) does not
+    serve: the answer came from another cluster on the machine, or not at all. In
+    trainflow's workers it comes from the cluster's own GCS: a live actor lives, and one
+    that was killed is dead."""
+    import time
+
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Controller:
+        def ready(self) -> bool:
+            return True
+
+    @ray.remote(num_cpus=0)
+    def cleaner_says_alive(actor_id: str) -> bool:
+        from ray.train.v2._internal.execution.controller import placement_group_cleaner
+
+        return bool(placement_group_cleaner.is_actor_alive(actor_id=actor_id, timeout=10))
+
+    controller = Controller.remote()
+    ray.get(controller.ready.remote())
+    actor_id = controller._actor_id.hex()
+    assert ray.get(cleaner_says_alive.remote(actor_id)) is True
+    ray.kill(controller)
+    deadline = time.monotonic() + 30
+    while ray.get(cleaner_says_alive.remote(actor_id)):
+        assert time.monotonic() < deadline, "the cleaner still takes a killed controller for alive"
+        time.sleep(0.2)
+
+
+# 4. The local cluster this driver started.
+
+LOCAL_CLUSTER = """\
+import json, os
+import ray
+from trainflow import ray_internals
+from trainflow.cluster.quiet import LOCAL_CLUSTER_ENV
+from trainflow.cluster.session import ray_init_kwargs
+
+names = ["gcs_server", "raylet", "log_monitor"]
+before = ray_internals.local_cluster_processes(names)
+os.environ.update(LOCAL_CLUSTER_ENV)
+ray.init(address="local", num_cpus=1, **ray_init_kwargs())
+processes = ray_internals.local_cluster_processes(names)
+logs = ray_internals.session_logs()
+print("ANSWER " + json.dumps({
+    "before": sorted(before),
+    "running": {name: p.poll() is None for name, p in processes.items()},
+    "commands": {name: open(f"/proc/{p.pid}/cmdline", "rb").read().decode() for name, p in processes.items()},
+    "logs": logs,
+    "log_files": sorted(os.listdir(logs)) if os.path.isdir(logs) else None,
+}), flush=True)
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_a_driver_that_started_its_local_cluster_finds_its_processes_and_logs(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(
+        [sys.executable, "-c", LOCAL_CLUSTER],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("ANSWER ")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-5000:]
+    answer = json.loads(lines[0].removeprefix("ANSWER "))
+    assert answer["before"] == []  # no cluster yet: nothing to watch
+    assert answer["running"] == {"gcs_server": True, "raylet": True, "log_monitor": True}
+    for name, command in answer["commands"].items():
+        assert name in command, (name, command)
+    # The watch's one line names the log of the process that ended: {logs}/{process}.out.
+    assert answer["log_files"] is not None, answer["logs"]
+    assert {"gcs_server.out", "raylet.out"} <= set(answer["log_files"]), answer["log_files"]
+
+
+# 5. The workers' output on this driver's console.
+
+
+def test_workers_output_leaves_the_console_and_comes_back(ray_cluster):
+    """Ray's ``log_to_driver`` handler, ``ray_print_logs``, is taken off the dispatcher
+    that hands the driver its workers' lines, and put back (the same handler, once)."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    def printing() -> list:
+        return [handler for name, handler in dispatcher.handlers if name == "ray_print_logs"]
+
+    shown = printing()
+    assert len(shown) == 1, dispatcher.handlers
+    try:
+        ray_internals.worker_output_shown(False)
+        assert printing() == []
+        ray_internals.worker_output_shown(False)
+        assert printing() == []
+    finally:
+        ray_internals.worker_output_shown(True)
+    assert printing() == shown
+    ray_internals.worker_output_shown(True)  # shown already: nothing added
+    assert printing() == shown
+
+
+# 6. A local cluster's resources, before it starts.
+
+
+def cgroup_cpus() -> set[float]:
+    """The whole CPUs this process may use, as Ray counts them in a container: a cgroup's
+    CPU quota (v2's cpu.max, v1's CFS quota) and the CPUs it may run on."""
+    counts = {float(len(os.sched_getaffinity(0)))}
+    for quota_file, period_file in (
+        ("/sys/fs/cgroup/cpu.max", None),
+        ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us"),
+    ):
+        try:
+            if period_file is None:
+                quota, period = open(quota_file).read().split()
+            else:
+                quota, period = open(quota_file).read().strip(), open(period_file).read().strip()
+        except OSError:
+            continue
+        if quota.isnumeric() and int(quota) > 0:
+            counts.add(float(max(1, int(int(quota) / int(period)))))
+    return counts
+
+
+def test_a_local_cluster_would_have_this_machines_cpus_before_it_starts():
+    if "RAY_OVERRIDE_RESOURCES" in os.environ or "RAY_USE_MULTIPROCESSING_CPU_COUNT" in os.environ:
+        pytest.skip("the environment overrides how Ray counts CPUs")
+    total = ray_internals.local_cluster_resources()
+    assert total is not None, "Ray moved ResourceAndLabelSpec: the CPU check waits for ray.init"
+    assert total["CPU"] in {float(os.cpu_count()), *cgroup_cpus()}, total
+    assert total["memory"] > 0 and total["object_store_memory"] > 0, total
+    assert total.get("GPU", 0) >= 0
+
+
+# 7. A user's module, uploaded for an actor's runtime_env.
+
+
+def test_a_local_module_is_uploaded_to_the_cluster_as_a_gcs_uri(ray_cluster, tmp_path):
+    """Where the upload works, a worker imports what it names
+    (tests/cluster/test_shipping.py)."""
+    package = tmp_path / "trainflow_test_uploaded"
+    package.mkdir()
+    (package / "__init__.py").write_text("VALUE = 7\n")
+    env = ray_internals.upload_py_modules([str(package)])
+    assert list(env) == ["py_modules"] and len(env["py_modules"]) == 1, env
+    assert env["py_modules"][0].startswith("gcs://"), env
+
+
+# 8. Loggers of Ray's private modules.
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        ray_internals.TOKEN_AUTH_LOGGER,
+        ray_internals.DATA_PROGRESS_LOGGER,
+        ray_internals.STREAMING_EXECUTOR_LOGGER,
+        ray_internals.TRAIN_ERRORS_LOGGER,
+        *ray_internals.ERRORS_ONLY_LOGGERS,
+    ],
+)
+def test_each_quieted_logger_is_a_module_of_rays_logging_under_its_own_name(name):
+    module = importlib.import_module(name)
+    loggers = [value.name for value in vars(module).values() if isinstance(value, logging.Logger)]
+    assert name in loggers, f"{name} logs through {loggers or 'no module-level logger'}"
+
+
+def test_trains_worker_context_logs_under_its_files_path():
+    from ray.train.v2._internal.execution import context
+
+    assert context.logger.name == ray_internals.train_report_logger()
+
+
+# 9. What Ray Train's controller runs of a trainflow training.
+
+
+def test_the_trainer_and_scaling_policy_override_methods_ray_still_has():
+    """Each method trainflow overrides is one Ray's classes still have (a renamed one
+    would leave the override unused), and the trainer drops the dataset manager's
+    callback when it has no Datasets."""
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2._internal.execution.controller import TrainController
+    from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy, create_scaling_policy
+
+    trainer_class = ray_internals.trainer_class(fixed_cluster=lambda: True)
+    assert trainer_class is not TorchTrainer and issubclass(trainer_class, TorchTrainer)
+    policy_class = ray_internals.FixedClusterPolicy
+    assert issubclass(policy_class, FixedScalingPolicy)
+    for cls, base in ((trainer_class, TorchTrainer), (policy_class, FixedScalingPolicy)):
+        overridden = [name for name, value in vars(cls).items() if inspect.isfunction(value)]
+        assert overridden and all(hasattr(base, name) for name in overridden), (base, overridden)
+
+    # The policy Ray hands the controller for a fixed number of workers, which trainflow swaps.
+    scaling = ScalingConfig(num_workers=1)
+    assert type(create_scaling_policy(scaling)) is FixedScalingPolicy
+    assert policy_class(scaling).scaling_config is scaling
+    assert "scaling_policy" in inspect.signature(TrainController.__init__).parameters
+
+    def callbacks(cls) -> list[type]:
+        return [type(c) for c in cls(lambda: None, scaling_config=scaling)._create_default_callbacks()]
+
+    assert DatasetsCallback in callbacks(TorchTrainer)
+    assert DatasetsCallback not in callbacks(trainer_class)
+
+
+# 10. Ray's TorchConfig, from a module without torch.
+#
+# That the controller unpickles it without importing torch:
+# tests/test_layers.py::test_what_ray_trains_controller_unpickles_of_a_run_imports_no_torch.
+
+
+def test_the_controllers_torch_config_is_rays_with_the_same_fields_and_worker_steps():
+    from ray._private import ray_constants
+    from ray.train import constants
+    from ray.train._internal.utils import get_address_and_port
+    from ray.train.backend import Backend
+    from ray.train.torch import TorchConfig as RaysTorchConfig
+    from ray.train.torch import config as rays
+    from ray.train.v2._internal.util import TrainingFramework
+
+    config = ray_internals.torch_config()
+    assert type(config) is ray_internals.TorchConfig  # not Ray's own, the fallback
+    fields = {f.name: f.default for f in dataclasses.fields(config)}
+    assert fields == {f.name: f.default for f in dataclasses.fields(RaysTorchConfig)}
+    assert config.to_dict() == dataclasses.asdict(RaysTorchConfig())
+    assert config.framework is TrainingFramework.TORCH
+    assert RaysTorchConfig().framework is TrainingFramework.TORCH
+    assert config.train_func_context is rays.TorchConfigContextManager
+    assert RaysTorchConfig().train_func_context is rays.TorchConfigContextManager
+    assert issubclass(config.backend_cls, Backend)
+    assert config.backend_cls.share_cuda_visible_devices == rays._TorchBackend.share_cuda_visible_devices
+    # What the backend's steps call, on the workers and in the controller.
+    assert callable(get_address_and_port) and callable(rays._set_torch_distributed_env_vars)
+    setup = inspect.signature(rays._setup_torch_process_group).parameters
+    assert {"backend", "world_rank", "world_size", "init_method", "timeout_s"} <= set(setup)
+    assert "destroy_process_group" in inspect.signature(rays._shutdown_torch).parameters
+    assert isinstance(
+        ray_constants.env_integer(
+            constants.TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
+            constants.DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
+        ),
+        int,
+    )
+
+
+def test_the_controllers_torch_backend_picks_the_process_group_backend_as_ray_does():
+    # A GPU worker group cannot run here; the choice it makes can be checked on any machine.
+    from trainflow.ray_internals import process_group_backend
+
+    assert process_group_backend(None, {"CPU": 1}) == "gloo"
+    assert process_group_backend(None, {"CPU": 1, "GPU": 1}) == "nccl"
+    assert process_group_backend(None, {"GPU": 0.5}) == "nccl"
+    assert process_group_backend("gloo", {"GPU": 1}) == "gloo"

@@ -1,4 +1,6 @@
 import json
+import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -233,3 +235,51 @@ def test_the_cache_is_a_folder_or_a_uri_and_does_not_change_the_hash(tmp_path, m
         match=r"^invalid config: cache: 'http://host/cache' is not a folder or a URI .* s3://, gs://.*file://$",
     ):
         load_config({"cache": "http://host/cache"})
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ({}, "39df3e90562f"),
+        (
+            {"task": "regression", "data": {"source": "builtin:diabetes", "label_column": "target"}},
+            "848bcaea4be4",
+        ),
+        (
+            {
+                "data": {"limit": 600, "split": {"seed": 3}},
+                "train": {"early_stopping": {"patience": 2}, "callbacks": ["pkg.hooks:on_epoch"]},
+                "cache": "s3://bucket/cache",
+                "sweep": {
+                    "space": {"train.lr": {"loguniform": [1e-4, 1e-1]}},
+                    "metric": "val_loss",
+                    "mode": "min",
+                },
+            },
+            "e76fc0b9a0e7",
+        ),
+    ],
+    ids=["default", "regression", "sweep"],
+)
+def test_a_known_config_hashes_to_its_known_value(raw, expected):
+    # Registered models carry this hash and `--resume` compares it: the same config hashes
+    # the same in every release, whatever module defines the schema.
+    assert load_config(raw).config_hash() == expected
+
+
+def test_the_preparation_hash_follows_data_preprocess_and_task_only():
+    base = load_config({})
+    trains_otherwise = load_config(
+        {}, ["train.lr=0.02", "model.kind=mlp", "scaling.num_workers=1", "name=other", "cache=/elsewhere"]
+    )
+    assert trains_otherwise.preparation_hash() == base.preparation_hash()
+    assert trains_otherwise.config_hash() != base.config_hash()
+    assert re.fullmatch(r"[0-9a-f]{12}", base.preparation_hash())
+    for change in ("data.limit=100", "data.split.seed=1", "preprocess.scaler=minmax", "task=regression"):
+        assert load_config({}, [change]).preparation_hash() != base.preparation_hash(), change
+
+
+def test_a_config_crosses_to_a_worker_pickled_and_unchanged():
+    config = load_config(sweep(metric="val_loss", mode="min"))
+    copy = pickle.loads(pickle.dumps(config))
+    assert copy == config and copy.config_hash() == config.config_hash()

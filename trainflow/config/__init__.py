@@ -1,0 +1,78 @@
+"""The config schema: one typed place for every setting of a training run.
+
+By concern: ``sections`` (the sections of a run: data, preprocess, model, train, ...),
+``sweep`` (the sweep section: search space, scheduler), ``schema`` (``PipelineConfig``:
+the sections together, the rules across them, its hashes), ``task`` (what each task
+measures and trains with), ``overrides`` (dotted ``train.lr=0.01`` overrides), ``load``
+(``load_config``, ``smoke_config``), ``trials`` (a sweep's space checked, a trial's config)
+and ``errors`` (``ConfigError``). Everything is importable from ``trainflow.config``.
+"""
+
+from trainflow.config.errors import ConfigError
+from trainflow.config.load import SMOKE_OVERRIDES, load_config, read_config_file, smoke_config
+from trainflow.config.overrides import parse_overrides
+from trainflow.config.schema import CACHE_SCHEMES, PipelineConfig
+from trainflow.config.sections import (
+    MODEL_KIND,
+    CheckpointSection,
+    DataConfig,
+    EarlyStoppingConfig,
+    EvaluationConfig,
+    FailureSection,
+    ModelConfig,
+    PreprocessConfig,
+    RayConfig,
+    RegistryConfig,
+    ScalingSection,
+    SplitConfig,
+    TrainConfig,
+    user_module_of,
+)
+from trainflow.config.sweep import DIMENSION_KINDS, SWEEPABLE_SECTIONS, Dimension, SweepConfig, SweepScheduler
+from trainflow.config.task import (
+    EPOCH_METRICS,
+    LOWER_IS_BETTER,
+    REGRESSION_DEFAULTS,
+    TASK_LOSSES,
+    TASK_METRICS,
+    TASKS,
+)
+from trainflow.config.trials import check_sweep_space, trial_config
+
+__all__ = [
+    "CACHE_SCHEMES",
+    "DIMENSION_KINDS",
+    "EPOCH_METRICS",
+    "LOWER_IS_BETTER",
+    "MODEL_KIND",
+    "REGRESSION_DEFAULTS",
+    "SMOKE_OVERRIDES",
+    "SWEEPABLE_SECTIONS",
+    "TASKS",
+    "TASK_LOSSES",
+    "TASK_METRICS",
+    "CheckpointSection",
+    "ConfigError",
+    "DataConfig",
+    "Dimension",
+    "EarlyStoppingConfig",
+    "EvaluationConfig",
+    "FailureSection",
+    "ModelConfig",
+    "PipelineConfig",
+    "PreprocessConfig",
+    "RayConfig",
+    "RegistryConfig",
+    "ScalingSection",
+    "SplitConfig",
+    "SweepConfig",
+    "SweepScheduler",
+    "TrainConfig",
+    "check_sweep_space",
+    "load_config",
+    "parse_overrides",
+    "read_config_file",
+    "smoke_config",
+    "trial_config",
+    "user_module_of",
+]

@@ -1,0 +1,161 @@
+"""PipelineConfig: every section of a run, the rules across them, and its hashes.
+
+A config arrives as a dict (a deployment's parameters, Python), a YAML or JSON file,
+plus dotted overrides from the command line (``train.lr=0.01``). Unknown keys and
+wrong types are refused with a :class:`ConfigError` that names the dotted field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from trainflow.config.errors import ConfigError, validation_message
+from trainflow.config.sections import (
+    CheckpointSection,
+    DataConfig,
+    EvaluationConfig,
+    FailureSection,
+    ModelConfig,
+    PreprocessConfig,
+    RayConfig,
+    RegistryConfig,
+    ScalingSection,
+    Section,
+    TrainConfig,
+)
+from trainflow.config.sweep import SweepConfig
+from trainflow.config.task import EPOCH_METRICS, REGRESSION_DEFAULTS, TASK_LOSSES, TASK_METRICS
+
+# The URI schemes of pyarrow's filesystems, which every trainflow process reads and
+# writes the cache through.
+CACHE_SCHEMES = ("s3", "gs", "gcs", "abfs", "abfss", "hdfs", "viewfs", "file")
+
+
+class PipelineConfig(Section):
+    name: str = Field("digits", description="The registered model's name.")
+    # classification: the label holds classes; regression: a number to predict.
+    task: Literal["classification", "regression"] = "classification"
+    data: DataConfig = DataConfig()
+    preprocess: PreprocessConfig = PreprocessConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    scaling: ScalingSection = ScalingSection()
+    checkpoint: CheckpointSection = CheckpointSection()
+    failure: FailureSection = FailureSection()
+    evaluation: EvaluationConfig = EvaluationConfig()
+    registry: RegistryConfig = RegistryConfig()
+    ray: RayConfig = RayConfig()
+    # Ray Train storage for runs; None: TRAINFLOW_HOME/runs. Use s3://... or a shared
+    # filesystem when the Ray cluster has more than one node.
+    storage: str | None = None
+    # The prepared-split cache; None: TRAINFLOW_HOME/cache. Every node of a Ray cluster
+    # reads and writes it: on several nodes, a folder they all mount at this path, or a
+    # URI like storage's (s3://bucket/cache, gs://..., abfs://..., hdfs://...).
+    cache: str | None = None
+    # A hyperparameter sweep (`trainflow sweep`); `trainflow run` trains one model and ignores it.
+    sweep: SweepConfig | None = None
+
+    @field_validator("cache")
+    @classmethod
+    def _cache_folder(cls, v: str | None) -> str | None:
+        if v is not None and "://" in v and v.partition("://")[0].lower() not in CACHE_SCHEMES:
+            raise ValueError(
+                f"{v!r} is not a folder or a URI of a filesystem trainflow reaches: use a folder "
+                f"or one of {', '.join(f'{s}://' for s in CACHE_SCHEMES)}"
+            )
+        if v is not None and not v.strip():
+            raise ValueError("is empty: give a folder, or leave it out for TRAINFLOW_HOME/cache")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _registry_name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", v):
+            raise ValueError(
+                f"must start with a letter or digit and hold only letters, digits, '_', '.', '-'; got {v!r}"
+            )
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_defaults(cls, raw: Any) -> Any:
+        """A regression's sections start from REGRESSION_DEFAULTS; what the config sets wins."""
+        if not isinstance(raw, Mapping) or raw.get("task") != "regression":
+            return raw
+        raw = dict(raw)
+        for section, defaults in REGRESSION_DEFAULTS.items():
+            given = raw.get(section)
+            if given is None and section != "sweep":
+                raw[section] = dict(defaults)
+            elif isinstance(given, Mapping):
+                raw[section] = {**defaults, **given}
+        return raw
+
+    @model_validator(mode="after")
+    def _fits_task(self) -> PipelineConfig:
+        task, train = self.task, self.train
+        wrong = []
+        if self.registry.gate_metric not in TASK_METRICS[task]:
+            wrong.append(("registry.gate_metric", self.registry.gate_metric, TASK_METRICS[task]))
+        if train.loss is not None and train.loss not in TASK_LOSSES[task]:
+            wrong.append(("train.loss", train.loss, TASK_LOSSES[task]))
+        epoch_metrics = [("checkpoint.metric", self.checkpoint.metric)]
+        if train.early_stopping is not None:
+            epoch_metrics.append(("train.early_stopping.metric", train.early_stopping.metric))
+        if self.sweep is not None:
+            epoch_metrics.append(("sweep.metric", self.sweep.metric))
+        wrong += [(f, m, EPOCH_METRICS[task]) for f, m in epoch_metrics if m not in EPOCH_METRICS[task]]
+        if wrong:
+            field, value, valid = wrong[0]
+            raise ValueError(f"{field}: {value} does not measure a {task}; use one of {', '.join(valid)}")
+        if task == "regression":
+            for field in ("label_smoothing", "class_weights"):
+                if field in train.model_fields_set and getattr(train, field):
+                    raise ValueError(f"train.{field} applies to classification, not to a regression")
+            if self.data.classes is not None:
+                raise ValueError("data.classes: a regression's label is a number, not one of classes")
+        return self
+
+    @property
+    def loss(self) -> str:
+        """The loss training uses: train.loss, or the task's default."""
+        return self.train.loss or TASK_LOSSES[self.task][0]
+
+    def config_hash(self) -> str:
+        """A stable short hash of the canonical JSON of the whole config: registered models
+        carry it, and ``--resume`` continues only a run of the same hash."""
+        data = self.model_dump(mode="json")
+        if data["sweep"] is None:
+            # A config without a sweep leaves the key out, so that it hashes the same as a
+            # config of a release without sweeps.
+            del data["sweep"]
+        # Where prepared splits are kept changes no result: a config hashes the same wherever
+        # its cache is.
+        del data["cache"]
+        return _short_hash(data)
+
+    def preparation_hash(self) -> str:
+        """A stable short hash of the sections that decide how data is prepared (``data``,
+        ``preprocess``, ``task``): two configs of the same hash prepare the same input the
+        same way, so a task tells by it whether prepared data was made by this config."""
+        return _short_hash(self.model_dump(mode="json", include={"data", "preprocess", "task"}))
+
+
+def _short_hash(data: dict[str, Any]) -> str:
+    """The first 12 hex digits of the SHA-256 of ``data``'s canonical JSON."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def validate_config(raw: Mapping[str, Any]) -> PipelineConfig:
+    """``raw`` as a PipelineConfig, or a ConfigError naming every field it gets wrong."""
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(validation_message(e, PipelineConfig)) from None

@@ -1,0 +1,284 @@
+"""The sections of a run's config, each a typed pydantic model with its defaults.
+
+Every section refuses unknown keys and checks values assigned after construction too.
+The defaults are the bundled digits job; ``configs/digits.yaml`` spells them out.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from trainflow.config.task import LOWER_IS_BETTER
+
+
+class Section(BaseModel):
+    """A part of the config: unknown keys are refused, and so are wrong values set later."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SplitConfig(Section):
+    val: float = Field(0.1, ge=0.0, lt=1.0)
+    test: float = Field(0.2, gt=0.0, lt=1.0)
+    seed: int = 0
+    stratify: bool = True
+
+    @model_validator(mode="after")
+    def _leaves_training_rows(self) -> SplitConfig:
+        if self.val + self.test >= 1.0:
+            raise ValueError(
+                f"val + test must be below 1 so rows remain for training, got {self.val + self.test}"
+            )
+        return self
+
+
+class DataConfig(Section):
+    # A Parquet, CSV, JSON lines or NumPy (.npy/.npz) file, folder or glob, as a local
+    # path or a URI (file://, s3://, gs://, ...); an image folder (root/<class>/*.png);
+    # torchvision:MNIST | torchvision:FashionMNIST | torchvision:CIFAR10; builtin:digits,
+    # builtin:diabetes (a regression: its label_column is target).
+    source: str = "builtin:digits"
+    # auto: from the files' suffixes (a folder of class folders of images is "images").
+    format: Literal["auto", "parquet", "csv", "json", "numpy", "images"] = "auto"
+    label_column: str = "label"
+    # None: every column but the label is a feature.
+    feature_columns: list[str] | None = None
+    # Features holding categories (strings, or integers that are codes): one-hot encoded
+    # with a vocabulary fitted on the train split.
+    categorical_columns: list[str] = []
+    # The label's classes, in the model's output order; None: the sorted labels found.
+    # A label outside a declared list is an error.
+    classes: list[int | str] | None = None
+    # Rows with a null or NaN feature or label: fail, or drop them (counted and logged).
+    missing: Literal["fail", "drop"] = "fail"
+    # How images are read: RGB (3 channels) or L (grayscale, 1 channel); None: the
+    # source's own (RGB for image folders; L for MNIST and FashionMNIST, RGB for CIFAR10).
+    image_mode: Literal["RGB", "L"] | None = None
+    # Read only the first N rows (smoke runs, quick trials); None reads everything.
+    limit: int | None = Field(None, ge=1)
+    split: SplitConfig = SplitConfig()
+
+    @model_validator(mode="after")
+    def _categorical_are_features(self) -> DataConfig:
+        if self.label_column in self.categorical_columns:
+            raise ValueError(f"categorical_columns must not hold the label column {self.label_column!r}")
+        if self.feature_columns is not None:
+            outside = [c for c in self.categorical_columns if c not in self.feature_columns]
+            if outside:
+                raise ValueError(f"categorical_columns {outside} are not in feature_columns")
+        if self.classes is not None and len(set(map(str, self.classes))) != len(self.classes):
+            raise ValueError(f"classes must be distinct, got {self.classes}")
+        return self
+
+
+class PreprocessConfig(Section):
+    # Numeric features, fitted on the train split: standard (mean 0, std 1), minmax
+    # (into [0, 1]) or none.
+    scaler: Literal["standard", "minmax", "none"] = "standard"
+    # Images (image folders, torchvision datasets): [height, width] every image is
+    # resized to; None: the size of the input's first image.
+    image_size: list[int] | None = None
+    # Images: a random crop (4-pixel padding at 32 px) and horizontal flip of the
+    # train split, drawn anew every epoch; evaluation and prediction never augment.
+    augment: bool = False
+
+    @field_validator("image_size")
+    @classmethod
+    def _height_width(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (len(v) != 2 or min(v) < 1):
+            raise ValueError(f"must be [height, width] of positive integers, got {v}")
+        return v
+
+
+# model.kind: mlp, cnn, torchvision:<architecture> or package.module:callable.
+MODEL_KIND = re.compile(r"mlp|cnn|torchvision:[A-Za-z_]\w*|[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+def user_module_of(kind: str) -> str | None:
+    """The module of a ``package.module:callable`` model kind (a user's model); None for
+    trainflow's own kinds and torchvision's."""
+    if kind in ("mlp", "cnn") or kind.startswith("torchvision:"):
+        return None
+    return kind.partition(":")[0]
+
+
+class ModelConfig(Section):
+    # mlp | cnn | torchvision:<architecture>, a classification builder of torchvision.models
+    # (torchvision:resnet18) | package.module:callable, a model of your own, called in each
+    # worker as callable(input_shape=[c, h, w] or [num_features], num_outputs=..., **args).
+    kind: str = "cnn"
+    hidden_sizes: list[int] = [128]
+    channels: list[int] = [32, 64]
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    # [channels, height, width] of image-shaped features for the cnn; None infers a
+    # single-channel square image from the number of features (64 -> [1, 8, 8]).
+    image_shape: list[int] | None = None
+    # Keyword arguments for a torchvision builder (image_size for a ViT) or your callable.
+    args: dict[str, Any] = {}
+    # Initial weights: None (random), a torchvision weights name (ResNet18_Weights.DEFAULT,
+    # read from torch's hub cache) or a state dict file. A head of another size than the
+    # data's outputs starts anew; a first convolution of other channels is adapted.
+    weights: str | None = None
+    # Parameter name prefixes kept frozen while the rest trains (conv1, layer1).
+    freeze: list[str] = []
+
+    @field_validator("hidden_sizes", "channels", "image_shape")
+    @classmethod
+    def _positive(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(n < 1 for n in v):
+            raise ValueError(f"every size must be a positive integer, got {v}")
+        return v
+
+    @field_validator("kind")
+    @classmethod
+    def _known_form(cls, v: str) -> str:
+        if not MODEL_KIND.fullmatch(v):
+            raise ValueError(
+                "must be mlp, cnn, torchvision:<architecture> (torchvision:resnet18) or "
+                "package.module:callable (mymodels.net:build)"
+            )
+        return v
+
+    @field_validator("args")
+    @classmethod
+    def _args_need_a_builder(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        kind = info.data.get("kind")
+        if v and kind in ("mlp", "cnn"):
+            raise ValueError(
+                f"args are for torchvision and your own models; {kind} takes hidden_sizes, "
+                "channels, dropout and image_shape"
+            )
+        return v
+
+    @property
+    def user_module(self) -> str | None:
+        """The module of a ``package.module:callable`` kind; None for the others."""
+        return user_module_of(self.kind)
+
+
+class EarlyStoppingConfig(Section):
+    # Stop when `metric` has not improved by more than `min_delta` for `patience` epochs.
+    # The metric is the same all-reduced figure on every worker, so all stop together.
+    metric: Literal["val_accuracy", "val_loss", "train_loss"] = "val_loss"
+    mode: Literal["max", "min"] = "min"
+    patience: int = Field(3, ge=1)
+    min_delta: float = Field(0.0, ge=0.0)
+
+
+class TrainConfig(Section):
+    epochs: int = Field(20, ge=1)
+    batch_size: int = Field(64, ge=1)  # per worker
+    lr: float = Field(1e-3, gt=0.0)
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)  # sgd only
+    weight_decay: float = Field(0.0, ge=0.0)
+    # Learning-rate schedule, stepped once per epoch after `warmup_epochs` of linear
+    # warm-up: none (constant), cosine (to 0 at the last epoch), or step (times `gamma`
+    # every `step_size` epochs).
+    scheduler: Literal["none", "cosine", "step"] = "none"
+    warmup_epochs: int = Field(0, ge=0)
+    step_size: int = Field(10, ge=1)
+    gamma: float = Field(0.1, gt=0.0, le=1.0)
+    # Clip the global gradient norm to this value; None: no clipping.
+    grad_clip_norm: float | None = Field(None, gt=0.0)
+    # "32": full precision. "bf16-mixed" / "16-mixed": torch.autocast in bfloat16 /
+    # float16 (fp16 with a gradient scaler); bf16 also runs on CPUs.
+    precision: Literal["32", "bf16-mixed", "16-mixed"] = "32"
+    seed: int = 0
+    # Deterministic algorithms on every worker (ray.train.torch.enable_reproducibility):
+    # the same config gives the same weights, at some cost in speed on GPUs.
+    deterministic: bool = False
+    early_stopping: EarlyStoppingConfig | None = None
+    # Log the running train loss every N optimizer steps (rank 0) as well as per epoch.
+    log_every_n_steps: int | None = Field(None, ge=1)
+    # Import paths ("package.module:function") called on every worker after each epoch
+    # with (epoch, metrics, rank): custom logging, fault drills, extra stopping rules.
+    callbacks: list[str] = []
+    # The loss: cross_entropy for classification; mse, l1 or huber for regression.
+    # None: the task's first (cross_entropy, or mse).
+    loss: Literal["cross_entropy", "mse", "l1", "huber"] | None = None
+    # Classification: the target's share spread over the other classes (cross_entropy's
+    # label_smoothing), and class weights in the loss; "balanced" weighs each class by
+    # rows / (classes * its rows in the train split), for imbalanced data.
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
+    class_weights: Literal["balanced"] | None = None
+    # Read each worker's shards once, straight from the prepared Parquet, and keep them in
+    # memory instead of streaming them from Ray Data every epoch. "auto" decides per
+    # split: each one whose prepared Parquet is under 1 GB per worker (so a large train
+    # split streams while a small val split stays in memory). "always" keeps both; "never"
+    # streams both, for workers whose memory cannot spare them. An augmented train split
+    # draws new crops and flips each epoch either way.
+    in_memory: Literal["auto", "always", "never"] = "auto"
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision_as_text(cls, v: Any) -> Any:
+        # YAML reads `precision: 32` as a number.
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @field_validator("callbacks")
+    @classmethod
+    def _import_paths(cls, v: list[str]) -> list[str]:
+        for path in v:
+            if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", path):
+                raise ValueError(f"{path!r} is not an import path such as 'mypackage.hooks:on_epoch'")
+        return v
+
+
+class ScalingSection(Section):
+    num_workers: int = Field(2, ge=1)
+    use_gpu: bool = False
+    # Half a CPU per worker: two workers on a 2-core machine leave a core for Ray Data.
+    resources_per_worker: dict[str, float] = {"CPU": 0.5}
+    # How Ray places the workers on nodes: PACK fills a node first, SPREAD spreads them.
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    # When the workers and Ray Data's CPU do not fit: "fail" at once with what would
+    # fit, or "shrink" each worker's CPU to fit (logged as a warning).
+    on_cpu_shortage: Literal["fail", "shrink"] = "fail"
+    # On an autoscaling cluster, wait up to this many seconds for the resources to
+    # appear before failing; 0 checks once.
+    wait_for_resources_s: float = Field(0.0, ge=0.0)
+
+
+class CheckpointSection(Section):
+    keep: int = Field(2, ge=1)
+    metric: Literal["val_accuracy", "val_loss", "train_loss"] = "val_accuracy"
+    mode: Literal["max", "min"] = "max"
+
+
+class FailureSection(Section):
+    max_failures: int = Field(1, ge=-1)  # -1: retry without end
+
+
+class EvaluationConfig(Section):
+    batch_size: int = Field(512, ge=1)
+    # Actors in the map_batches pool; each loads the model once.
+    concurrency: int = Field(1, ge=1)
+    # A test split of at most this many rows is predicted in the driver instead: an
+    # actor pool costs seconds to start, more than predicting a small split takes.
+    # 0: always the actor pool.
+    in_driver_max_rows: int = Field(100_000, ge=0)
+
+
+class RegistryConfig(Section):
+    # A test metric of the run's task: accuracy, macro_f1, weighted_f1 (classification);
+    # rmse (a regression's default), mae, r2.
+    gate_metric: Literal["accuracy", "macro_f1", "weighted_f1", "rmse", "mae", "r2"] = "accuracy"
+    # The champion alias moves when the new model beats the champion by min_improvement
+    # (lower by it, for rmse and mae) and clears min_value: a floor, or for rmse and mae a
+    # ceiling. None: no bound (a regression's default).
+    min_improvement: float = 0.0
+    min_value: float | None = 0.9
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.gate_metric in LOWER_IS_BETTER
+
+
+class RayConfig(Section):
+    # A running cluster ("ray://host:10001" or "host:6379"); None: RAY_ADDRESS, else a
+    # local cluster started for the run.
+    address: str | None = None

@@ -1,0 +1,112 @@
+"""The ``sweep`` section: the search space, the scheduler and each trial's resources."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from trainflow.config.sections import ScalingSection, Section
+
+# The kinds of search dimension, as Ray Tune names them. Bounds are [low, high]; randint's
+# high is exclusive, as in Ray Tune and NumPy. grid runs every value (in every sample).
+DIMENSION_KINDS = ("choice", "grid", "uniform", "loguniform", "randint")
+# Only these sections vary between trials: the data is ingested and prepared once per sweep,
+# and every trial runs on the same resources so that concurrency can be planned.
+SWEEPABLE_SECTIONS = ("model", "train")
+
+
+class Dimension(Section):
+    """One axis of the search space: exactly one of its fields is set."""
+
+    choice: list[Any] | None = Field(None, min_length=1)
+    grid: list[Any] | None = Field(None, min_length=1)
+    uniform: tuple[float, float] | None = None
+    loguniform: tuple[float, float] | None = None
+    randint: tuple[int, int] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Dimension:
+        kinds = [k for k in DIMENSION_KINDS if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(
+                f"give exactly one of {', '.join(DIMENSION_KINDS)}, such as {{loguniform: [0.0001, 0.1]}}; "
+                f"got {', '.join(kinds) or 'none'}"
+            )
+        low, high = self.bounds or (None, None)
+        if self.loguniform is not None and low <= 0:
+            raise ValueError(f"loguniform bounds must be above 0, got [{low}, {high}]")
+        if low is not None and (high <= low if self.randint is not None else high < low):
+            raise ValueError(f"{self.kind} needs low < high, got [{low}, {high}]")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in DIMENSION_KINDS if getattr(self, k) is not None)
+
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        return self.uniform or self.loguniform or self.randint
+
+    def extremes(self) -> list[Any]:
+        """Values a trial may be given: every listed value, or both bounds and one between."""
+        if self.choice is not None or self.grid is not None:
+            return list(self.choice if self.choice is not None else self.grid)
+        low, high = self.bounds
+        if self.randint is not None:
+            return [low, high - 1]
+        # A value between the bounds too: an integer field refuses it (use randint there).
+        return [low, 0.63 * low + 0.37 * high, high]
+
+
+class SweepScheduler(Section):
+    # asha: stop trials whose metric trails the others' at the same epoch; fifo: run all to the end.
+    kind: Literal["asha", "fifo"] = "asha"
+    # ASHA: every trial trains at least this many epochs before it may be stopped...
+    grace_period: int = Field(1, ge=1)
+    # ... and at each rung only the best 1/reduction_factor of the trials go on.
+    reduction_factor: float = Field(2.0, gt=1.0)
+
+
+def _flatten_space(value: Any, prefix: str = "") -> Any:
+    """``{train: {lr: {loguniform: [...]}}}`` and ``{"train.lr": {...}}`` mean the same."""
+    if not isinstance(value, Mapping):
+        return value
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        path = f"{prefix}{key}"
+        is_dimension = isinstance(item, Mapping) and any(k in DIMENSION_KINDS for k in item)
+        if isinstance(item, Mapping) and not is_dimension and item:
+            out.update(_flatten_space(item, f"{path}."))
+        else:
+            out[path] = item
+    return out
+
+
+class SweepConfig(Section):
+    # Dotted fields of the model and train sections, each with its dimension:
+    # {"train.lr": {loguniform: [0.0001, 0.1]}, "model.hidden_sizes": {choice: [[32], [128]]}}
+    space: dict[str, Dimension] = Field(..., min_length=1)
+    # Samples drawn from the space; with grid dimensions, each sample runs the whole grid.
+    trials: int = Field(8, ge=1)
+    # None: as many trials at once as the cluster fits (preflight computes it).
+    max_concurrent: int | None = Field(None, ge=1)
+    scheduler: SweepScheduler = SweepScheduler()
+    metric: Literal["val_accuracy", "val_loss", "train_loss"] = "val_accuracy"
+    mode: Literal["max", "min"] = "max"
+    seed: int = 0  # draws the samples: the same seed draws the same trials
+    # Each trial's resources: one worker by default, so that several trials run at once.
+    scaling: ScalingSection = ScalingSection(num_workers=1)
+
+    @field_validator("space", mode="before")
+    @classmethod
+    def _dotted(cls, v: Any) -> Any:
+        return _flatten_space(v)
+
+    @model_validator(mode="after")
+    def _metric_matches_mode(self) -> SweepConfig:
+        expected = "min" if self.metric.endswith("loss") else "max"
+        if self.mode != expected:
+            raise ValueError(f"metric {self.metric} is best at its {expected}imum: set mode to {expected}")
+        return self

@@ -3,13 +3,14 @@ every worker's memory or streamed from Ray Data every epoch, and cut into mini-b
 
 :func:`splits_in_memory` decides which splits sit in memory (``train.in_memory``);
 :func:`split_inputs` turns that into the folders the workers read themselves and the
-Datasets TorchTrainer shards; :func:`split_source` is a worker's side of it.
+Datasets TorchTrainer shards. A worker's side of it: :func:`open_splits` opens its share
+of each split, :func:`epoch_batches` cuts an epoch of it into mini-batches.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     import ray.data
 
     from trainflow.config import PipelineConfig
+    from trainflow.pipelines.training.settings import TrainSettings
 
 
 # The prepared splits the train loop reads: it trains on the first and validates on the second.
@@ -36,6 +38,11 @@ STREAM_CHUNK_BYTES = 128 << 20
 # A prepared split under this size per worker is read once into each worker's memory
 # (train.in_memory: auto).
 IN_MEMORY_BYTES = 1 << 30
+
+# A split held in memory: its features and labels, as tensors on the worker's device.
+InMemory = tuple[torch.Tensor, torch.Tensor]
+# A mini-batch: its features and labels, by column name.
+Batch = dict[str, torch.Tensor]
 
 
 def in_memory_splits(setting: str, split_bytes: dict[str, int], *, workers: int = 1) -> tuple[str, ...]:
@@ -222,3 +229,44 @@ def augmented_batches(batches, preprocessor: dict[str, Any]):
     shape = preprocessor["image"]["shape"]
     for batch in batches:
         yield {FEATURES: augment_images(batch[FEATURES], shape), LABEL: batch[LABEL]}
+
+
+def open_splits(
+    settings: TrainSettings, rank: int, world_size: int, device: torch.device
+) -> tuple[InMemory | StreamedEpochs, InMemory | ray.data.DataIterator]:
+    """This worker's train and val splits: tensors on ``device`` for the splits in
+    ``settings.memory_splits``, else its Ray Data shard, the train split's epochs
+    streamed in chunks (:class:`StreamedEpochs`)."""
+    train = split_source("train", settings.memory_splits, rank, world_size, device)
+    val = split_source("val", settings.memory_splits, rank, world_size, device)
+    if not isinstance(train, tuple):
+        chunk_rows = stream_chunk_rows(settings.train.batch_size, settings.model_spec["num_features"])
+        train = StreamedEpochs(train, chunk_rows, device, device.type == "cuda")
+    return train, val
+
+
+def epoch_batches(
+    train: InMemory | StreamedEpochs,
+    val: InMemory | ray.data.DataIterator,
+    epoch: int,
+    seed: int,
+    settings: TrainSettings,
+    device: torch.device,
+) -> tuple[Iterable[Batch], Iterable[Batch]]:
+    """Epoch ``epoch``'s train batches, shuffled by a generator seeded with ``seed`` (and
+    augmented, in memory, when the preprocessor augments), and its val batches in order."""
+    batch_size = settings.train.batch_size
+    if isinstance(train, tuple):
+        train_batches = tensor_batches(*train, batch_size, torch.Generator().manual_seed(seed))
+        train_batches = augmented_batches(train_batches, settings.preprocessor)
+    else:
+        # Chunks of whole batches from Ray Data (stream_chunk_rows), each shuffled and cut
+        # into batches here.
+        chunks = train.epoch(more=epoch + 1 < settings.train.epochs)
+        train_batches = chunk_batches(chunks, batch_size, torch.Generator().manual_seed(seed))
+    if isinstance(val, tuple):
+        val_batches = tensor_batches(*val, batch_size)
+    else:
+        pin_memory = device.type == "cuda"
+        val_batches = val.iter_torch_batches(batch_size=batch_size, device=device, pin_memory=pin_memory)
+    return train_batches, val_batches

@@ -25,28 +25,14 @@ from torch import nn
 from trainflow.pipelines.data.preprocess import FEATURES, LABEL
 from trainflow.pipelines.models.build import initial_model
 from trainflow.pipelines.models.checkpoint import METRICS, MODEL, TRAIN_STATE, save_checkpoint
-from trainflow.pipelines.training.inputs import (
-    StreamedEpochs,
-    augmented_batches,
-    chunk_batches,
-    split_source,
-    stream_chunk_rows,
-    tensor_batches,
-)
+from trainflow.pipelines.training.inputs import Batch, epoch_batches, open_splits
 from trainflow.pipelines.training.placements import record_placement
 from trainflow.pipelines.training.progress import ProgressLog
 from trainflow.pipelines.training.settings import SETTINGS, Outcome
 
 if TYPE_CHECKING:
-    import ray.data
-
     from trainflow.config import TrainConfig
     from trainflow.pipelines.training.settings import TrainSettings
-
-# A split held in memory: its features and labels, as tensors on the worker's device.
-InMemory = tuple[torch.Tensor, torch.Tensor]
-# A mini-batch: its features and labels, by column name.
-Batch = dict[str, torch.Tensor]
 
 
 def make_optimizer(
@@ -345,47 +331,6 @@ class TrainingParts:
         if self.stopping is not None and train_state["early_stopping"]:
             self.stopping.load_state_dict(json.loads(train_state["early_stopping"]))
         return train_state["epoch"], json.loads(train_state["history"])
-
-
-def open_splits(
-    settings: TrainSettings, rank: int, world_size: int, device: torch.device
-) -> tuple[InMemory | StreamedEpochs, InMemory | ray.data.DataIterator]:
-    """This worker's train and val splits: tensors on ``device`` for the splits in
-    ``settings.memory_splits``, else its Ray Data shard, the train split's epochs
-    streamed in chunks (:class:`~.inputs.StreamedEpochs`)."""
-    train = split_source("train", settings.memory_splits, rank, world_size, device)
-    val = split_source("val", settings.memory_splits, rank, world_size, device)
-    if not isinstance(train, tuple):
-        chunk_rows = stream_chunk_rows(settings.train.batch_size, settings.model_spec["num_features"])
-        train = StreamedEpochs(train, chunk_rows, device, device.type == "cuda")
-    return train, val
-
-
-def epoch_batches(
-    train: InMemory | StreamedEpochs,
-    val: InMemory | ray.data.DataIterator,
-    epoch: int,
-    seed: int,
-    settings: TrainSettings,
-    device: torch.device,
-) -> tuple[Iterable[Batch], Iterable[Batch]]:
-    """Epoch ``epoch``'s train batches, shuffled by a generator seeded with ``seed`` (and
-    augmented, in memory, when the preprocessor augments), and its val batches in order."""
-    batch_size = settings.train.batch_size
-    if isinstance(train, tuple):
-        train_batches = tensor_batches(*train, batch_size, torch.Generator().manual_seed(seed))
-        train_batches = augmented_batches(train_batches, settings.preprocessor)
-    else:
-        # Chunks of whole batches from Ray Data (stream_chunk_rows), each shuffled and cut
-        # into batches here.
-        chunks = train.epoch(more=epoch + 1 < settings.train.epochs)
-        train_batches = chunk_batches(chunks, batch_size, torch.Generator().manual_seed(seed))
-    if isinstance(val, tuple):
-        val_batches = tensor_batches(*val, batch_size)
-    else:
-        pin_memory = device.type == "cuda"
-        val_batches = val.iter_torch_batches(batch_size=batch_size, device=device, pin_memory=pin_memory)
-    return train_batches, val_batches
 
 
 def step_logger(

@@ -214,7 +214,8 @@ def training_result(
     outcome: Outcome = result.return_value or Outcome("completed", config.train.epochs)
     if outcome.status == "diverged":
         raise TrainingDiverged(outcome.message)
-    # On an object store the best and the last checkpoint are read from copies here.
+    # The best checkpoint as a folder here (on an object store, a local copy); the history
+    # from the last checkpoint, read where Ray stored it.
     best = local_checkpoint(result.get_best_checkpoint(config.checkpoint.metric, config.checkpoint.mode))
     return TrainingResult(
         run_path=redacted(join(storage, run_name)) if is_uri(storage) else str(result.path),

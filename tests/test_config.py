@@ -283,3 +283,18 @@ def test_a_config_crosses_to_a_worker_pickled_and_unchanged():
     config = load_config(sweep(metric="val_loss", mode="min"))
     copy = pickle.loads(pickle.dumps(config))
     assert copy == config and copy.config_hash() == config.config_hash()
+
+
+def test_an_unknown_key_in_an_optional_section_lists_that_sections_keys():
+    with pytest.raises(
+        ConfigError, match=r"train\.early_stopping\.bogus: unknown key; valid keys here: metric, mode"
+    ):
+        load_config({"train": {"early_stopping": {"bogus": 1}}})
+    with pytest.raises(
+        ConfigError, match=r"sweep\.scheduler\.bogus: unknown key; valid keys here: kind, grace"
+    ):
+        load_config(sweep(scheduler={"bogus": 1}))
+    with pytest.raises(
+        ConfigError, match=r"sweep\.space\.train\.lr\.bogus: unknown key; valid keys here: choice"
+    ):
+        load_config({"sweep": {"space": {"train.lr": {"choice": [0.1], "bogus": 1}}}})

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ValidationError
 
+from trainflow.config.sections import section_type
+
 
 class ConfigError(ValueError):
     """A config that cannot run; the message names the field and what would be valid."""
@@ -17,12 +19,7 @@ def validation_message(err: ValidationError, root: type[BaseModel]) -> str:
         field = ".".join(str(p) for p in e["loc"]) or "config"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            parent = e["loc"][:-1]
-            model: type[BaseModel] = root
-            for p in parent:
-                model = model.model_fields[str(p)].annotation  # type: ignore[assignment]
-            known = ", ".join(model.model_fields) if isinstance(model, type) else ""
-            msg = f"unknown key; valid keys here: {known}"
+            msg = f"unknown key; valid keys here: {', '.join(_keys_at(root, e['loc'][:-1]))}"
         elif not e["loc"]:  # a rule across sections: the message names its fields
             parts.append(msg)
             continue
@@ -30,3 +27,13 @@ def validation_message(err: ValidationError, root: type[BaseModel]) -> str:
             msg = f"{msg} (got {e['input']!r})"
         parts.append(f"{field}: {msg}")
     return "invalid config: " + "; ".join(parts)
+
+
+def _keys_at(root: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The keys of the section at ``loc`` under ``root``. A key of a mapping of sections
+    (a field of ``sweep.space``) is no field: the walk stays on the mapping's section."""
+    model: type[BaseModel] | None = root
+    for part in loc:
+        if model is not None and str(part) in model.model_fields:
+            model = section_type(model.model_fields[str(part)].annotation)
+    return list(model.model_fields) if model is not None else []

@@ -7,6 +7,7 @@ The defaults are the bundled digits job; ``configs/digits.yaml`` spells them out
 from __future__ import annotations
 
 import re
+import typing
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -18,6 +19,15 @@ class Section(BaseModel):
     """A part of the config: unknown keys are refused, and so are wrong values set later."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def section_type(annotation: Any) -> type[BaseModel] | None:
+    """The section class behind a field's annotation: ``EarlyStoppingConfig | None`` gives
+    EarlyStoppingConfig, ``dict[str, Dimension]`` its values' Dimension; None for a value."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
 
 
 class SplitConfig(Section):

@@ -3,7 +3,6 @@ and one trial's config made from the sampled values."""
 
 from __future__ import annotations
 
-import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,15 +11,8 @@ from pydantic import BaseModel, ValidationError
 from trainflow.config.errors import ConfigError, validation_message
 from trainflow.config.overrides import at_path, merge
 from trainflow.config.schema import PipelineConfig, validate_config
+from trainflow.config.sections import section_type
 from trainflow.config.sweep import SWEEPABLE_SECTIONS
-
-
-def _section_type(annotation: Any) -> type[BaseModel] | None:
-    """The section class behind a field's annotation (``EarlyStoppingConfig | None``)."""
-    for candidate in (annotation, *typing.get_args(annotation)):
-        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-            return candidate
-    return None
 
 
 def check_sweep_space(config: PipelineConfig) -> None:
@@ -40,7 +32,7 @@ def check_sweep_space(config: PipelineConfig) -> None:
                     f"invalid config: {field}: unknown field; valid keys of {where}: "
                     + ", ".join(section.model_fields)
                 )
-            section = _section_type(section.model_fields[part].annotation)
+            section = section_type(section.model_fields[part].annotation)
         if parts[0] not in SWEEPABLE_SECTIONS:
             raise ConfigError(
                 f"invalid config: {field}: only model.* and train.* fields vary between trials "

@@ -4,10 +4,8 @@ No other module of trainflow names a private module of Ray's (``ray._private``,
 ``ray.*._internal``), a private function or a private attribute. Each use here has a
 test in ``tests/test_ray_internals.py`` that fails when Ray changes what it relies on,
 and each degrades, where Ray moved it, to Ray's own behaviour: slower or noisier, never
-wrong. Checked against Ray 2.60.0 (the version ``pyproject.toml`` pins).
-
-Each use: what it does; Ray's private names; why no public API does it; what trainflow
-does where Ray moved it.
+wrong. Checked against Ray 2.60.0 (the version ``pyproject.toml`` pins). Each use: what
+it does; Ray's private names; why no public API does it; what happens where Ray moved it.
 
 1. The GCS key-value store, for a training's progress rows and a sweep's placement
    groups (:func:`kv_put` ...). ``ray.experimental.internal_kv._internal_kv_*``. The one
@@ -52,10 +50,10 @@ does where Ray moved it.
     ``ray._private.ray_constants``. Ray's own module imports torch at its top. Moved:
     Ray's own TorchConfig, and a controller that imports torch.
 
-Nothing here runs on import, and this module imports only Ray's top package: every Ray
-worker of a run imports it (:func:`trainflow.cluster.quiet.quiet_worker`). The classes
+Nothing here runs on import, and every Ray import is inside a function: each Ray worker
+of a run imports this module (:func:`trainflow.cluster.quiet.quiet_worker`). The classes
 of uses 9 and 10, which Ray Train's controller unpickles by this module's name, are
-defined on first access (their base classes' modules take most of a second to import).
+assembled on first access (their base classes' modules take most of a second to import).
 """
 
 from __future__ import annotations
@@ -74,6 +72,7 @@ log = logging.getLogger("trainflow")
 
 def _kv(name: str) -> Callable | None:
     """One of Ray's ``_internal_kv_*`` functions; None, with a warning once, where Ray moved them."""
+    import ray
     from ray.experimental import internal_kv
 
     function = getattr(internal_kv, f"_internal_kv_{name}", None)
@@ -82,7 +81,7 @@ def _kv(name: str) -> Callable | None:
         log.warning(
             "Ray %s has no ray.experimental.internal_kv._internal_kv_%s: training progress is not "
             "logged per epoch, and a sweep leaves stopped trials' placement groups to Ray's cleaner",
-            _ray_version(),
+            ray.__version__,
             name,
         )
     return function
@@ -113,12 +112,6 @@ def kv_delete_prefix(prefix: str, namespace: str) -> None:
     delete = _kv("del")
     if delete:
         delete(prefix, del_by_prefix=True, namespace=namespace)
-
-
-def _ray_version() -> str:
-    import ray
-
-    return ray.__version__
 
 
 # 2 and 3. Train's placement-group cleaner, answered by the GCS.
@@ -371,113 +364,115 @@ def process_group_backend(backend: str | None, resources_per_worker: dict[str, f
 
 
 def _training_classes() -> dict[str, type]:
-    """:class:`FixedClusterPolicy` and :class:`TorchConfig`, named as this module's own so
-    that the controller unpickles them from here."""
-    from dataclasses import dataclass
+    """``FixedClusterPolicy``, ``TorchConfig`` and its ``TorchBackend``, assembled from the
+    module-level methods below and named as this module's own, so that Ray Train's
+    controller unpickles them from here."""
+    import dataclasses
 
-    import ray
-    from ray.train._internal.utils import get_address_and_port
     from ray.train.backend import Backend, BackendConfig
     from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
     from ray.train.v2._internal.util import TrainingFramework
 
-    class FixedClusterPolicy(FixedScalingPolicy):
-        """Ray Train's FixedScalingPolicy without the requests to the autoscaling
-        coordinator, a detached actor (a process importing Ray Data, pandas and pyarrow)
-        that tells an autoscaler what to add: a local cluster has none."""
-
-        def after_controller_start(self, train_run_context) -> None:
-            pass
-
-        def _maybe_send_resource_request(self) -> None:
-            pass
-
-        def _send_resource_request(self) -> None:
-            pass
-
-    @dataclass
-    class TorchConfig(BackendConfig):
-        """Ray's TorchConfig (the same fields and defaults) for workers on CPUs or CUDA
-        GPUs, from a module that does not import torch: every training's controller
-        unpickles its trainer's backend config, and Ray's lives beside process-group code
-        that imports torch. gloo, or nccl where the workers have GPUs."""
-
-        backend: str | None = None
-        init_method: str = "env"
-        timeout_s: int = 1800
-
-        @property
-        def backend_cls(self):
-            return TorchBackend
-
-        @property
-        def train_func_context(self):
-            # Read where the trainer wraps its train function (the driver), run on the workers.
-            from ray.train.torch.config import TorchConfigContextManager
-
-            return TorchConfigContextManager
-
-        @property
-        def framework(self):
-            return TrainingFramework.TORCH
-
-        def to_dict(self) -> dict:
-            return {"backend": self.backend, "init_method": self.init_method, "timeout_s": self.timeout_s}
-
-    class TorchBackend(Backend):
-        """``ray.train.torch.config._TorchBackend``'s steps for a worker group on CPUs or
-        CUDA GPUs, each worker-side function Ray's own."""
-
-        share_cuda_visible_devices: bool = True
-
-        def on_start(self, worker_group, backend_config) -> None:
-            if backend_config.init_method != "env":
-                raise ValueError(f"init_method {backend_config.init_method!r}: only 'env' is supported")
-            backend = process_group_backend(backend_config.backend, worker_group.get_resources_per_worker())
-            address, port = worker_group.execute_single(0, get_address_and_port)
-            worker_group.execute(_set_master, address=address, port=port)
-            worker_group.execute(_set_distributed_env_vars)
-            size = len(worker_group)
-            ray.get(
-                [
-                    worker_group.execute_single_async(
-                        rank,
-                        _setup_process_group,
-                        backend=backend,
-                        world_rank=rank,
-                        world_size=size,
-                        init_method="env://",
-                        timeout_s=backend_config.timeout_s,
-                    )
-                    for rank in range(size)
-                ]
-            )
-
-        def on_shutdown(self, worker_group, backend_config) -> None:
-            from ray._private import ray_constants
-            from ray.exceptions import GetTimeoutError
-            from ray.train.constants import (
-                DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
-                TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
-            )
-
-            futures = worker_group.execute_async(_shutdown_torch, destroy_process_group=len(worker_group) > 1)
-            timeout_s = ray_constants.env_integer(
-                TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S, DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S
-            )
-            try:
-                ray.get(futures, timeout=timeout_s)
-            except GetTimeoutError:  # the workers are being stopped either way
-                log.debug("torch process group shutdown timed out after %s seconds", timeout_s)
-
-    classes = {
-        "FixedClusterPolicy": FixedClusterPolicy,
-        "TorchConfig": TorchConfig,
-        "TorchBackend": TorchBackend,
-    }
+    policy = type(
+        "FixedClusterPolicy",
+        (FixedScalingPolicy,),
+        {
+            "__doc__": "Ray Train's FixedScalingPolicy without the requests to the autoscaling "
+            "coordinator, a detached actor that tells an autoscaler what to add: a local cluster has none.",
+            "after_controller_start": _no_request,
+            "_maybe_send_resource_request": _no_request,
+            "_send_resource_request": _no_request,
+        },
+    )
+    backend = type(
+        "TorchBackend",
+        (Backend,),
+        {
+            "__doc__": "Ray's ``_TorchBackend`` steps, each worker-side function Ray's own.",
+            "share_cuda_visible_devices": True,
+            "on_start": _backend_start,
+            "on_shutdown": _backend_shutdown,
+        },
+    )
+    config = dataclasses.make_dataclass(
+        "TorchConfig",
+        [("backend", str | None, None), ("init_method", str, "env"), ("timeout_s", int, 1800)],
+        bases=(BackendConfig,),
+        namespace={
+            "__doc__": "Ray's TorchConfig, the same fields and defaults, for workers on CPUs or CUDA "
+            "GPUs: gloo, or nccl where the workers have GPUs.",
+            "backend_cls": property(lambda self: backend),
+            "train_func_context": property(_train_func_context),
+            "framework": property(lambda self: TrainingFramework.TORCH),
+            "to_dict": _config_dict,
+        },
+    )
+    classes = {"FixedClusterPolicy": policy, "TorchConfig": config, "TorchBackend": backend}
     for name, cls in classes.items():
         cls.__module__, cls.__qualname__ = __name__, name
     return classes
+
+
+def _no_request(self, *args) -> None:
+    """A local cluster has no autoscaler to ask for resources."""
+
+
+def _train_func_context(self):
+    # Read where the trainer wraps its train function (the driver), run on the workers.
+    from ray.train.torch.config import TorchConfigContextManager
+
+    return TorchConfigContextManager
+
+
+def _config_dict(self) -> dict:
+    return {"backend": self.backend, "init_method": self.init_method, "timeout_s": self.timeout_s}
+
+
+def _backend_start(self, worker_group, backend_config) -> None:
+    """Set up torch.distributed on every worker of the group, as Ray's torch backend does."""
+    import ray
+    from ray.train._internal.utils import get_address_and_port
+
+    if backend_config.init_method != "env":
+        raise ValueError(f"init_method {backend_config.init_method!r}: only 'env' is supported")
+    backend = process_group_backend(backend_config.backend, worker_group.get_resources_per_worker())
+    address, port = worker_group.execute_single(0, get_address_and_port)
+    worker_group.execute(_set_master, address=address, port=port)
+    worker_group.execute(_set_distributed_env_vars)
+    size = len(worker_group)
+    setups = [
+        worker_group.execute_single_async(
+            rank,
+            _setup_process_group,
+            backend=backend,
+            world_rank=rank,
+            world_size=size,
+            init_method="env://",
+            timeout_s=backend_config.timeout_s,
+        )  # fmt: skip
+        for rank in range(size)
+    ]
+    ray.get(setups)
+
+
+def _backend_shutdown(self, worker_group, backend_config) -> None:
+    """Shut torch.distributed down on every worker, waiting as long as Ray's setting says."""
+    import ray
+    from ray._private import ray_constants
+    from ray.exceptions import GetTimeoutError
+    from ray.train.constants import (
+        DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
+        TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
+    )
+
+    futures = worker_group.execute_async(_shutdown_torch, destroy_process_group=len(worker_group) > 1)
+    timeout_s = ray_constants.env_integer(
+        TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S, DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S
+    )
+    try:
+        ray.get(futures, timeout=timeout_s)
+    except GetTimeoutError:  # the workers are being stopped either way
+        log.debug("torch process group shutdown timed out after %s seconds", timeout_s)
 
 
 # Run on the workers: each imports Ray's torch module there, not in the controller.

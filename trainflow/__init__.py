@@ -1,8 +1,7 @@
 """trainflow: Prefect flows that train, evaluate and register PyTorch models on Ray."""
 
-__version__ = "0.3.0"
-
-from trainflow.config import ConfigError, PipelineConfig, load_config  # noqa: E402
+from trainflow.config import ConfigError, PipelineConfig, load_config
+from trainflow.version import __version__
 
 
 def load_model(uri: str):

@@ -16,8 +16,8 @@ def test_a_shipped_trainflow_comes_before_one_the_cluster_has(ray_cluster, tmp_p
     # worker of this job runs trainflow's setup hook from whichever copy it imports).
     stale = tmp_path / "site" / "trainflow"
     shutil.copytree(trainflow_package(), stale, ignore=shutil.ignore_patterns("__pycache__"))
-    init = stale / "__init__.py"
-    init.write_text(init.read_text().replace(f'__version__ = "{__version__}"', '__version__ = "0.0.1"'))
+    version = stale / "version.py"
+    version.write_text(version.read_text().replace(f'__version__ = "{__version__}"', '__version__ = "0.0.1"'))
     older = {"env_vars": {"PYTHONPATH": str(stale.parent)}}
 
     @ray.remote(num_cpus=0)

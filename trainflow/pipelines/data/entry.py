@@ -39,6 +39,7 @@ from trainflow.files import (
 from trainflow.pipelines.data.preprocess import FEATURES, LABEL, Preprocessor
 from trainflow.pipelines.data.schema import DataError, SourceInfo
 from trainflow.pipelines.data.split import SPLIT_NAMES
+from trainflow.version import __version__
 
 if TYPE_CHECKING:
     import ray.data
@@ -86,8 +87,6 @@ def split_dataset(location: str) -> ray.data.Dataset:
 def code_version() -> str:
     """trainflow's version and a hash of the code that prepares data: every module of
     this package."""
-    from trainflow import __version__
-
     h = hashlib.sha256(__version__.encode())
     for module in sorted(Path(__file__).parent.glob("*.py")):
         h.update(module.read_bytes())

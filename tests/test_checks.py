@@ -1,4 +1,5 @@
-"""The checks before a run: each run checks once, and a bad run fails in one line."""
+"""The checks before a run: each run checks once (the command hands what it found to its flow
+run), and a bad run fails in one line."""
 
 import subprocess
 import sys
@@ -25,32 +26,21 @@ def inspections(monkeypatch, trainflow_home) -> list[str]:
     return seen
 
 
-def test_a_held_check_is_taken_once_by_the_run_that_follows(inspections):
-    config = load_config({"name": "held"})
-    held = checks.before_run(config, hold=True)  # the command, before anything starts
-    assert checks.before_run(config) is held  # its flow run: no second look
-    assert inspections == ["builtin:digits"]
-    # The next run in this process (a served deployment's) checks afresh.
+def test_each_call_checks_afresh_and_holds_nothing_for_later(inspections):
+    """What a command checked reaches its flow run as the flow's ``checked`` parameter;
+    nothing is kept here for whoever calls next (a served deployment's next run checks
+    its own data)."""
+    config = load_config({"name": "checked"})
+    first = checks.before_run(config)
     again = checks.before_run(config)
-    assert again is not held and again.source.fingerprint == held.source.fingerprint
+    assert again is not first and again.source.fingerprint == first.source.fingerprint
     assert inspections == ["builtin:digits", "builtin:digits"]
-    checks.before_run(config)
-    assert len(inspections) == 3  # nothing was held by the flow run's own check
 
 
-def test_a_check_held_for_one_config_is_not_taken_by_another(inspections):
-    checks.before_run(load_config({"name": "one"}), hold=True)
-    checks.before_run(load_config({"name": "other"}))
-    assert len(inspections) == 2
-    checks.before_run(load_config({"name": "one"}))  # still held for its own run
-    assert len(inspections) == 2
-
-
-def test_a_failed_check_holds_nothing(inspections):
+def test_a_failed_check_fails_in_one_line_naming_the_source(inspections):
     config = load_config({"name": "bad", "data": {"source": "/no/such/data.csv"}})
-    for _ in range(2):
-        with pytest.raises(DataError, match="data.source /no/such/data.csv: no such file"):
-            checks.before_run(config, hold=True)
+    with pytest.raises(DataError, match="data.source /no/such/data.csv: no such file"):
+        checks.before_run(config)
 
 
 def test_a_sweep_without_a_sweep_section_is_refused_naming_the_field(inspections):

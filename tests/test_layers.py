@@ -24,6 +24,7 @@ LAYERS = {
     "config": 0,
     "files": 0,
     "timeline": 0,
+    "version": 0,
     "ray_internals": 0,  # every use of Ray's private names (tests/test_ray_internals.py)
     "workspace": 1,
     "signals": 1,
@@ -174,3 +175,48 @@ def test_what_ray_trains_controller_unpickles_of_a_run_imports_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], input=sent, capture_output=True, check=True)
     assert out.stdout.decode().strip() == "[]"
+
+
+DOC = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def _doc_lines() -> list[list[str]]:
+    """The backticked path tokens of each line of docs/architecture.md."""
+    import re
+
+    lines = []
+    for line in DOC.read_text().splitlines():
+        tokens = [t.split()[0] for t in re.findall(r"`([^`]+)`", line) if t.strip()]
+        lines.append([t for t in tokens if t.endswith((".py", "/")) or ("/" in t and "." in t)])
+    return lines
+
+
+def test_the_architecture_doc_names_every_module():
+    """Each module of trainflow/ appears on the page: by its path, or by its file name on a
+    line that names its folder."""
+    lines = _doc_lines()
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE)
+        if relative.name == "__init__.py" and relative.parent != Path("."):
+            continue  # a package's face: its folder stands for it
+        as_posix, parent = relative.as_posix(), relative.parent.name
+        named = any(
+            any("/" in t and as_posix.endswith(t) for t in tokens)
+            or (relative.name in tokens and (not parent or any(f"{parent}/" in t for t in tokens)))
+            for tokens in lines
+        )
+        if not named:
+            missing.append(relative.as_posix())
+    assert missing == [], f"name these in {DOC.name}"
+
+
+def test_every_path_the_architecture_doc_names_exists():
+    repo = PACKAGE.parent
+    missing = []
+    for tokens in _doc_lines():
+        for token in tokens:
+            found = [(repo / token).exists(), any(PACKAGE.rglob(token.rstrip("/")))]
+            if not any(found):
+                missing.append(token)
+    assert missing == [], f"{DOC.name} names paths that do not exist"

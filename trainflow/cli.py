@@ -1,17 +1,19 @@
-"""``trainflow run | validate | predict | models``: the command line."""
+"""``trainflow run | validate | sweep | predict | schedule | deploy | models``: the command line."""
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
 from trainflow.config import ConfigError, PipelineConfig, load_config, smoke_config
+
+T = TypeVar("T")
 
 app = typer.Typer(
     help="Train, evaluate and register PyTorch models on Ray, orchestrated by Prefect.",
@@ -84,11 +86,20 @@ def run(
     config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False, resume: ResumeOpt = False
 ) -> None:
     """Run the training pipeline flow and print a summary."""
+    from trainflow import checks, startup
     from trainflow.timeline import timeline
 
     timeline("command parsed")
     cfg = _config(config, set_, smoke)
-    result = _run_flow(cfg, "trainflow.flows.training", "training_pipeline", "training", resume=resume)
+    checked = _checked(lambda: checks.before_run(cfg, resume=resume))
+
+    def train():
+        from trainflow.flows.training import training_pipeline  # imported by the start-up
+
+        return training_pipeline(config=cfg, resume=resume, checked=checked)
+
+    starting = startup.started(cfg, imports="trainflow.flows.training", warm=checked.warm)
+    result = _call_flow("training", starting, train)
     typer.echo("\n".join(["", *_render().summary_lines(result)]))
 
 
@@ -101,8 +112,18 @@ def sweep(
     ] = None,
 ) -> None:
     """Run a hyperparameter sweep on Ray Tune and register the best trial's model."""
+    from trainflow import checks, startup
+
     cfg = _config(config, set_)
-    result = _run_flow(cfg, "trainflow.flows.sweep", "sweep_pipeline", "sweep", sweep=True)
+    checked = _checked(lambda: checks.before_run(cfg, sweep=True))
+
+    def run_sweep():
+        from trainflow.flows.sweep import sweep_pipeline  # imported by the start-up
+
+        return sweep_pipeline(config=cfg, checked=checked)
+
+    starting = startup.started(cfg, imports="trainflow.flows.sweep", warm=checked.warm)
+    result = _call_flow("sweep", starting, run_sweep)
     if best_config is not None:
         import shutil
 
@@ -132,28 +153,24 @@ def _one_line_errors() -> Iterator[None]:
         raise _fail(str(e)) from None
 
 
-def _run_flow(cfg: PipelineConfig, module: str, flow_name: str, what: str, sweep: bool = False, **params):
-    """Check the run (in one line, before anything starts), start what its flow needs
-    side by side, and call the flow with ``params`` besides the config. Expected errors
-    end in one line."""
-    from trainflow import checks, startup
+def _checked(check: Callable[[], T]) -> T:
+    """What a run's checks found, before Prefect and Ray start; a failed check (bad config
+    or data, a cluster too small or out of reach) ends the command in its one line."""
     from trainflow.signals import raise_if_interrupted
 
     try:
         with _one_line_errors():
-            checked = checks.before_run(cfg, sweep=sweep, hold=True, resume=params.get("resume", False))
+            found = check()
         raise_if_interrupted()
     except KeyboardInterrupt as e:
         raise _stopped(e) from None
-    return _call_flow(
-        startup.started(module, cfg, warm=checked.warm), module, flow_name, what, config=cfg, **params
-    )
+    return found
 
 
-def _call_flow(starting, module: str, flow_name: str, what: str, **params):
-    """Call a flow once ``starting`` (a ``startup.started``) is ready. An expected failure
-    (see ``flows.logs``) ends in its one line, exit code 2; any other in one line naming
-    the flow, exit code 1 (the flow's logs above hold the traceback)."""
+def _call_flow(what: str, starting: AbstractContextManager, call: Callable[[], T]) -> T:
+    """``call()`` a flow once ``starting`` (a ``startup.started``) is ready. An expected
+    failure (see ``tasks.logs``) ends in its one line, exit code 2; any other in one line
+    naming the flow, exit code 1 (the flow's logs above hold the traceback)."""
     from trainflow import prefect_server
     from trainflow.signals import sigint_stops_the_run
     from trainflow.timeline import timeline
@@ -161,19 +178,19 @@ def _call_flow(starting, module: str, flow_name: str, what: str, **params):
     try:
         # Ctrl-C ends the run in one line (_stopped), wherever it lands.
         with sigint_stops_the_run(), starting:
-            from trainflow.flows.logs import drop_expected_errors_on_console
+            from trainflow.tasks.logs import drop_expected_errors_on_console
 
             # On the console, a flow's expected failure is this command's one ``error:``
             # line: Prefect's own records of it stay in the run's logs, one line each.
             drop_expected_errors_on_console()
-            result = getattr(sys.modules[module], flow_name)(**params)
+            result = call()
             timeline("flow returned")
     except prefect_server.PrefectServerError as e:
         raise _fail(str(e), code=1) from None
     except (KeyboardInterrupt, SystemExit) as e:
         raise _stopped(e) from None
     except Exception as e:
-        from trainflow.flows.logs import EXPECTED_ERRORS
+        from trainflow.tasks.logs import EXPECTED_ERRORS
 
         if isinstance(e, EXPECTED_ERRORS):
             raise _fail(str(e)) from None
@@ -184,7 +201,7 @@ def _call_flow(starting, module: str, flow_name: str, what: str, **params):
 def _stopped(e: KeyboardInterrupt | SystemExit) -> typer.Exit:
     """A run stopped by Ctrl-C or a stop signal (``signals.stop_on_signals``): one line,
     the shell's exit code for the signal. Prefect's records of the crash stay in the
-    run's logs (the flow run ends Crashed) and off this console (``flows.logs``)."""
+    run's logs (the flow run ends Crashed) and off this console (``tasks.logs``)."""
     import signal
 
     code = 128 + signal.SIGINT if isinstance(e, KeyboardInterrupt) else e.code
@@ -208,25 +225,21 @@ def predict(
     """Predict every row of INPUT with a registered model; write Parquet to OUTPUT."""
     from trainflow import checks, startup
 
-    module = "trainflow.flows.batch_predict"
-    # Model, input, output and cluster address are checked here, before Prefect and Ray start.
-    with _registry_errors(), _one_line_errors():
-        ref = checks.model(model, hold=True)
-        checks.predict_input(str(input), str(output), ref, hold=True)
-        cluster = ref.cluster()  # RAY_ADDRESS, else a local cluster
-        checks.cluster(cluster, workers=None, gpus_per_actor=1 if gpu else 0, hold=True)
-    result = _call_flow(
-        startup.started(module, cluster, open_registry=False),
-        module,
-        "batch_predict",
-        "batch-predict",
-        model=ref.uri,
-        input=str(input),
-        output=str(output),
-        batch_size=batch_size,
-        concurrency=concurrency,
-        use_gpu=gpu,
-    )
+    # The model (pinned to its version), input, output and cluster, before Prefect and Ray start.
+    with _registry_errors():
+        checked = _checked(lambda: checks.before_predict(model, str(input), str(output), use_gpu=gpu))
+    ref = checked.model
+
+    def run_predict():
+        from trainflow.flows.batch_predict import batch_predict  # imported by the start-up
+
+        return batch_predict(
+            model=ref.uri, input=str(input), output=str(output), batch_size=batch_size,
+            concurrency=concurrency, use_gpu=gpu, checked=checked,
+        )  # fmt: skip
+
+    starting = startup.started(ref.cluster(), imports="trainflow.flows.batch_predict", open_registry=False)
+    result = _call_flow("batch-predict", starting, run_predict)
     typer.echo(_render().predictions_line(ref.name, result.version, result.rows, str(output), result.seconds))
 
 
@@ -241,24 +254,29 @@ def _require_server(command: str) -> None:
         )
 
 
+ScheduleConfigArg = Annotated[
+    str, typer.Argument(help="The config the scheduled runs use, a path relative to where they run.")
+]
+NameOpt = Annotated[str, typer.Option(help="The deployment's name.")]
+CronOpt = Annotated[str | None, typer.Option(help="A cron schedule, such as '0 2 * * *'.")]
+IntervalOpt = Annotated[int | None, typer.Option(help="Seconds between runs.")]
+
+
 @app.command()
-def serve(
-    config: Annotated[
-        str,
-        typer.Argument(help="The config the scheduled runs use, a path relative to where they run."),
-    ] = "configs/digits.yaml",
+def schedule(
+    config: ScheduleConfigArg = "configs/digits.yaml",
     set_: SetOpt = None,
     smoke: SmokeOpt = False,
-    name: Annotated[str, typer.Option(help="The deployment's name.")] = "served",
-    cron: Annotated[str | None, typer.Option(help="A cron schedule, such as '0 2 * * *'.")] = None,
-    interval: Annotated[int | None, typer.Option(help="Seconds between runs.")] = None,
+    name: NameOpt = "scheduled",
+    cron: CronOpt = None,
+    interval: IntervalOpt = None,
 ) -> None:
-    """Serve the training flow on a schedule from this process: no work pool needed.
+    """Run the training flow on a schedule from this process: no work pool needed.
 
     Needs a Prefect server (PREFECT_API_URL); runs go on until you stop this command.
     """
     _config(Path(config), set_, smoke)  # refuse a bad config now, not at the first scheduled run
-    _require_server("serve")
+    _require_server("schedule")
     if (cron is None) == (interval is None):
         raise _fail("give one schedule: --cron '0 2 * * *' or --interval SECONDS")
 
@@ -273,6 +291,20 @@ def serve(
         parameters={"config": config, "overrides": set_ or [], "smoke": smoke},
         limit=1,
     )
+
+
+@app.command(hidden=True)
+def serve(
+    config: ScheduleConfigArg = "configs/digits.yaml",
+    set_: SetOpt = None,
+    smoke: SmokeOpt = False,
+    name: NameOpt = "served",
+    cron: CronOpt = None,
+    interval: IntervalOpt = None,
+) -> None:
+    """The former name of `trainflow schedule`; it goes in the next release."""
+    typer.echo("trainflow serve is now trainflow schedule; serve goes in the next release", err=True)
+    schedule(config, set_, smoke, name, cron, interval)
 
 
 @app.command()

@@ -5,8 +5,8 @@ register, the MLflow store. One after the other, their start-ups add up. Here Pr
 temporary server starts first, as a subprocess (so that its start-up, and on a new
 machine its database migrations, do not wait behind Ray and torch for the CPU); then
 the flow's module is imported and the MLflow store opened in threads while this thread
-starts Ray. The flow run's own ``ray_session`` takes that Ray session over: the run owns
-it and shuts it down (see ``runtime.ray_ahead``). A command checks its run
+starts Ray. The flow run, called inside, finds Ray connected and uses the session as it
+is; the command shuts it down when the flow returns. A command checks its run
 (``trainflow.checks``) before it starts any of this.
 """
 
@@ -46,15 +46,17 @@ def command_logger() -> logging.Logger:
 
 @contextmanager
 def started(
-    flow_module: str,
     ray_config: PipelineConfig,
+    *,
+    imports: str,
     warm: tuple[str, ...] = (),
     open_registry: bool = True,
 ) -> Iterator[None]:
-    """Prefect's API, the flow's module, the MLflow store (``open_registry``) and Ray for
-    ``ray_config``, started side by side; ready when this yields. Raises
-    ``prefect_server.PrefectServerError`` when Prefect's temporary server does not come up.
-    ``warm``: modules for Ray's first worker processes to import (``runtime.warm_workers``)."""
+    """Prefect's API, the flow's module (``imports``), the MLflow store
+    (``open_registry``) and Ray for ``ray_config``, started side by side; ready when this
+    yields. Raises ``prefect_server.PrefectServerError`` when Prefect's temporary server
+    does not come up. ``warm``: modules for Ray's first worker processes to import
+    (``cluster.session.warm_workers``)."""
     apply_quiet_env()
     # MLflow hides this pydantic warning in warnings.catch_warnings(), which is not
     # thread-safe: imported beside other threads, it leaks through now and then.
@@ -63,7 +65,7 @@ def started(
         timeline("prefect server started" if server else "prefect server configured")
         # Imports in three threads: a Ctrl-C waits for a safe point (raised by wait()).
         with interrupts_deferred():
-            flow = _Background("import-flow", lambda: importlib.import_module(flow_module))
+            flow = _Background("import-flow", lambda: importlib.import_module(imports))
             store = _Background("mlflow-store", _open_registry) if open_registry else None
             # this thread, which outlives the run; the flow's logs follow the line with Ray's address
             ray.enter_context(ray_session(ray_config, command_logger(), warm))

@@ -1,9 +1,9 @@
 """Deployments as users run them, with real components: `prefect server start` on a
 free localhost port, a process work pool and worker, the deployments from
-deployments/prefect.yaml, `prefect deployment run ... --watch`, and `trainflow serve`
+deployments/prefect.yaml, `prefect deployment run ... --watch`, and `trainflow schedule`
 on an interval schedule that fires by itself.
 
-One server serves the module; each flow run the worker or `trainflow serve` starts is a
+One server serves the module; each flow run the worker or `trainflow schedule` starts is a
 subprocess, as in production, connecting to the session's Ray cluster (``ray_cluster``)
 through RAY_ADDRESS, as runs on a shared cluster do: what is proven here is Prefect's side
 (deployments, pull steps, schedules, workers); a run starting a local Ray cluster of its
@@ -112,7 +112,7 @@ def models_show(env, model: str):
         return trainflow_in_process("models", "show", model)
 
 
-def test_deployments_run_on_a_worker_and_a_served_schedule_fires(server, ray_cluster):
+def test_deployments_run_on_a_worker_and_a_schedule_of_its_own_fires(server, ray_cluster):
     env, tmp = server
     runs_env = {**env, **session_services(prefect_api=False)}  # for the flow runs' processes
     assert (
@@ -130,7 +130,7 @@ def test_deployments_run_on_a_worker_and_a_served_schedule_fires(server, ray_clu
     assert [s["schedule"]["cron"] for s in nightly["schedules"]] == ["0 2 * * *"]
 
     worker = start([BIN / "prefect", "worker", "start", "--pool", "trainflow"], runs_env, tmp / "worker.log")
-    served = None
+    scheduled = None
     try:
         # `prefect deployment run ... --watch`: Prefect 3's way to run a deployment by hand.
         ran = run(
@@ -144,13 +144,13 @@ def test_deployments_run_on_a_worker_and_a_served_schedule_fires(server, ray_clu
         assert shown.returncode == 0, shown.output
         assert json.loads(shown.stdout)["tags"]["gate.passed"] == "True"
 
-        # A served deployment's interval schedule creates and runs a flow run by itself.
+        # `trainflow schedule`'s interval schedule creates and runs a flow run by itself.
         # Started now: while it imports and waits for its first scheduled time, the worker
         # runs the (cheap) bad-parameter run below; no two trainings overlap.
-        served = start(
-            [BIN / "trainflow", "serve", "configs/digits.yaml", "--smoke", "--set", "name=served",
+        scheduled = start(
+            [BIN / "trainflow", "schedule", "configs/digits.yaml", "--smoke", "--set", "name=served",
              "--name", "every-5s", "--interval", "5"],
-            runs_env, tmp / "serve.log",
+            runs_env, tmp / "schedule.log",
         )  # fmt: skip
 
         # The git deployment runs from a fresh clone of the repository: its pull step
@@ -173,11 +173,11 @@ def test_deployments_run_on_a_worker_and_a_served_schedule_fires(server, ray_clu
         while not any(
             r["auto_scheduled"] and r["state"]["type"] == "COMPLETED" for r in flow_runs(env, "every-5s")
         ):
-            assert served.poll() is None, (tmp / "serve.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, (tmp / "serve.log").read_text()[-3000:]
+            assert scheduled.poll() is None, (tmp / "schedule.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (tmp / "schedule.log").read_text()[-3000:]
             time.sleep(1)
-        assert re.search(r"served-smoke-[0-9a-f]{8}", (tmp / "serve.log").read_text())
+        assert re.search(r"served-smoke-[0-9a-f]{8}", (tmp / "schedule.log").read_text())
     finally:
-        if served is not None:
-            stop(served)
+        if scheduled is not None:
+            stop(scheduled)
         stop(worker)

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from trainflow.pipelines.data.schema import DataError
-from trainflow.pipelines.evaluation.predict import check_output, inspect_input
+from trainflow.pipelines.evaluation.predict_input import check_output, inspect_input
 
 
 def test_an_input_is_checked_for_the_models_features_before_reading_rows(tmp_path):

@@ -10,7 +10,7 @@ import time
 
 from trainflow import ray_internals
 from trainflow.cluster.checks import PreflightError, check_cluster
-from trainflow.cluster.session import ray_address
+from trainflow.cluster.session import current_session, ray_address
 from trainflow.config import PipelineConfig, ScalingSection, SweepConfig
 
 log = logging.getLogger("trainflow")
@@ -89,7 +89,8 @@ def _worker_bundles(scaling: ScalingSection) -> list[dict[str, float]]:
 
 def preflight(config: PipelineConfig, logger: logging.Logger | logging.LoggerAdapter = log) -> PipelineConfig:
     """Fail now, with what to change, when the cluster cannot run the training workers;
-    return the config to run (its scaling shrunk when the config allows it).
+    return the config to run (its scaling shrunk when the config allows it, said once per
+    session). Then what a cluster needs beyond resources (``checks.check_cluster``).
 
     Ray's own behaviour is to wait: for GPUs that do not exist, or for CPUs that the
     training workers and Ray Data both need. A wait without end is worse than an error.
@@ -99,32 +100,10 @@ def preflight(config: PipelineConfig, logger: logging.Logger | logging.LoggerAda
     import ray
 
     scaling = config.scaling
-    deadline = time.monotonic() + scaling.wait_for_resources_s
-    requested = False
-    try:
-        while True:
-            try:
-                fitted = fit_scaling(scaling, ray.cluster_resources())
-                break
-            except PreflightError as e:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    if requested:
-                        raise PreflightError(f"{e} (waited {scaling.wait_for_resources_s:g} s)") from None
-                    raise
-                if not requested:
-                    from ray.autoscaler.sdk import request_resources
-
-                    logger.info("waiting up to %.0f s for the cluster to scale up: %s", left, e)
-                    request_resources(bundles=_worker_bundles(scaling))
-                    requested = True
-                time.sleep(min(1.0, left))
-    finally:
-        if requested:
-            from ray.autoscaler.sdk import request_resources
-
-            request_resources(bundles=[])  # the trainer's own placement group holds them now
-    if fitted is not scaling:
+    fitted = _fitted_scaling(scaling, logger)
+    session = current_session()
+    said = ("shrunk", scaling.model_dump_json())
+    if fitted is not scaling and (session is None or said not in session.verified):
         logger.warning(
             "scaling.resources_per_worker.CPU %g leaves Ray Data no CPU on this cluster (%g CPUs): "
             "running %d workers with %g CPU each (scaling.on_cpu_shortage=shrink)",
@@ -133,8 +112,38 @@ def preflight(config: PipelineConfig, logger: logging.Logger | logging.LoggerAda
             scaling.num_workers,
             fitted.resources_per_worker["CPU"],
         )
+        if session is not None:
+            session.verified.add(said)
     check_cluster(config, logger)
     return config.model_copy(update={"scaling": fitted})
+
+
+def _fitted_scaling(scaling: ScalingSection, logger) -> ScalingSection:
+    """:func:`fit_scaling` on the connected cluster, waiting up to
+    ``scaling.wait_for_resources_s`` for an autoscaler to add what is missing."""
+    import ray
+    from ray.autoscaler.sdk import request_resources
+
+    deadline = time.monotonic() + scaling.wait_for_resources_s
+    requested = False
+    try:
+        while True:
+            try:
+                return fit_scaling(scaling, ray.cluster_resources())
+            except PreflightError as e:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    if requested:
+                        raise PreflightError(f"{e} (waited {scaling.wait_for_resources_s:g} s)") from None
+                    raise
+                if not requested:
+                    logger.info("waiting up to %.0f s for the cluster to scale up: %s", left, e)
+                    request_resources(bundles=_worker_bundles(scaling))
+                    requested = True
+                time.sleep(min(1.0, left))
+    finally:
+        if requested:
+            request_resources(bundles=[])  # the trainer's own placement group holds them now
 
 
 def preflight_local(config: PipelineConfig, sweep: bool = False, gpus_per_actor: float = 0) -> None:

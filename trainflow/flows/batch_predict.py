@@ -5,15 +5,15 @@
 
 import time
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from trainflow import checks
-from trainflow.cluster.checks import check_shipped
-from trainflow.cluster.session import ray_session
-from trainflow.flows.logs import one_line_expected_errors
-from trainflow.tasks import render
-from trainflow.tasks.predict import Predicted, check_input, predict, resolve_model
+from trainflow.checks import PredictChecks
+from trainflow.cluster import ray_session
+from trainflow.tasks import check_input, predict, render, resolve_model
+from trainflow.tasks.logs import one_line_expected_errors
+from trainflow.tasks.predict import Predicted
 
 
 @flow(name="batch-predict", flow_run_name="predict-{model}", persist_result=False)
@@ -25,6 +25,7 @@ def batch_predict(
     concurrency: int = 1,
     use_gpu: bool = False,
     ray_address: str | None = None,
+    checked: PredictChecks | None = None,
 ) -> Predicted:
     """Predict every row of ``input`` with a registered model and write Parquet to ``output``.
 
@@ -36,31 +37,25 @@ def batch_predict(
         concurrency: actors in the pool, each holding the model once.
         use_gpu: one GPU per actor.
         ray_address: a running Ray cluster; None: RAY_ADDRESS, else a local one.
+        checked: what the caller's checks found (``checks.before_predict``, as the
+            ``trainflow`` command makes them); None: the flow checks for itself.
     """
     one_line_expected_errors()
     start = time.perf_counter()
     # resolve the model and check the input and the cluster's address, before Ray starts
-    ref = resolve_model(model)
-    info = check_input(input, output, ref)
+    ref = checked.model if checked else resolve_model(model)
+    info = checked.input if checked else check_input(input, output, ref)
     cluster = ref.cluster(ray_address)
-    checks.cluster(cluster, workers=None, gpus_per_actor=1 if use_gpu else 0)
+    if not checked:
+        checks.cluster(cluster, workers=None, gpus_per_actor=1 if use_gpu else 0)
     # predict: no warm-up workers, the prediction's actor pool starts processes of its own
     with ray_session(cluster):
-        # on a cluster started elsewhere: its versions, and that it imports a user's model
-        check_shipped(get_run_logger(), module=cluster.model.user_module)
-        rows = predict(info, output, ref, batch_size, concurrency, use_gpu)
-    result = Predicted(
-        model=ref.uri,
-        version=ref.version,
-        input=input,
-        output=output,
-        rows=rows,
-        seconds=time.perf_counter() - start,
-    )
+        predicted = predict(ref, info, output, batch_size, concurrency, use_gpu)
+    predicted = predicted.model_copy(update={"seconds": time.perf_counter() - start})
     create_markdown_artifact(
         key=f"{render.artifact_key(ref.name)}-predictions",
         markdown=render.predictions_markdown(
-            ref.name, ref.version, rows, input, output, result.seconds, concurrency, batch_size
+            ref.name, ref.version, predicted.rows, input, output, predicted.seconds, concurrency, batch_size
         ),
     )
-    return result
+    return predicted

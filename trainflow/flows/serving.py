@@ -6,8 +6,8 @@ model, which runs as long as the flow run does."""
 
 from prefect import flow
 
-from trainflow.flows.logs import one_line_expected_errors
-from trainflow.tasks.serve import serve_endpoint
+from trainflow.tasks.logs import one_line_expected_errors
+from trainflow.tasks.serving import serve_endpoint
 
 
 @flow(name="serve-model", flow_run_name="serve-{model}", persist_result=False)

@@ -1,33 +1,51 @@
-"""The evaluate task: the best checkpoint over the test split, published as artifacts."""
+"""The evaluate step: the best checkpoint over the test split, published as artifacts."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from trainflow.cluster.session import connected
 from trainflow.config import PipelineConfig
 from trainflow.files import is_uri
 from trainflow.pipelines.evaluation import evaluate as ev
 from trainflow.tasks import render
 from trainflow.tasks.results import Evaluated, Prepared, Trained
+from trainflow.tasks.steps import as_config, expect, step
 
 
-@task(name="evaluate", cache_policy=NO_CACHE)
-def evaluate(config: PipelineConfig, prepared: Prepared, trained: Trained) -> Evaluated:
-    """The best checkpoint over the test split; metrics published as artifacts."""
-    test = prepared.split_path("test")
+@step(name="evaluate", cache_policy=NO_CACHE)
+def evaluate(config: PipelineConfig | dict | str, prepared: Prepared, trained: Trained) -> Evaluated:
+    """The best checkpoint over the test split (in this process when the split is small,
+    else on Ray Data actors, connecting to Ray when the caller has not); its metrics and
+    plots published as Prefect artifacts."""
+    config = as_config(config, "evaluate")
+    expect(prepared, Prepared, "evaluate", "prepared", "preprocess")
+    expect(trained, Trained, "evaluate", "trained", "train")
+    trained.check_trained_on(prepared, "evaluate")
+    if prepared.counts["test"] > config.evaluation.in_driver_max_rows:  # Ray Data actors score it
+        connected(config, get_run_logger())
     metrics, where = ev.evaluate_split(
-        trained.best_checkpoint, test, prepared.counts["test"], config.evaluation
+        trained.best_checkpoint, prepared.split_path("test"), prepared.counts["test"], config.evaluation
     )
     scores = ", ".join(f"{k} {metrics[k]:.4f}" for k in render.task_metrics(metrics))
     get_run_logger().info("test %s on %d examples (predicted %s)", scores, metrics["num_examples"], where)
-    # Beside the run's checkpoints; on an object store, beside the best one's copy here.
+    plots = ev.evaluation_plots(trained.history, metrics, _reports_folder(trained))
+    _publish(config.name, metrics, plots)
+    return Evaluated(checkpoint=trained.best_checkpoint, metrics=metrics, reports=[str(p) for p in plots])
+
+
+def _reports_folder(trained: Trained) -> Path:
+    """Beside the run's checkpoints; on an object store, beside the best one's copy here."""
     run_folder = Path(trained.best_checkpoint).parent if is_uri(trained.run_path) else Path(trained.run_path)
-    plots = ev.evaluation_plots(trained.history, metrics, run_folder / "reports")
-    key, name = render.artifact_key(config.name), config.name
+    return run_folder / "reports"
+
+
+def _publish(name: str, metrics: dict, plots: list[Path]) -> None:
+    key = render.artifact_key(name)
     if "per_class" in metrics:
         create_table_artifact(
             key=f"{key}-per-class",
@@ -39,4 +57,3 @@ def evaluate(config: PipelineConfig, prepared: Prepared, trained: Trained) -> Ev
         markdown=render.evaluation_markdown(name, metrics, plots),
         description=f"{name}: test metrics and plots",
     )
-    return Evaluated(checkpoint=trained.best_checkpoint, metrics=metrics, reports=[str(p) for p in plots])

@@ -1,15 +1,21 @@
-"""The batch prediction flow's steps as Prefect tasks."""
+"""The batch prediction steps: resolve a registered model, check the input, predict."""
 
 from __future__ import annotations
 
-from prefect import get_run_logger, task
+import time
+
+from prefect import get_run_logger
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 from trainflow import checks
 from trainflow.checks import ModelRef
+from trainflow.cluster.checks import check_shipped
+from trainflow.cluster.session import connected
 from trainflow.pipelines import registry
 from trainflow.pipelines.evaluation import predict as pr
+from trainflow.pipelines.evaluation.predict_input import InputInfo
+from trainflow.tasks.steps import step
 
 
 class Predicted(BaseModel):
@@ -21,13 +27,13 @@ class Predicted(BaseModel):
     seconds: float
 
 
-def _retry_unless_refused(task, task_run, state) -> bool:
+def _retry_unless_refused(_task, _task_run, state) -> bool:
     # An unknown model or an altered checkpoint stays so; a registry that was busy may not.
     error = state.result(raise_on_failure=False)
     return not isinstance(error, registry.RegistryError | registry.IntegrityError)
 
 
-@task(
+@step(
     name="resolve-model",
     cache_policy=NO_CACHE,
     retries=2,
@@ -35,38 +41,55 @@ def _retry_unless_refused(task, task_run, state) -> bool:
     retry_condition_fn=_retry_unless_refused,
 )
 def resolve_model(model: str) -> ModelRef:
-    """The registered version behind NAME@ALIAS, NAME/VERSION or models:/..., checked and local
-    (the command's own check, when it checked first)."""
-    ref = checks.model(model)
+    """The registered version behind NAME@ALIAS, NAME/VERSION or models:/..., checked and
+    local, pinned to its version."""
+    ref = checks.model(model, pin=True)
     get_run_logger().info(
         "%s is %s version %s (%d features)", model, ref.name, ref.version, len(ref.input_columns)
     )
     return ref
 
 
-@task(name="check-input", cache_policy=NO_CACHE)
-def check_input(input: str, output: str, model: ModelRef) -> pr.InputInfo:
-    """The input holds every feature the model needs, and the output is free: in the driver,
-    before any Ray worker starts (the command's own check, when it checked first)."""
+@step(name="check-input", cache_policy=NO_CACHE)
+def check_input(input: str, output: str, model: ModelRef) -> InputInfo:
+    """The input holds every feature the model needs, and the output is free: in this
+    process, before any Ray worker starts."""
     info = checks.predict_input(input, output, model)
     get_run_logger().info("input %s (%s, %d files)", info.path, info.format, len(info.files))
     return info
 
 
-@task(name="predict", cache_policy=NO_CACHE)
+@step(name="predict", cache_policy=NO_CACHE)
 def predict(
-    info: pr.InputInfo, output: str, model: ModelRef, batch_size: int, concurrency: int, use_gpu: bool
-) -> int:
-    """Every row through an actor pool with the model's saved preprocessing, into Parquet."""
+    model: ModelRef | str,
+    input: InputInfo | str,
+    output: str,
+    batch_size: int = 1024,
+    concurrency: int = 1,
+    use_gpu: bool = False,
+) -> Predicted:
+    """Every row of ``input`` through a pool of ``concurrency`` Ray Data actors, each
+    holding ``model`` (a registered version, or its reference) with its saved
+    preprocessing, into Parquet in the new folder ``output``; connects to Ray when the
+    caller has not. A model or input given by name is checked first."""
+    start = time.perf_counter()
+    ref = model if isinstance(model, ModelRef) else checks.model(model, pin=True)
+    info = input if isinstance(input, InputInfo) else checks.predict_input(input, output, ref)
+    _connected(ref)
     rows = pr.predict_to_parquet(
-        info,
-        model.checkpoint,
-        output,
-        version=model.version,
-        input_columns=model.input_columns,
-        batch_size=batch_size,
-        concurrency=concurrency,
-        num_gpus=1 if use_gpu else 0,
-    )
-    get_run_logger().info("wrote %d predictions of %s v%s to %s", rows, model.name, model.version, output)
-    return rows
+        info, ref.checkpoint, output, version=ref.version, input_columns=ref.input_columns,
+        batch_size=batch_size, concurrency=concurrency, num_gpus=1 if use_gpu else 0,
+    )  # fmt: skip
+    get_run_logger().info("wrote %d predictions of %s v%s to %s", rows, ref.name, ref.version, output)
+    return Predicted(
+        model=ref.uri, version=ref.version, input=info.path, output=output, rows=rows,
+        seconds=time.perf_counter() - start,
+    )  # fmt: skip
+
+
+def _connected(ref: ModelRef) -> None:
+    """Ray, connected when the caller has not; on a cluster started elsewhere, checked to
+    run this driver's versions and import the model's module."""
+    cluster = ref.cluster()
+    connected(cluster, get_run_logger())
+    check_shipped(get_run_logger(), module=cluster.model.user_module)

@@ -1,4 +1,4 @@
-"""The ingest and preprocess tasks: check the source, then prepare its splits, each
+"""The ingest and preprocess steps: check the source, then prepare its splits, each
 cached across flow runs."""
 
 from __future__ import annotations
@@ -7,14 +7,15 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 
-from trainflow.config import PipelineConfig
+from trainflow.cluster.session import connected
+from trainflow.config import ConfigError, PipelineConfig
 from trainflow.files import is_uri, redacted
-from trainflow.pipelines.data import entry
+from trainflow.pipelines.data import entry, schema
 from trainflow.pipelines.data import prepare as prep
-from trainflow.pipelines.data import schema as data
 from trainflow.tasks.results import Prepared
+from trainflow.tasks.steps import as_config, expect, step
 from trainflow.workspace import cache_folder, cache_location
 
 # Ingest and preprocess cache across flow runs. Each record is a file at an absolute
@@ -30,12 +31,12 @@ CACHE_RECORDS = Path("/")
 def ingest_cache_key(context, parameters: dict[str, Any]) -> str:
     """The data config and task, the input's fingerprint (file list, sizes, mtimes or
     content) and the code that inspects it."""
-    config: PipelineConfig = parameters["config"]
+    config = as_config(parameters["config"], "ingest")
     cache = cache_folder(config)
     parts = [
         config.data.model_dump_json(),
         config.task,
-        data.source_fingerprint(config.data, cache),
+        schema.source_fingerprint(config.data, cache),
         entry.code_version(),
     ]
     key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
@@ -44,23 +45,27 @@ def ingest_cache_key(context, parameters: dict[str, Any]) -> str:
 
 def preprocess_cache_key(context, parameters: dict[str, Any]) -> str | None:
     """The prepared entry's own key; the record lives in the entry's folder (none on a URI)."""
-    config: PipelineConfig = parameters["config"]
-    if is_uri(cache_location(config)):
+    config = as_config(parameters["config"], "preprocess")
+    if is_uri(cache_location(config)) or not isinstance(parameters["source"], schema.SourceInfo):
         return None
     key = entry.cache_key(parameters["source"], config.data.split, config.preprocess)
     return str(cache_folder(config) / key / "prefect-task-record")
 
 
-@task(
-    name="ingest",
-    cache_key_fn=ingest_cache_key,
-    persist_result=True,
-    result_storage=CACHE_RECORDS,
-)
-def ingest(config: PipelineConfig, checked: data.SourceInfo | None = None) -> data.SourceInfo:
-    """Check the source and its columns and fingerprint it; runs in the driver, before Ray.
-    ``checked``: the source as the run's checks (``trainflow.checks``) already found it."""
-    info = checked or data.inspect_source(config.data, cache_folder(config), task=config.task)
+def _retry_unless_refused(task, task_run, state) -> bool:
+    # Bad data, or a step handed the wrong thing, stays so on every retry; a lost node may not.
+    return not isinstance(state.result(raise_on_failure=False), schema.DataError | ConfigError)
+
+
+@step(name="ingest", cache_key_fn=ingest_cache_key, persist_result=True, result_storage=CACHE_RECORDS)
+def ingest(
+    config: PipelineConfig | dict | str, checked: schema.SourceInfo | None = None
+) -> schema.SourceInfo:
+    """Check ``config``'s data source, its columns and types, and fingerprint it; in this
+    process, reading no rows. Cached across flow runs while the input is unchanged.
+    ``checked``: the source as the run's checks (``trainflow.checks``) found it already."""
+    config = as_config(config, "ingest")
+    info = checked or schema.inspect_source(config.data, cache_folder(config), task=config.task)
     get_run_logger().info(
         "source %s (%s, %d files): %d features, label %r, fingerprint %s",
         info.source,
@@ -73,22 +78,41 @@ def ingest(config: PipelineConfig, checked: data.SourceInfo | None = None) -> da
     return info
 
 
-@task(
+@step(
     name="preprocess",
     cache_key_fn=preprocess_cache_key,
     persist_result=True,
     result_storage=CACHE_RECORDS,
     retries=1,
     retry_delay_seconds=5,
-    retry_condition_fn=lambda task, task_run, state: (
-        not isinstance(state.result(raise_on_failure=False), data.DataError)
-    ),
+    retry_condition_fn=_retry_unless_refused,
 )
-def preprocess(config: PipelineConfig, source: data.SourceInfo) -> Prepared:
-    """Check the rows, split, fit on train, write every split as Parquet under the cache
-    (or reuse a finished entry)."""
-    logger = get_run_logger()
+def preprocess(config: PipelineConfig | dict | str, source: schema.SourceInfo) -> Prepared:
+    """Check the rows, split, fit on train and write every split as Parquet under the
+    cache, on Ray tasks (in this process for one small file); or reuse a finished entry.
+    Connects to Ray when the caller has not (``cluster.connected``)."""
+    config = as_config(config, "preprocess")
+    expect(source, schema.SourceInfo, "preprocess", "source", "ingest")
+    if not prep.prepares_in_driver(source):
+        connected(config, get_run_logger())
     prepared = prep.prepare(source, config.data.split, config.preprocess, cache_location(config))
+    _log_prepared(get_run_logger(), prepared)
+    pre = prepared.preprocessor
+    return Prepared(
+        path=str(prepared.path),
+        counts=prepared.counts,
+        preprocessor=pre.to_dict(),
+        num_features=pre.num_features,
+        num_outputs=pre.num_outputs,
+        fingerprint=prepared.key,
+        reused=prepared.reused,
+        dropped=prepared.dropped,
+        source_fingerprint=source.fingerprint,
+        preparation=config.preparation_hash(),
+    )
+
+
+def _log_prepared(logger, prepared: entry.PreparedEntry) -> None:
     pre = prepared.preprocessor
     if prepared.dropped:
         logger.warning("dropped %d rows with a missing value (data.missing=drop)", prepared.dropped)
@@ -99,14 +123,4 @@ def preprocess(config: PipelineConfig, source: data.SourceInfo) -> Prepared:
         prepared.counts,
         redacted(prepared.path),
         target,
-    )
-    return Prepared(
-        path=str(prepared.path),
-        counts=prepared.counts,
-        preprocessor=pre.to_dict(),
-        num_features=pre.num_features,
-        num_outputs=pre.num_outputs,
-        fingerprint=prepared.key,
-        reused=prepared.reused,
-        dropped=prepared.dropped,
     )

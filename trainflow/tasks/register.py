@@ -1,30 +1,34 @@
-"""The register task: one MLflow model version with lineage, behind the promotion gate."""
+"""The register step: one MLflow model version with lineage, behind the promotion gate."""
 
 from __future__ import annotations
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
+from trainflow.cluster.session import connected
 from trainflow.config import PipelineConfig
 from trainflow.pipelines import registry
-from trainflow.pipelines.data import schema as data
+from trainflow.pipelines.data import schema
 from trainflow.pipelines.evaluation import evaluate as ev
 from trainflow.tasks import render
 from trainflow.tasks.results import Evaluated, Prepared, Registered, Trained
+from trainflow.tasks.steps import StepInputError, as_config, expect, step
 from trainflow.workspace import workspace
 
 
-@task(name="register", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10])
+@step(name="register", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10])
 def register(
-    config: PipelineConfig,
-    source: data.SourceInfo,
+    config: PipelineConfig | dict | str,
+    source: schema.SourceInfo,
     prepared: Prepared,
     trained: Trained,
     evaluated: Evaluated,
 ) -> Registered:
-    """One MLflow model version with lineage; the champion alias moves only if the gate passes."""
+    """One MLflow model version of the trained checkpoint, with its lineage; ``champion``
+    moves to it only if the promotion gate passes (:func:`trainflow.pipelines.registry.decide`)."""
+    config = _checked(config, source, prepared, trained, evaluated)
     logger, ws = get_run_logger(), workspace()
     reg = registry.register_checkpoint(
         ws,
@@ -38,13 +42,43 @@ def register(
         reevaluate=_rescore(config, source, prepared, logger),
         reports=evaluated.reports,
     )
-    verdict = "champion" if reg.champion else "champion unchanged"
-    logger.info("registered %s version %s; %s: %s", reg.name, reg.version, verdict, reg.decision.reason)
-    _publish(config, reg, evaluated, registry.model_link(ws, reg))
+    _publish(config, reg, evaluated, registry.model_link(ws, reg), logger)
     return Registered(**{**reg.__dict__, "decision": reg.decision.to_dict()})
 
 
-def _lineage(config: PipelineConfig, source: data.SourceInfo, prepared: Prepared, trained: Trained) -> dict:
+def _checked(
+    config: PipelineConfig | dict | str,
+    source: schema.SourceInfo,
+    prepared: Prepared,
+    trained: Trained,
+    evaluated: Evaluated,
+) -> PipelineConfig:
+    """The config; StepInputError unless each result is what its step returns, all of one
+    run of that config."""
+    config = as_config(config, "register")
+    for value, kind, argument, made_by in (
+        (source, schema.SourceInfo, "source", "ingest"),
+        (prepared, Prepared, "prepared", "preprocess"),
+        (trained, Trained, "trained", "train"),
+        (evaluated, Evaluated, "evaluated", "evaluate"),
+    ):
+        expect(value, kind, "register", argument, made_by)
+    if prepared.source_fingerprint and prepared.source_fingerprint != source.fingerprint:
+        raise StepInputError(
+            f"register: prepared was made from other data than source ({source.source}, fingerprint "
+            f"{source.fingerprint}); give it the source the splits were prepared from"
+        )
+    trained.check_trained_on(prepared, "register")
+    trained.check_trained_with(config, "register")
+    if evaluated.checkpoint != trained.best_checkpoint:
+        raise StepInputError(
+            f"register: evaluated scored {evaluated.checkpoint}, not trained's best checkpoint "
+            f"{trained.best_checkpoint}; evaluate the checkpoint you register"
+        )
+    return config
+
+
+def _lineage(config: PipelineConfig, source: schema.SourceInfo, prepared: Prepared, trained: Trained) -> dict:
     return registry.lineage_tags(
         config_hash=config.config_hash(),
         data_fingerprint=source.fingerprint,
@@ -56,12 +90,13 @@ def _lineage(config: PipelineConfig, source: data.SourceInfo, prepared: Prepared
 
 
 def _rescore(
-    config: PipelineConfig, source: data.SourceInfo, prepared: Prepared, logger
+    config: PipelineConfig, source: schema.SourceInfo, prepared: Prepared, logger
 ) -> registry.Reevaluate:
     """The gate's re-score of a champion measured on other test data, logged."""
 
     def rescore(champion_dir) -> dict:
         logger.info("the champion was evaluated on other test data; scoring it on this run's test split")
+        connected(config, logger)
         kept = sum(prepared.counts.values())
         metrics = ev.score_on_raw_test_split(champion_dir, source, config.data.split, kept, config.evaluation)
         metric = config.registry.gate_metric
@@ -72,8 +107,13 @@ def _rescore(
     return rescore
 
 
-def _publish(config: PipelineConfig, reg: registry.Registration, evaluated: Evaluated, link: str) -> None:
-    """The gate's report and a link to the version, as Prefect artifacts."""
+def _publish(
+    config: PipelineConfig, reg: registry.Registration, evaluated: Evaluated, link: str, logger
+) -> None:
+    """The version and the gate's decision in the log; the gate's report and a link to the
+    version as Prefect artifacts."""
+    verdict = "champion" if reg.champion else "champion unchanged"
+    logger.info("registered %s version %s; %s: %s", reg.name, reg.version, verdict, reg.decision.reason)
     key = render.artifact_key(config.name)
     create_markdown_artifact(
         key=f"{key}-gate",

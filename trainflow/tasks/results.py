@@ -1,8 +1,10 @@
-"""The small, serializable values that pass between tasks: URIs, fingerprints, metrics.
+"""The small, serializable values that pass between steps: paths, fingerprints, metrics.
+Never Ray Datasets, models or Ray Results: big objects stay in storage. (The ingest step
+returns the pipelines' own SourceInfo, already small and plain.)
 
-(The ingest task returns the pipelines' own SourceInfo, already small and plain.)
-
-Never Ray Datasets, models or Ray Results: big objects stay in storage.
+Each result says what it was made from, so that a step handed a result of another
+config or another run says so in one line (:class:`~trainflow.tasks.steps.StepInputError`)
+instead of training or registering the wrong thing.
 """
 
 from __future__ import annotations
@@ -11,10 +13,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from trainflow.config import PipelineConfig
 from trainflow.files import join
+from trainflow.tasks.steps import StepInputError
 
 
 class Prepared(BaseModel):
+    """The prepare step's splits, in the cache."""
+
     path: str  # the cache entry: train/, val/, test/ Parquet and preprocessor.json
     counts: dict[str, int]
     preprocessor: dict[str, Any]
@@ -23,12 +29,24 @@ class Prepared(BaseModel):
     fingerprint: str  # the input's fingerprint plus the split and preprocess settings
     reused: bool  # a finished entry with the same key was found and used as is
     dropped: int = 0  # rows dropped for a missing value (data.missing=drop)
+    source_fingerprint: str = ""  # the input's own (SourceInfo.fingerprint)
+    preparation: str = ""  # PipelineConfig.preparation_hash() of the config that prepared it
 
     def split_path(self, name: str) -> str:
         return join(self.path, name)
 
+    def check_made_for(self, config: PipelineConfig, step: str) -> None:
+        """StepInputError unless ``config``'s data, preprocess and task sections prepared this."""
+        if self.preparation and self.preparation != config.preparation_hash():
+            raise StepInputError(
+                f"{step}: prepared was made by a config whose data, preprocess or task differ from "
+                f"{config.name}'s; prepare with this config: preprocess(config, ingest(config))"
+            )
+
 
 class Trained(BaseModel):
+    """A training run's best checkpoint and how it got there."""
+
     run_name: str
     run_path: str
     best_checkpoint: str
@@ -39,9 +57,30 @@ class Trained(BaseModel):
     # task: [0] ran from scratch; [0, 3] lost a worker and resumed after epoch 3.
     starts: list[int] = []
     nodes: list[str] = []  # the Ray node ids the training workers ran on
+    config_hash: str = ""  # the config it trained with (PipelineConfig.config_hash())
+    prepared: str = ""  # the prepared splits it trained on (Prepared.fingerprint)
+
+    def check_trained_on(self, prepared: Prepared, step: str) -> None:
+        """StepInputError unless this was trained on ``prepared``."""
+        if self.prepared and self.prepared != prepared.fingerprint:
+            raise StepInputError(
+                f"{step}: trained ({self.run_name}) was trained on other prepared data than prepared "
+                f"({prepared.fingerprint}); give it the prepared splits the training used"
+            )
+
+    def check_trained_with(self, config: PipelineConfig, step: str) -> None:
+        """StepInputError unless this was trained with ``config``."""
+        if self.config_hash and self.config_hash != config.config_hash():
+            raise StepInputError(
+                f"{step}: trained ({self.run_name}) was trained with another config than {config.name} "
+                f"(config hash {self.config_hash[:8]}, this one {config.config_hash()[:8]}); "
+                "register with the config it trained with"
+            )
 
 
 class Evaluated(BaseModel):
+    """The best checkpoint's metrics on the test split."""
+
     checkpoint: str
     metrics: dict[str, Any]
     reports: list[str] = []  # PNG plots: learning curve, confusion matrix

@@ -1,45 +1,57 @@
-"""The sweep step as a Prefect task: run the trials, log them, publish the trial table."""
+"""The sweep step: run the trials on Ray Tune, log them, publish the trial table."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import task_run
 
+from trainflow.cluster.preflight import preflight_sweep
+from trainflow.cluster.session import connected
 from trainflow.config import PipelineConfig
 from trainflow.pipelines.training import sweep as sw
 from trainflow.tasks import render
 from trainflow.tasks.results import Prepared, Swept, Trained
+from trainflow.tasks.steps import as_config, expect, step
 from trainflow.tasks.train import prepared_splits
-from trainflow.workspace import workspace
+from trainflow.workspace import storage_location
 
 
 # No retries: a sweep that ran for an hour is not started over by a retry; failed trials
 # are reported in its table instead.
-@task(name="sweep", cache_policy=NO_CACHE)
-def sweep(config: PipelineConfig, prepared: Prepared, name: str, max_concurrent: int) -> Swept:
-    """Every trial of ``config.sweep`` on Ray Tune; the best one's checkpoint and config."""
-    logger = get_run_logger()
-    # A folder (the checks refuse an object store for a sweep); file:///x is the folder /x.
-    storage = (config.storage or str(workspace().runs)).removeprefix("file://")
+@step(name="sweep", cache_policy=NO_CACHE)
+def sweep(
+    config: PipelineConfig | dict | str,
+    prepared: Prepared,
+    name: str | None = None,
+    max_concurrent: int | None = None,
+) -> Swept:
+    """Every trial of ``config.sweep`` on Ray Tune, ``max_concurrent`` at a time (by
+    default as many as the cluster holds, ``cluster.preflight_sweep``); the best one's
+    checkpoint and config. ``name``: the Tune experiment's folder under ``storage``, by
+    default one per call of this task. Connects to Ray when the caller has not."""
+    config, logger = as_config(config, "sweep"), get_run_logger()
+    expect(prepared, Prepared, "sweep", "prepared", "preprocess")
+    prepared.check_made_for(config, "sweep")
+    connected(config, logger)
+    max_concurrent = max_concurrent or preflight_sweep(config, logger)
+    name = name or f"{config.name}-sweep-{str(task_run.id or uuid.uuid4())[:8]}"
+    storage = storage_location(config).removeprefix("file://")  # a folder: the checks refuse a URI
     _log_plan(logger, config, name, max_concurrent, storage)
     outcome = sw.run_sweep(
-        config,
-        prepared_splits(prepared),
-        name=name,
-        storage_path=storage,
-        max_concurrent=max_concurrent,
-        on_event=_log_event(logger),
-        on_trials=_publish_trials(logger, config, name),
-    )
+        config, prepared_splits(prepared), name=name, storage_path=storage, max_concurrent=max_concurrent,
+        on_event=_log_event(logger), on_trials=_publish_trials(logger, config, name),
+    )  # fmt: skip
     _log_outcome(logger, config, outcome)
-    return _swept(name, storage, outcome)
+    return _swept(name, storage, outcome, prepared)
 
 
-def _swept(name: str, storage: str, outcome: sw.SweepOutcome) -> Swept:
+def _swept(name: str, storage: str, outcome: sw.SweepOutcome, prepared: Prepared) -> Swept:
     """The sweep's result for the flow: every trial, and the best as a training run."""
     best = outcome.best
     trained = Trained(
@@ -49,6 +61,8 @@ def _swept(name: str, storage: str, outcome: sw.SweepOutcome) -> Swept:
         best_metrics=outcome.best_metrics,
         history=best.history,
         status=best.status,
+        config_hash=outcome.best_config.config_hash(),
+        prepared=prepared.fingerprint,
     )
     return Swept(
         name=name,

@@ -1,53 +1,89 @@
-"""The train task: one training run on the prepared splits, its progress followed in the log."""
+"""The train step: one training run on the prepared splits, its progress followed in the log."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run, task_run
 
+from trainflow.cluster.preflight import preflight
+from trainflow.cluster.session import connected
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.pipelines.training.run import TrainingDiverged, TrainingResult, run_training
+from trainflow.pipelines.training.runs import RunRecord, recorded_run
 from trainflow.pipelines.training.settings import PreparedSplits
 from trainflow.tasks import render
 from trainflow.tasks.render import artifact_key
 from trainflow.tasks.results import Prepared, Trained
+from trainflow.tasks.steps import as_config, expect, step
 from trainflow.timeline import timeline
-from trainflow.workspace import workspace
+from trainflow.workspace import storage_location
 
 
-def _retry_unless_diverged(task, task_run, state) -> bool:
-    # A diverged loss, or a model that does not fit the data (ConfigError), comes back on
-    # every retry; anything else (a lost node) may not.
+def _retry_unless_diverged(_task, _task_run, state) -> bool:
+    # A diverged loss, a model that does not fit the data or a step handed the wrong thing
+    # (ConfigError) comes back on every retry; anything else (a lost node) may not.
     return not isinstance(state.result(raise_on_failure=False), (TrainingDiverged, ConfigError))
 
 
-@task(
+@step(
     name="train",
     cache_policy=NO_CACHE,
     retries=1,
     retry_delay_seconds=5,
     retry_condition_fn=_retry_unless_diverged,
 )
-def train(config: PipelineConfig, prepared: Prepared, run_name: str) -> Trained:
-    """TorchTrainer on the prepared splits. The run name is fixed per flow run, so a
-    retry of this task resumes the same Ray run from its latest checkpoint."""
+def train(config: PipelineConfig | dict | str, prepared: Prepared, run_name: str | None = None) -> Trained:
+    """TorchTrainer on the prepared splits, on the workers ``config.scaling`` asks for once
+    the cluster is checked to hold them (``cluster.preflight``); connects to Ray when the
+    caller has not. ``run_name``: the Ray Train run under ``storage``, by default one per
+    call of this task, so that a retry resumes it from its latest checkpoint; the name of
+    an unfinished run continues it (``--resume``). The run is recorded under ``storage``."""
+    config = as_config(config, "train")
+    expect(prepared, Prepared, "train", "prepared", "preprocess")
+    prepared.check_made_for(config, "train")
     logger = get_run_logger()
+    connected(config, logger)
+    fitted = preflight(config, logger)
+    run_name = run_name or default_run_name(config)
+    storage = storage_location(config)
+    with recorded_run(storage, config, prepared.source_fingerprint, run_name, flow_run.id) as record:
+        result = _run(fitted, prepared, run_name, storage, logger, record)
+    return _trained(config, prepared, run_name, result)
+
+
+def default_run_name(config: PipelineConfig) -> str:
+    """The Ray Train run of this call of the train task: the model's name and the task
+    run's id, which a Prefect retry keeps (the retry resumes the run)."""
+    return f"{config.name}-{str(task_run.id or uuid.uuid4())[:8]}"
+
+
+def _run(
+    config: PipelineConfig, prepared: Prepared, run_name: str, storage: str, logger, record: RunRecord
+) -> TrainingResult:
+    """One training, its progress logged and shown as a Prefect progress artifact, its
+    record's status set to how it ended."""
+    if record.previous is not None:
+        logger.info("resuming %s, %s", record.previous.describe(), record.previous.status)
     meter = _ProgressMeter(config.name, config.train.epochs, logger)
-    result = run_training(
-        config,
-        prepared_splits(prepared),
-        run_name=run_name,
-        storage=config.storage or str(workspace().runs),
-        on_row=_log_row(logger, config, meter),
-    )
+    try:
+        result = run_training(
+            config, prepared_splits(prepared), run_name=run_name, storage=storage,
+            on_row=_log_row(logger, config, meter),
+        )  # fmt: skip
+    except TrainingDiverged:
+        record.status = "diverged"  # it would diverge again: nothing to resume
+        raise
+    record.status = result.status
     meter.update(config.train.epochs)
     _log_result(logger, config, result)
-    return _trained(run_name, result)
+    return result
 
 
-def _trained(run_name: str, result: TrainingResult) -> Trained:
+def _trained(config: PipelineConfig, prepared: Prepared, run_name: str, result: TrainingResult) -> Trained:
     return Trained(
         run_name=run_name,
         run_path=result.run_path,
@@ -57,6 +93,8 @@ def _trained(run_name: str, result: TrainingResult) -> Trained:
         status=result.status,
         starts=result.starts,
         nodes=result.nodes,
+        config_hash=config.config_hash(),
+        prepared=prepared.fingerprint,
     )
 
 

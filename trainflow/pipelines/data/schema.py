@@ -63,9 +63,10 @@ class SourceInfo:
     task: str = "classification"  # or regression: a numeric label, no classes
     location: str = ""  # where the files are: the source, or the torchvision Parquet folder
     bytes: int = 0  # the files' total size
-    # A Dataset handed in from Python (format "dataset"): read where it is, never pickled
-    # into Ray tasks (the readers take its materialized blocks).
-    dataset: ray.data.Dataset | None = field(default=None, compare=False, repr=False)
+    # A ray.data.Dataset handed in from Python (format "dataset"): read where it is, never
+    # pickled into Ray tasks (the readers take its materialized blocks). Typed Any: a flow's
+    # parameters hold a SourceInfo, and Prefect builds their model without Ray imported.
+    dataset: Any = field(default=None, compare=False, repr=False)
 
     @property
     def numeric_columns(self) -> list[str]:

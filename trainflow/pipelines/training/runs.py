@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.files import filesystem, publishing_folder
@@ -96,6 +96,8 @@ class RunRecord(BaseModel):
     driver: Driver
     status: str = "running"  # running | interrupted | completed | early_stopped | diverged
     ended: float | None = None
+    # The unfinished record of the same run that this one continues; not written.
+    previous: RunRecord | None = Field(default=None, exclude=True, repr=False)
 
     @property
     def unfinished(self) -> bool:
@@ -210,29 +212,43 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def read_record(storage: str, run_name: str) -> RunRecord | None:
+    """The record of the run ``run_name`` under ``storage``; None when it has none."""
+    fs, root = filesystem(storage)
+    try:
+        with fs.open_input_stream(f"{root}/{run_name}/{RUN_RECORD}") as f:
+            return RunRecord.model_validate_json(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 @contextmanager
 def recorded_run(
     storage: str,
     config: PipelineConfig,
     fingerprint: str,
     run_name: str,
-    flow_run: str | None = None,
-    resumed: RunRecord | None = None,
+    flow_run: object | None = None,
 ) -> Iterator[RunRecord]:
-    """Record the run ``running`` by this process for the block (``resumed``: the record of
-    the run it continues); set ``record.status`` to how training ended inside it. Written
+    """Record the run ``running`` by this process for the block; set ``record.status`` to
+    how training ended inside it. A run of that name recorded before and not finished is
+    continued: its record becomes ``record.previous``, and its start is kept. Written
     again on the way out: ``interrupted`` when the block left before training ended (an
     error, a cancelled flow run), so that ``--resume`` finds it."""
+    previous = read_record(storage, run_name)
+    if previous is not None and not (previous.unfinished and previous.model == config.name):
+        previous = None
     record = RunRecord(
         model=config.name,
         run_name=run_name,
         config_hash=config.config_hash(),
         fingerprint=fingerprint,
         config=config.model_dump(mode="json"),
-        started=resumed.started if resumed else time.time(),
-        flow_run=flow_run,
+        started=previous.started if previous else time.time(),
+        flow_run=str(flow_run) if flow_run else None,
         driver=Driver.this(),
     )
+    record.previous = previous
     write_record(storage, record)
     try:
         yield record

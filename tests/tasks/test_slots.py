@@ -1,13 +1,11 @@
-"""Flow-level policy: trainings of one model take turns; run names say what ran."""
+"""One training of a model at a time (trainflow.tasks.one_training_at_a_time): trainings of one
+model take turns, and a slot a dead driver kept is freed."""
 
 import contextvars
 import threading
 from pathlib import Path
 
-from trainflow.config import load_config
-from trainflow.flows.training import DEFAULT_CONFIG, one_run_per_model, resolve_config
-
-REPO = Path(__file__).resolve().parents[2]
+from trainflow.tasks import one_training_at_a_time
 
 
 def in_thread(target) -> threading.Thread:
@@ -25,11 +23,11 @@ def test_two_trainings_of_one_model_take_turns(prefect_harness, trainflow_home):
 
     def second():
         asking.set()
-        with one_run_per_model("turns"):
+        with one_training_at_a_time("turns"):
             entered_after_release.append(released.is_set())
             entered.set()
 
-    with one_run_per_model("turns"):
+    with one_training_at_a_time("turns"):
         waiter = in_thread(second)
         assert asking.wait(60)
         # A negative takes some waiting to show: the second training has asked for the
@@ -40,7 +38,7 @@ def test_two_trainings_of_one_model_take_turns(prefect_harness, trainflow_home):
         other_entered = threading.Event()
 
         def another_model():
-            with one_run_per_model("another-model"):
+            with one_training_at_a_time("another-model"):
                 other_entered.set()
 
         other = in_thread(another_model)
@@ -72,7 +70,7 @@ def test_a_slot_a_killed_run_kept_is_named_in_the_log_and_freed_by_the_command_i
     entered = threading.Event()
 
     def next_run():
-        with one_run_per_model("killed", logging.getLogger("test-policy")):
+        with one_training_at_a_time("killed", logging.getLogger("test-policy")):
             entered.set()
 
     with caplog.at_level(logging.WARNING, logger="test-policy"):
@@ -102,7 +100,7 @@ def test_a_slot_whose_holder_died_before_training_is_freed_by_the_next_run(
     from prefect.settings import get_current_settings
 
     from tests.pipelines.test_runs import dead_driver
-    from trainflow.flows.training import SlotHolder, slot_holders
+    from trainflow.tasks.slots import SlotHolder, slot_holders
 
     limit = "trainflow-model-died-early"
     with get_client(sync_client=True) as client:
@@ -120,7 +118,7 @@ def test_a_slot_whose_holder_died_before_training_is_freed_by_the_next_run(
     entered = threading.Event()
 
     def next_run():
-        with one_run_per_model("died-early", logging.getLogger("test-policy")):
+        with one_training_at_a_time("died-early", logging.getLogger("test-policy")):
             assert [p.name for p in holders.iterdir()] != ["gone.json"]  # this run holds it now
             entered.set()
 
@@ -138,15 +136,6 @@ def test_a_slot_whose_holder_died_before_training_is_freed_by_the_next_run(
         assert client.read_global_concurrency_limit_by_name(limit).active_slots == 0
 
 
-def test_flow_parameters_resolve_paths_overrides_and_smoke():
-    assert resolve_config(DEFAULT_CONFIG) == DEFAULT_CONFIG
-    from_path = resolve_config(str(REPO / "configs" / "digits.yaml"), ["train.epochs=3"])
-    assert from_path.train.epochs == 3
-    smoke = resolve_config(load_config({"name": "mine"}), smoke=True)
-    assert smoke.name == "mine-smoke"
-    assert (smoke.train.epochs, smoke.scaling.num_workers, smoke.data.limit) == (1, 1, 600)
-
-
 def test_a_live_holder_keeps_its_slot_beside_a_dead_holders_record(prefect_harness, trainflow_home):
     """A record of a dead driver left beside a live holder's (a machine where both wrote
     under one PREFECT_HOME) does not free the live run's slot."""
@@ -157,8 +146,8 @@ def test_a_live_holder_keeps_its_slot_beside_a_dead_holders_record(prefect_harne
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
     from tests.pipelines.test_runs import dead_driver
-    from trainflow.flows.training import SlotHolder, slot_holders
     from trainflow.pipelines.training.runs import Driver
+    from trainflow.tasks.slots import SlotHolder, slot_holders
 
     limit = "trainflow-model-held"
     with get_client(sync_client=True) as client:
@@ -174,7 +163,7 @@ def test_a_live_holder_keeps_its_slot_beside_a_dead_holders_record(prefect_harne
     entered = threading.Event()
 
     def next_run():
-        with one_run_per_model("held", logging.getLogger("test-policy")):
+        with one_training_at_a_time("held", logging.getLogger("test-policy")):
             entered.set()
 
     waiter = in_thread(next_run)

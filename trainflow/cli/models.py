@@ -1,0 +1,133 @@
+"""``trainflow models list | show | promote | rollback | serve``: the registry's models, their
+champion, and a model served over HTTP."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from trainflow.cli.app import fail, models_app, one_line_errors, render
+from trainflow.config import ConfigError
+
+
+def _registry():
+    """The registry module and the workspace, with MLflow's own logging kept quiet."""
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    from trainflow.pipelines import registry
+    from trainflow.workspace import workspace
+
+    return registry, workspace()
+
+
+def registry_errors():
+    """One-line errors for unknown models, versions and aliases, and impossible moves."""
+    from contextlib import contextmanager
+
+    from mlflow.exceptions import MlflowException
+
+    from trainflow.pipelines.registry import IntegrityError, RegistryError
+
+    @contextmanager
+    def handler():
+        try:
+            yield
+        except (RegistryError, IntegrityError) as e:
+            raise fail(str(e)) from None
+        except MlflowException as e:
+            raise fail(str(e).splitlines()[0]) from None
+
+    return handler()
+
+
+ModelArg = Annotated[str, typer.Argument(help="NAME, NAME@ALIAS or NAME/VERSION")]
+
+
+NameArg = Annotated[str, typer.Argument(help="The registered model's name")]
+
+
+@models_app.command("list")
+def models_list(name: NameArg) -> None:
+    """Every version of a model: its aliases, test metrics and gate decision."""
+    registry, ws = _registry()
+    with registry_errors():
+        versions = registry.version_summaries(ws, name)
+    typer.echo("\n".join(render().versions_lines(versions)))
+
+
+@models_app.command("show")
+def models_show(model: ModelArg) -> None:
+    """Show a registered version: its aliases, test metrics, lineage and gate decision."""
+    registry, ws = _registry()
+    with registry_errors():
+        details = registry.version_details(ws, model)
+    typer.echo(render().version_json(details))
+
+
+@models_app.command("promote")
+def models_promote(
+    name: NameArg, version: Annotated[str, typer.Argument(help="The version to promote")]
+) -> None:
+    """Make VERSION the champion, whatever its gate said; `rollback` undoes it."""
+    registry, ws = _registry()
+    with registry_errors():
+        move = registry.promote(ws, name, version)
+    typer.echo(render().move_line(name, move))
+
+
+@models_app.command("rollback")
+def models_rollback(name: NameArg) -> None:
+    """Move the champion back to the champion before it."""
+    registry, ws = _registry()
+    with registry_errors():
+        move = registry.rollback(ws, name)
+    typer.echo(render().move_line(name, move))
+
+
+@models_app.command("serve")
+def models_serve(
+    model: ModelArg,
+    host: Annotated[
+        str, typer.Option(help="The address to listen on; 127.0.0.1 keeps it on this machine.")
+    ] = ("127.0.0.1"),
+    port: Annotated[int, typer.Option(min=1, max=65535, help="The HTTP port.")] = 8000,
+    replicas: Annotated[int, typer.Option(min=1, help="Replicas, each holding the model once.")] = 1,
+    max_replicas: Annotated[
+        int | None,
+        typer.Option(min=1, help="Instead of --replicas: from 1 up to this many, as the load asks."),
+    ] = None,
+    cpus_per_replica: Annotated[float, typer.Option(min=0.01, help="CPUs Ray reserves per replica.")] = 1.0,
+) -> None:
+    """Serve MODEL over HTTP on Ray Serve until Ctrl-C: POST /predict, GET /model, /docs.
+
+    A model by alias (NAME, NAME@ALIAS) follows the alias as it moves; NAME/VERSION stays.
+    """
+    _, ws = _registry()
+    from trainflow.pipelines import serving
+
+    # The model, the port and the replicas' CPUs are checked here, before Ray starts.
+    with registry_errors(), one_line_errors():
+        if max_replicas is not None and replicas != 1:
+            raise ConfigError("give --replicas or --max-replicas, not both")
+        application = serving.app(
+            model, replicas=replicas, max_replicas=max_replicas, cpus_per_replica=cpus_per_replica, ws=ws
+        )
+        kind = serving.model_kind(model, ws)
+        serving.check_port(host, port)
+        if max_replicas is None:
+            serving.check_fits(replicas, cpus_per_replica)
+        else:
+            serving.check_fits(max_replicas, cpus_per_replica, flag="--max-replicas")
+
+    def ready(url: str) -> None:
+        typer.echo(
+            f"serving {model} at {url} (POST {url}/predict, GET {url}/model, docs {url}/docs); Ctrl-C stops"
+        )
+
+    try:
+        with one_line_errors():  # a cluster started elsewhere, checked once connected
+            serving.serve_until_stopped(application, host=host, port=port, on_ready=ready, model_kind=kind)
+    except KeyboardInterrupt:  # Ctrl-C while Ray was still starting
+        raise typer.Exit(130) from None
+    typer.echo("stopped")

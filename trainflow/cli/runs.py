@@ -1,0 +1,120 @@
+"""``trainflow validate | run | sweep | predict``: a config checked, trained or swept, and a
+registered model's batch predictions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from trainflow.cli.app import (
+    ConfigArg,
+    ResumeOpt,
+    SetOpt,
+    SmokeOpt,
+    app,
+    call_flow,
+    check_before_start,
+    one_line_errors,
+    read_config,
+    render,
+)
+from trainflow.cli.models import registry_errors
+
+
+@app.command()
+def validate(config: ConfigArg = None, set_: SetOpt = None) -> None:
+    """Check a config, its model and its data source without starting Ray or Prefect."""
+    from trainflow import checks
+
+    cfg = read_config(config, set_)
+    with one_line_errors():
+        checks.model_kind(cfg)
+        checks.source(cfg)
+    typer.echo(f"ok: {cfg.name} (config hash {cfg.config_hash()}), source {cfg.data.source}")
+
+
+@app.command()
+def run(
+    config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False, resume: ResumeOpt = False
+) -> None:
+    """Run the training pipeline flow and print a summary."""
+    from trainflow import checks, startup
+    from trainflow.timeline import timeline
+
+    timeline("command parsed")
+    cfg = read_config(config, set_, smoke)
+    checked = check_before_start(lambda: checks.before_run(cfg, resume=resume))
+
+    def train():
+        from trainflow.flows.training import training_pipeline  # imported by the start-up
+
+        return training_pipeline(config=cfg, resume=resume, checked=checked)
+
+    starting = startup.started(cfg, imports="trainflow.flows.training", warm=checked.warm)
+    result = call_flow("training", starting, train)
+    typer.echo("\n".join(["", *render().summary_lines(result)]))
+
+
+@app.command()
+def sweep(
+    config: Annotated[Path, typer.Argument(help="A YAML or JSON config with a sweep section.")],
+    set_: SetOpt = None,
+    best_config: Annotated[
+        Path | None, typer.Option("--best-config", help="Also write the best trial's config here (YAML).")
+    ] = None,
+) -> None:
+    """Run a hyperparameter sweep on Ray Tune and register the best trial's model."""
+    from trainflow import checks, startup
+
+    cfg = read_config(config, set_)
+    checked = check_before_start(lambda: checks.before_run(cfg, sweep=True))
+
+    def run_sweep():
+        from trainflow.flows.sweep import sweep_pipeline  # imported by the start-up
+
+        return sweep_pipeline(config=cfg, checked=checked)
+
+    starting = startup.started(cfg, imports="trainflow.flows.sweep", warm=checked.warm)
+    result = call_flow("sweep", starting, run_sweep)
+    if best_config is not None:
+        import shutil
+
+        from trainflow.files import replacing_file
+
+        with replacing_file(best_config) as tmp:
+            shutil.copyfile(result.best_config_path, tmp)
+    typer.echo("\n".join(["", *render().sweep_lines(result, cfg.sweep.metric, best_config)]))
+
+
+@app.command()
+def predict(
+    model: Annotated[str, typer.Argument(help="NAME@ALIAS, NAME/VERSION or models:/NAME@ALIAS")],
+    input: Annotated[Path, typer.Argument(help="A Parquet or CSV file, or a folder of them")],
+    output: Annotated[Path, typer.Argument(help="A new folder for the Parquet predictions")],
+    batch_size: Annotated[int, typer.Option(min=1, help="Rows per batch.")] = 1024,
+    concurrency: Annotated[int, typer.Option(min=1, help="Actors, each holding the model once.")] = 1,
+    gpu: Annotated[bool, typer.Option("--gpu", help="One GPU per actor.")] = False,
+) -> None:
+    """Predict every row of INPUT with a registered model; write Parquet to OUTPUT."""
+    from trainflow import checks, startup
+
+    # The model (pinned to its version), input, output and cluster, before Prefect and Ray start.
+    with registry_errors():
+        checked = check_before_start(
+            lambda: checks.before_predict(model, str(input), str(output), use_gpu=gpu)
+        )
+    ref = checked.model
+
+    def run_predict():
+        from trainflow.flows.batch_predict import batch_predict  # imported by the start-up
+
+        return batch_predict(
+            model=ref.uri, input=str(input), output=str(output), batch_size=batch_size,
+            concurrency=concurrency, use_gpu=gpu, checked=checked,
+        )  # fmt: skip
+
+    starting = startup.started(ref.cluster(), imports="trainflow.flows.batch_predict", open_registry=False)
+    result = call_flow("batch-predict", starting, run_predict)
+    typer.echo(render().predictions_line(ref.name, result.version, result.rows, str(output), result.seconds))

@@ -220,3 +220,36 @@ def test_every_path_the_architecture_doc_names_exists():
             if not any(found):
                 missing.append(token)
     assert missing == [], f"{DOC.name} names paths that do not exist"
+
+
+def test_rooms_stay_small():
+    """No module over 500 lines, no function over 60, no step (a Prefect task) over 25,
+    each counted from its def line to its last."""
+    too_long = []
+    for module, path in MODULES.items():
+        text = path.read_text()
+        if len(text.splitlines()) > 500:
+            too_long.append(f"{module}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            lines = node.end_lineno - node.lineno + 1
+            decorators = [ast.unparse(d) for d in node.decorator_list]
+            limit = 25 if any(d.startswith(("step(", "task(", "task")) for d in decorators) else 60
+            if lines > limit:
+                too_long.append(f"{module}.{node.name}: {lines} lines (at most {limit})")
+    assert too_long == []
+
+
+def test_only_ray_internals_names_rays_private_modules_and_attributes():
+    import re
+
+    private = re.compile(r"ray(\.\w+)*\._(?!_)\w|_internal\b|_internal\.|ray\._private|from ray[\w.]* import _\w")
+    found = [
+        f"{module}:{number}: {line.strip()}"
+        for module, path in MODULES.items()
+        if module != "trainflow.ray_internals"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if private.search(line.split("#")[0])
+    ]
+    assert found == [], "move each use into trainflow/ray_internals.py, with a test"

@@ -53,7 +53,7 @@ it does; Ray's private names; why no public API does it; what happens where Ray 
 Nothing here runs on import, and every Ray import is inside a function: each Ray worker
 of a run imports this module (:func:`trainflow.cluster.quiet.quiet_worker`). The classes
 of uses 9 and 10, which Ray Train's controller unpickles by this module's name, are
-assembled on first access (their base classes' modules take most of a second to import).
+assembled on first access (their base classes' modules are slow to import).
 """
 
 from __future__ import annotations
@@ -298,8 +298,8 @@ def __getattr__(name: str):
 
 def _training_class(name: str) -> type:
     """One of :data:`_TRAINING_CLASSES`, all defined on the first call: their base
-    classes' modules take most of a second to import, which no other importer of this
-    module needs."""
+    classes' modules are slow to import, and no other importer of this module needs
+    them."""
     if name not in globals():
         globals().update(_training_classes())
     return globals()[name]

@@ -8,8 +8,8 @@ Use them from your own ``conftest.py``::
         result = training_pipeline(config=load_config("configs/mine.yaml", ["train.epochs=1"]))
         assert result.registered.version == "1"
 
-``ray_cluster`` and ``prefect_harness`` start once per session (a Ray cluster costs
-about 10 s, a Prefect test server about 8 s); ``trainflow_home`` gives each test its
+``ray_cluster`` and ``prefect_harness`` start once per session (each takes seconds to
+start, longer than a small test runs); ``trainflow_home`` gives each test its
 own working folders and MLflow registry (a copy of an empty one made once per session),
 and ``module_trainflow_home`` gives a module's tests one, so that data prepared by the
 first run is reused by the others.
@@ -81,8 +81,8 @@ def prefect_harness() -> Iterator[None]:
 def empty_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An embedded MLflow registry database with its tables created and nothing in it,
     made once per session by trainflow's own registry code. Each home below starts from a
-    copy: creating the tables is a second of CPU per database (MLflow's migrations), and a
-    copy of an empty one is the same registry."""
+    copy: creating the tables runs MLflow's migrations, CPU that each test would pay again,
+    and a copy of an empty one is the same registry."""
     from trainflow.pipelines import registry
     from trainflow.workspace import Workspace
 

@@ -15,9 +15,9 @@ def _exit_without_teardown(code: int) -> None:
     daemons, then run every exit hook (Ray's shutdown, the stop of Prefect's server with
     every log and event sent, logging's flush, the timeline's last mark). What it would
     do next, free every module and object of a process that imported torch, Ray, Prefect
-    and MLflow, writes nothing and took 1.8-1.9 s at the end of every `trainflow run`
-    (benchmarks/results.md, overhead phase by phase: exit to the command's exit). Where
-    Python's hooks moved, the process ends the usual way.
+    and MLflow, writes nothing and is the longest phase of a command's exit (see
+    benchmarks/results.md, overhead: from the last exit hook to the command's exit).
+    Where this Python lacks those hooks, the process ends the usual way.
     """
     import atexit
     import os

@@ -61,7 +61,7 @@ def _versions(module: str | None = None) -> dict[str, str | None]:
     """This process's Python (major.minor), Ray and torch versions, where it imports
     trainflow from, and the error importing ``module`` raised (None: it imported, or no
     module). torch's version is its installed distribution's, read without importing torch
-    (seconds of a worker's time): the version pip installed, which torch reports too."""
+    (a slow import): the version pip installed, which torch reports too."""
     from importlib import metadata
 
     import ray

@@ -139,8 +139,8 @@ def configure_ray_data() -> None:
 
     ctx = DataContext.get_current()
     # The default hash shuffle starts a pool of aggregator actors for every groupby,
-    # unique and aggregate: seconds of start-up each, where the sort-based shuffle of a
-    # small dataset takes a fraction of one.
+    # unique and aggregate, and starting them outlasts the whole sort-based shuffle of a
+    # small dataset.
     ctx.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
     interactive = sys.stderr.isatty()
     ctx.enable_progress_bars = interactive

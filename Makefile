@@ -1,6 +1,6 @@
 # `make run` trains the bundled default job; `make test` runs the test suite; `make bench`
 # measures (benchmarks/results.md).
-# Both create the virtual environment first when it is missing or out of date.
+# Each creates the virtual environment first when it is missing or out of date.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin

@@ -1,7 +1,7 @@
 """The sweep pipeline: ingest -> preprocess -> sweep (Ray Tune) -> evaluate -> register the best."""
 
 # No `from __future__ import annotations` here: Prefect builds the flow's parameter
-# model from these annotations, and a served run fails to when they are strings.
+# model from these annotations, and a deployment's run fails to when they are strings.
 
 from pathlib import Path
 

@@ -1,7 +1,7 @@
 """The training pipeline: ingest -> preprocess -> train -> evaluate -> register."""
 
 # No `from __future__ import annotations` here: Prefect builds the flow's parameter
-# model from these annotations, and a served run fails to when they are strings.
+# model from these annotations, and a deployment's run fails to when they are strings.
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact

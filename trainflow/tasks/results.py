@@ -117,7 +117,7 @@ class Swept(BaseModel):
 
     name: str  # the Ray Tune experiment's folder under the runs storage
     path: str
-    trials: list[dict[str, Any]]  # pipelines.sweep.TrialSummary as dicts, in trial order
+    trials: list[dict[str, Any]]  # pipelines.training.sweep.TrialSummary as dicts, in trial order
     best_trial: str
     best_config: dict[str, Any]  # the best trial's whole config, as `trainflow run` takes it
     best_config_path: str  # the same as YAML

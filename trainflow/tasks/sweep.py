@@ -32,7 +32,7 @@ def sweep(
     max_concurrent: int | None = None,
 ) -> Swept:
     """Every trial of ``config.sweep`` on Ray Tune, ``max_concurrent`` at a time (by
-    default as many as the cluster holds, ``cluster.preflight_sweep``); the best one's
+    default as many as the cluster holds, ``cluster.preflight.preflight_sweep``); the best one's
     checkpoint and config. ``name``: the Tune experiment's folder under ``storage``, by
     default one per call of this task. Connects to Ray when the caller has not."""
     config, logger = as_config(config, "sweep"), get_run_logger()

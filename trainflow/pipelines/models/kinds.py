@@ -112,7 +112,8 @@ def weights_file(weights: str) -> Path:
 def check_model(cfg: ModelConfig) -> None:
     """The checks before a run, at config level: the architecture exists, the user's
     module imports and holds the callable, the weights file is there. Building the model
-    needs the data's shape and outputs: ``models.model_spec`` does, in the driver."""
+    needs the data's shape and outputs: :func:`~trainflow.pipelines.models.build.model_spec`
+    does, in the driver."""
     builder(cfg.kind)
     if cfg.weights is not None:
         weights_file(cfg.weights)

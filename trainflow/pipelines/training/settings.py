@@ -40,7 +40,7 @@ class TrainSettings:
     """
 
     config: PipelineConfig  # the run's config: its train section drives the loop; saved with each checkpoint
-    model_spec: dict[str, Any]  # the architecture (models.model_spec)
+    model_spec: dict[str, Any]  # the architecture (models.build.model_spec)
     preprocessor: dict[str, Any]  # the fitted preprocessing, saved with each checkpoint
     # The splits each worker reads once into memory, by name: their prepared folders.
     # The other train splits stream from the Datasets TorchTrainer is given.

@@ -47,8 +47,8 @@ if TYPE_CHECKING:
 COUNTS = "counts.json"
 PREPROCESSOR = "preprocessor.json"
 PUBLISHED = "published"  # on a URI cache: names the entry's finished attempt folder
-# The modules whose code decides what an entry holds: an entry prepared by other code
-# is not reused.
+
+
 @dataclass
 class PreparedEntry:
     path: str  # a local folder or a URI

@@ -34,9 +34,9 @@ MAX_VOCABULARY = 10_000
 # the numeric columns, and the scaler's offset (mean, or minimum under minmax) and
 # scale (std, or range).
 _OLD_KEYS = {"feature_columns": "numeric_columns", "mean": "offset", "std": "scale"}
-# Images are transformed this many bytes of float32 output at a time (a few hundred
-# 28x28 images, about fifty of 224x224x3), so a batch of large images never needs
-# its whole float copy at once.
+# Images are transformed this many bytes of float32 output at a time (some ten thousand
+# 28x28 grayscale images, about fifty 224x224 RGB ones), so a batch of large images
+# never needs its whole float copy at once.
 IMAGE_CHUNK_BYTES = 32 << 20
 
 

@@ -1,8 +1,8 @@
 """Where the engine's passes run: one Ray task per fragment, or in this process.
 
 The substrate is this module alone; the passes (:mod:`trainflow.pipelines.data.prepare`) are
-plain functions of a fragment. Ray tasks were measured against Ray Data running the
-same passes (``benchmarks/engine.py``, its figures in ``benchmarks/results.md``).
+plain functions of a fragment. They run on Ray tasks rather than Ray Data: see
+docs/architecture.md, Decisions, and benchmarks/results.md, preparation engine.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ its path, or by its index in a converted torchvision dataset). Small inputs are 
 exactly per class: the driver ranks each class's hashes and the lowest go to test, the
 next to val (:func:`exact_split_codes`). Larger inputs place each row by its own hash
 (:func:`hash_split_codes`), which streams in bounded memory and is stratified in
-expectation. Preparing an input and rebuilding one
-of its splits later (the champion's re-score) both go through these functions.
+expectation. Preparing an input and rebuilding one of its splits later (the champion's
+re-score) both go through these functions.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ def rank_split_codes(keys: np.ndarray, *, val: float, test: float) -> np.ndarray
 def hash_split_codes(keys: np.ndarray, *, val: float, test: float) -> np.ndarray:
     """Split codes from each row's own hash: no row depends on another, so it streams.
 
-    Each class lands in each split in proportion, up to sampling noise (under 0.5% of a
-    split's size for a class of 100,000 rows).
+    Each class lands in each split in proportion, up to binomial sampling noise: a class
+    of n rows puts n * p rows in a split of fraction p, give or take sqrt(n * p * (1 - p)).
     """
     u = keys / float(2**64)
     return np.where(u < test, 2, np.where(u < test + val, 1, 0)).astype(np.int8)

@@ -132,14 +132,14 @@ def _on_actor_pool(
     """``ds.map_batches(predictor)`` on a pool of ``concurrency`` actors, each loading the
     checkpoint's model once.
 
-    The actors do not restart. Ray Data restarts a pool's actor that died by default, and
-    for every pool it starts Ray's core then logs an ERROR line in the driver (the actors'
-    constructor arguments sit in the object store, where a restart could miss them: ray
-    issue 53727), a line on every good run that no user can act on. A lost actor fails
-    the evaluation or the prediction instead, which writes nothing (batch prediction
-    publishes its output only when complete) and can run again. Ray 2.60 names no
-    parameter for it and deprecates passing it as a remote argument, removed in Ray
-    2.64, where this call fails loudly."""
+    The actors do not restart (``max_restarts=0``). By default Ray Data restarts a pool's
+    actor that died, and for every such pool Ray's core logs an ERROR line in the driver
+    (the actors' constructor arguments sit in the object store, where a restart could
+    miss them: ray issue 53727), a line on every good run that no user can act on. A lost
+    actor fails the evaluation or the prediction instead, which writes nothing (batch
+    prediction publishes its output only when complete) and can run again.
+    ``max_restarts`` goes as a remote argument, the one way Ray 2.60 takes it: deprecated
+    there (its warning is filtered here), and a Ray that refuses it fails this call loudly."""
     from ray.data import ActorPoolStrategy
 
     with warnings.catch_warnings():
@@ -225,8 +225,8 @@ def evaluate_checkpoint(
 
 def evaluate_checkpoint_in_driver(checkpoint_dir: str, split_path: str, batch_size: int) -> dict[str, Any]:
     """Predict a small prepared split in this process, with the same :class:`BatchPredictor`
-    the actor pool holds: starting actors (each loading the model) and a Ray Data
-    execution cost seconds that a split of a few thousand rows does not repay."""
+    the actor pool holds: starting actors (each a process that imports torch and loads
+    the model) and a Ray Data execution cost more than predicting a small split does."""
     predictor = BatchPredictor(checkpoint_dir)
     batches = (predictor(batch) for batch in read_split_batches(split_path, batch_size))
     pre = predictor.predictor.preprocessor

@@ -15,8 +15,9 @@ MAX_IMAGE_PIXELS = 4096 * 4096
 BATCH_MAX_ROWS = 1024
 BATCH_WAIT_S = 0.002
 # Requests a replica holds at once (in its batch queue and in the model): above the
-# clients a batch gathers from (32 concurrent), so they queue in the replica, where they
-# batch, rather than in Serve's proxy. Serve's default, 5, would cap a batch at 5 requests.
+# concurrent clients a batch gathers from (the busiest level of benchmarks/results.md,
+# online serving), so they queue in the replica, where they batch, rather than in Serve's
+# proxy. Serve's default, 5, would cap a batch at 5 requests.
 MAX_ONGOING_REQUESTS = 64
 # With --max-replicas, Serve adds a replica while each holds more than this many requests
 # on average, and removes one when they hold fewer (its autoscaling policy).

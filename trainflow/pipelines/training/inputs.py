@@ -57,7 +57,7 @@ def in_memory_splits(setting: str, split_bytes: dict[str, int], *, workers: int 
 
     Per worker, because that is what a worker holds. Streaming is no free saving of
     memory: it costs processes of its own (a split coordinator, Ray Data's readers),
-    which benchmarks/scaling.py weighs against a split held by the workers.
+    weighed against a split held by the workers in benchmarks/results.md, scaling.
     """
     if setting == "always":
         return TRAIN_SPLITS
@@ -159,7 +159,7 @@ class StreamedEpochs:
     the one before trains its last chunk.
 
     Ray Data executes the split anew at every epoch, and its first rows reach the worker
-    only after a start-up wait (benchmarks/training.py measures the streamed setups).
+    only after a start-up wait (benchmarks/results.md, training throughput).
     Its coordinator shuts the running execution down when the next epoch starts, so the
     next one starts, in a thread, once the current one has handed over its last chunk.
     """

@@ -432,7 +432,8 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
 
     # Data: the splits in memory_splits are read once, straight from the prepared Parquet,
     # and kept as tensors: Ray Data's split coordinators and a streaming pass per epoch
-    # cost more than a small epoch (benchmarks/training.py). The others stream every epoch.
+    # cost more than a small epoch (see benchmarks/results.md, training throughput). The
+    # others stream every epoch.
     train, val = open_splits(settings, rank, ctx.get_world_size(), parts.device)
 
     for epoch in range(start_epoch, cfg.epochs):

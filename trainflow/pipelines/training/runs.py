@@ -147,7 +147,7 @@ def records(storage: str, model: str) -> list[RunRecord]:
             with fs.open_input_stream(f"{info.path}/{RUN_RECORD}") as f:
                 record = RunRecord.model_validate_json(f.read())
         except (OSError, ValueError):
-            continue  # a folder of another tool, or of trainflow before runs were recorded
+            continue  # no readable record: another tool's folder, or an older trainflow's
         if record.model == model:
             found.append(record)
     return sorted(found, key=lambda r: r.started)

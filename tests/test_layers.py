@@ -244,7 +244,9 @@ def test_rooms_stay_small():
 def test_only_ray_internals_names_rays_private_modules_and_attributes():
     import re
 
-    private = re.compile(r"ray(\.\w+)*\._(?!_)\w|_internal\b|_internal\.|ray\._private|from ray[\w.]* import _\w")
+    private = re.compile(
+        r"ray(\.\w+)*\._(?!_)\w|_internal\b|_internal\.|ray\._private|from ray[\w.]* import _\w"
+    )
     found = [
         f"{module}:{number}: {line.strip()}"
         for module, path in MODULES.items()

@@ -218,7 +218,8 @@ def test_a_cluster_without_trainflow_waits_for_its_second_node_then_trains_on_bo
             # other copy to import, on either node.
             assert f"its workers import trainflow from {temp}/session_" in output, output[-5000:]
             assert "/runtime_resources/py_modules_files/" in output
-            assert list(temp.glob("session_*/runtime_resources/py_modules_files/*/trainflow/cluster/session.py"))
+            shipped = "session_*/runtime_resources/py_modules_files/*/trainflow/cluster/session.py"
+            assert list(temp.glob(shipped))
             assert list((tmp_path / "shared-cache").glob("*/counts.json"))  # the prepared splits
             assert not any((tmp_path / "home-bare-cluster").glob("cache/*/counts.json"))
 

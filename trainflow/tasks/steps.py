@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -53,6 +54,17 @@ def step(**task_options: Any) -> Callable[[F], F]:
         return task(run, **task_options)  # type: ignore[return-value]
 
     return decorate
+
+
+def run_id() -> str:
+    """A name for what this call of a step starts (a Ray Train run, a sweep): the random
+    end of its task run's id, which a Prefect retry keeps (the retry resumes what the
+    first attempt started), and which no other call shares. (The id's start is its time.)"""
+    from prefect.runtime import task_run
+
+    if task_run.id is None:  # outside a task run
+        return uuid.uuid4().hex[-12:]
+    return uuid.UUID(str(task_run.id)).hex[-12:]
 
 
 def as_config(config: PipelineConfig | dict | str, step_name: str) -> PipelineConfig:

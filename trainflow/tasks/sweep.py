@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.runtime import task_run
 
 from trainflow.cluster.preflight import preflight_sweep
 from trainflow.cluster.session import connected
@@ -17,7 +15,7 @@ from trainflow.config import PipelineConfig
 from trainflow.pipelines.training import sweep as sw
 from trainflow.tasks import render
 from trainflow.tasks.results import Prepared, Swept, Trained
-from trainflow.tasks.steps import as_config, expect, step
+from trainflow.tasks.steps import as_config, expect, run_id, step
 from trainflow.tasks.train import prepared_splits
 from trainflow.workspace import storage_location
 
@@ -40,7 +38,7 @@ def sweep(
     prepared.check_made_for(config, "sweep")
     connected(config, logger)
     max_concurrent = max_concurrent or preflight_sweep(config, logger)
-    name = name or f"{config.name}-sweep-{str(task_run.id or uuid.uuid4())[:8]}"
+    name = name or f"{config.name}-sweep-{run_id()}"
     storage = storage_location(config).removeprefix("file://")  # a folder: the checks refuse a URI
     _log_plan(logger, config, name, max_concurrent, storage)
     outcome = sw.run_sweep(

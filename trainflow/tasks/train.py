@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from prefect import get_run_logger
 from prefect.cache_policies import NO_CACHE
-from prefect.runtime import flow_run, task_run
+from prefect.runtime import flow_run
 
 from trainflow.cluster.preflight import preflight
 from trainflow.cluster.session import connected
@@ -18,7 +17,7 @@ from trainflow.pipelines.training.settings import PreparedSplits
 from trainflow.tasks import render
 from trainflow.tasks.render import artifact_key
 from trainflow.tasks.results import Prepared, Trained
-from trainflow.tasks.steps import as_config, expect, step
+from trainflow.tasks.steps import as_config, expect, run_id, step
 from trainflow.timeline import timeline
 from trainflow.workspace import storage_location
 
@@ -56,9 +55,9 @@ def train(config: PipelineConfig | dict | str, prepared: Prepared, run_name: str
 
 
 def default_run_name(config: PipelineConfig) -> str:
-    """The Ray Train run of this call of the train task: the model's name and the task
-    run's id, which a Prefect retry keeps (the retry resumes the run)."""
-    return f"{config.name}-{str(task_run.id or uuid.uuid4())[:8]}"
+    """The Ray Train run of this call of the train task: the model's name and the call's
+    own id (``steps.run_id``: a Prefect retry resumes the run)."""
+    return f"{config.name}-{run_id()}"
 
 
 def _run(

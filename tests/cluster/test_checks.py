@@ -35,9 +35,9 @@ def test_the_versions_check_refuses_a_model_module_the_clusters_workers_cannot_i
     from trainflow.cluster.checks import check_versions
 
     address = ray.get_runtime_context().gcs_address
-    assert check_versions(address, module="json")["module_error"] is None
+    assert check_versions(address, modules={"json": "model.kind"})["module_errors"] == {}
     with pytest.raises(PreflightError) as refused:
-        check_versions(address, module="trainflow_test_absent_net")
+        check_versions(address, modules={"trainflow_test_absent_net": "model.kind"})
     assert str(refused.value) == (
         f"model.kind: a worker of the Ray cluster at {address} cannot import trainflow_test_absent_net, "
         "which the job ships: ModuleNotFoundError: No module named 'trainflow_test_absent_net'; install "

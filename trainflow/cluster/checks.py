@@ -9,6 +9,8 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from trainflow.cluster.session import current_session
 from trainflow.cluster.shipping import trainflow_package
@@ -28,7 +30,7 @@ def check_cluster(config: PipelineConfig, logger: logging.Logger | logging.Logge
     Python, Ray and torch as this driver (:func:`check_versions`); on several nodes, the
     run's storage and the prepared-split cache shared by all of them (:func:`check_shared`).
     Each check passes once per session."""
-    check_shipped(logger, module=config.model.user_module)
+    check_shipped(logger, modules=config.user_modules)
     nodes = alive_nodes()
     folders = shared_folders(config)
     key = ("shared", tuple(sorted(folders.items())), tuple(sorted(nodes)))
@@ -39,15 +41,18 @@ def check_cluster(config: PipelineConfig, logger: logging.Logger | logging.Logge
             session.verified.add(key)
 
 
-def check_shipped(logger: logging.Logger | logging.LoggerAdapter = log, module: str | None = None) -> None:
+def check_shipped(
+    logger: logging.Logger | logging.LoggerAdapter = log, modules: Mapping[str, str] | None = None
+) -> None:
     """On a cluster the session did not start (trainflow shipped to it), the versions and
-    ``module`` checked there (:func:`check_versions`), once per session; nothing on a
-    local cluster."""
+    the user's ``modules`` checked there (:func:`check_versions`), once per session;
+    nothing on a local cluster."""
     session = current_session()
-    if session is None or not session.address or ("versions", module) in session.verified:
+    key = ("versions", tuple(sorted(modules or {})))
+    if session is None or not session.address or key in session.verified:
         return
-    check_versions(session.address, logger, module=module)
-    session.verified.add(("versions", module))
+    check_versions(session.address, logger, modules=modules)
+    session.verified.add(key)
 
 
 def alive_nodes() -> dict[str, str]:
@@ -57,10 +62,10 @@ def alive_nodes() -> dict[str, str]:
     return {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes() if n.get("Alive")}
 
 
-def _versions(module: str | None = None) -> dict[str, str | None]:
+def _versions(modules: Iterable[str] = ()) -> dict[str, Any]:
     """This process's Python (major.minor), Ray and torch versions, where it imports
-    trainflow from, and the error importing ``module`` raised (None: it imported, or no
-    module). torch's version is its installed distribution's, read without importing torch
+    trainflow from, and the error importing each of ``modules`` raised, by module (none:
+    each imported). torch's version is its installed distribution's, read without importing torch
     (a slow import): the version pip installed, which torch reports too."""
     from importlib import metadata
 
@@ -70,18 +75,18 @@ def _versions(module: str | None = None) -> dict[str, str | None]:
         torch = metadata.version("torch")
     except metadata.PackageNotFoundError:
         torch = None
-    module_error = None
-    if module:
+    module_errors = {}
+    for module in modules:
         try:
             importlib.import_module(module)
         except Exception as e:  # noqa: BLE001 - whatever the import raised is the answer
-            module_error = f"{type(e).__name__}: {_first_line(e)}"
+            module_errors[module] = f"{type(e).__name__}: {_first_line(e)}"
     return {
         "Python": f"{sys.version_info[0]}.{sys.version_info[1]}",
         "Ray": ray.__version__,
         "torch": torch,
         "trainflow": trainflow_package(),
-        "module_error": module_error,
+        "module_errors": module_errors,
     }
 
 
@@ -94,20 +99,20 @@ def check_versions(
     address: str,
     logger: logging.Logger | logging.LoggerAdapter = log,
     timeout_s: float = 120.0,
-    module: str | None = None,
-) -> dict[str, str | None]:
+    modules: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """PreflightError unless a worker of the cluster at ``address``, started with the job's
     runtime_env (trainflow shipped), runs this driver's Python (major.minor), Ray and
     torch: a model pickled by one torch and loaded by another, or a Ray worker of another
-    release, fails mid-run or worse. With ``module`` (the user's model module, shipped
-    with the job), also unless that worker imports it: what the module imports in turn
-    must be installed on the cluster, and Train's workers would each fail on it. Returns
-    what the worker reported."""
+    release, fails mid-run or worse. With ``modules`` (the user's modules, shipped with
+    the job, each with the config field that names it), also unless that worker imports
+    each: what they import in turn must be installed on the cluster, and Train's workers
+    would each fail on it. Returns what the worker reported."""
     import ray
     from ray.exceptions import GetTimeoutError, RayError
 
     try:
-        theirs = ray.get(ray.remote(num_cpus=0)(_versions).remote(module), timeout=timeout_s)
+        theirs = ray.get(ray.remote(num_cpus=0)(_versions).remote(list(modules or {})), timeout=timeout_s)
     except GetTimeoutError:
         raise PreflightError(
             f"no worker of the Ray cluster at {address} started within {timeout_s:g} s to report its "
@@ -125,10 +130,10 @@ def check_versions(
                 f"the Ray cluster at {address} runs {name} {theirs[name] or '(not installed)'}, this driver "
                 f"{ours[name]}: install the same versions on both"
             )
-    if theirs["module_error"]:
+    for module, error in theirs["module_errors"].items():
         raise PreflightError(
-            f"model.kind: a worker of the Ray cluster at {address} cannot import {module}, which the "
-            f"job ships: {theirs['module_error']}; install what it imports on the cluster's nodes"
+            f"{(modules or {})[module]}: a worker of the Ray cluster at {address} cannot import {module}, "
+            f"which the job ships: {error}; install what it imports on the cluster's nodes"
         )
     logger.info(
         "the Ray cluster at %s runs Python %s, Ray %s and torch %s as this driver does; its workers "

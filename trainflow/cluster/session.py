@@ -104,7 +104,7 @@ def connect(
     import ray
 
     address = ray_address(config)
-    py_modules = module_paths(config.model.user_module)
+    py_modules = module_paths(config.user_modules)
     if address:
         logger.info("connecting to the Ray cluster at %s", address)
         # A cluster started elsewhere may lack trainflow, or hold another version of it:

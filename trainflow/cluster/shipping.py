@@ -1,26 +1,28 @@
-"""trainflow's own package and a user's model module, shipped to Ray workers as runtime_env
-``py_modules``: at ``ray.init`` for the whole job, and to Ray Train's workers and actors
-on a session the run did not start."""
+"""trainflow's own package and a user's modules (``PipelineConfig.user_modules``), shipped
+to Ray workers as runtime_env ``py_modules``: at ``ray.init`` for the whole job, and to
+Ray Train's workers and actors on a session the run did not start."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from trainflow import ray_internals
 
 
-def module_paths(module: str | None) -> list[str]:
-    """Where the top-level package (a folder) or module (a ``.py`` file) of ``module``
-    lives on this machine, for Ray's runtime_env ``py_modules``: a user's code that the
-    driver imports from the current folder or PYTHONPATH, which a cluster's workers may
-    not have. Empty for None, a module that does not import here, and an installed one
-    (site-packages, the standard library), which every node installs for itself."""
+def module_paths(modules: Iterable[str]) -> list[str]:
+    """Where the top-level package (a folder) or module (a ``.py`` file) of each of
+    ``modules`` lives on this machine, for Ray's runtime_env ``py_modules``: a user's code
+    that the driver imports from the current folder or PYTHONPATH, which a cluster's
+    workers may not have. Nothing for a module that does not import here, nor for an
+    installed one (site-packages, the standard library), which every node installs."""
+    return list(dict.fromkeys(path for module in modules for path in _module_path(module)))
+
+
+def _module_path(module: str) -> list[str]:
     import importlib.util
     import sysconfig
 
-    if not module:
-        return []
     try:
         spec = importlib.util.find_spec(module.split(".")[0])
     except (ImportError, ValueError):
@@ -48,14 +50,15 @@ def trainflow_package() -> str:
     return str(Path(__file__).resolve().parents[1])
 
 
-def worker_runtime_env(user_module: str | None) -> dict:
-    """The runtime_env of Ray Train's workers (``RunConfig(worker_runtime_env=...)``): the
-    user's model module uploaded, beside the job's own ``py_modules`` (trainflow, on a
-    cluster the run did not start). Ray merges a runtime_env key by key, so a worker's
-    ``py_modules`` replace the job's: both are listed. Empty when there is nothing to add."""
+def worker_runtime_env(modules: Iterable[str]) -> dict:
+    """The runtime_env of Ray Train's workers and of the actors that load a checkpoint
+    (``RunConfig(worker_runtime_env=...)``, an actor's options): the user's ``modules``
+    uploaded, beside the job's own ``py_modules`` (trainflow, on a cluster the run did not
+    start). Ray merges a runtime_env key by key, so a worker's ``py_modules`` replace the
+    job's: both are listed. Empty when there is nothing to add."""
     import ray
 
-    extra = uploaded_modules(module_paths(user_module))
+    extra = uploaded_modules(module_paths(modules))
     if not extra:
         return {}
     job = list(ray.get_runtime_context().runtime_env.get("py_modules") or [])

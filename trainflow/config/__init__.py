@@ -13,6 +13,7 @@ from trainflow.config.load import SMOKE_OVERRIDES, load_config, read_config_file
 from trainflow.config.overrides import parse_overrides
 from trainflow.config.schema import CACHE_SCHEMES, PipelineConfig
 from trainflow.config.sections import (
+    HOOK,
     MODEL_KIND,
     CheckpointSection,
     DataConfig,
@@ -26,6 +27,7 @@ from trainflow.config.sections import (
     ScalingSection,
     SplitConfig,
     TrainConfig,
+    hook_path,
     user_module_of,
 )
 from trainflow.config.sweep import DIMENSION_KINDS, SWEEPABLE_SECTIONS, Dimension, SweepConfig, SweepScheduler
@@ -74,5 +76,7 @@ __all__ = [
     "read_config_file",
     "smoke_config",
     "trial_config",
+    "HOOK",
+    "hook_path",
     "user_module_of",
 ]

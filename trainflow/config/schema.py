@@ -61,6 +61,23 @@ class PipelineConfig(Section):
     # A hyperparameter sweep (`trainflow sweep`); `trainflow run` trains one model and ignores it.
     sweep: SweepConfig | None = None
 
+    def hooks(self) -> dict[str, str]:
+        """Every user callable the config names (``package.module:name``), by its field:
+        ``model.kind``'s builder and whatever other section names one."""
+        found: dict[str, str] = {}
+        for section in (self.data, self.preprocess, self.model, self.train, self.evaluation):
+            found.update(getattr(section, "hooks", dict)())
+        return found
+
+    @property
+    def user_modules(self) -> dict[str, str]:
+        """The module of each user callable the config names, with the field that names it:
+        what a run ships to the Ray workers (its top-level package) and imports there."""
+        modules: dict[str, str] = {}
+        for field, path in self.hooks().items():
+            modules.setdefault(path.partition(":")[0], field)
+        return modules
+
     @field_validator("cache")
     @classmethod
     def _cache_folder(cls, v: str | None) -> str | None:

@@ -105,6 +105,15 @@ class PreprocessConfig(Section):
 
 # model.kind: mlp, cnn, torchvision:<architecture> or package.module:callable.
 MODEL_KIND = re.compile(r"mlp|cnn|torchvision:[A-Za-z_]\w*|[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+# A user's callable: package.module:name.
+HOOK = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+def hook_path(v: str) -> str:
+    """``v`` when it names a callable as ``package.module:name``; else ValueError saying so."""
+    if not HOOK.fullmatch(v):
+        raise ValueError(f"{v!r} is not package.module:name (such as mycode.losses:focal)")
+    return v
 
 
 def user_module_of(kind: str) -> str | None:
@@ -167,6 +176,10 @@ class ModelConfig(Section):
     def user_module(self) -> str | None:
         """The module of a ``package.module:callable`` kind; None for the others."""
         return user_module_of(self.kind)
+
+    def hooks(self) -> dict[str, str]:
+        """The user's callables this section names, by field."""
+        return {"model.kind": self.kind} if self.user_module else {}
 
 
 class EarlyStoppingConfig(Section):

@@ -92,4 +92,4 @@ def _connected(ref: ModelRef) -> None:
     run this driver's versions and import the model's module."""
     cluster = ref.cluster()
     connected(cluster, get_run_logger())
-    check_shipped(get_run_logger(), module=cluster.model.user_module)
+    check_shipped(get_run_logger(), modules=cluster.user_modules)

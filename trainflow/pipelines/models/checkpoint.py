@@ -117,14 +117,22 @@ class Predictor:
 
 
 def model_actor_options(checkpoint_dir: str) -> dict[str, Any]:
-    """The Ray actor options that let an actor load the checkpoint's model: for a user's
-    model (``model.kind: package.module:callable``), its module shipped as runtime_env
-    ``py_modules``, which the cluster's workers need not have; nothing for the others."""
+    """The Ray actor options that let an actor load the checkpoint's model and apply its
+    preprocessing: the user's modules they need (:func:`user_modules`) shipped as
+    runtime_env ``py_modules``, which the cluster's workers need not have."""
     from trainflow.cluster.shipping import worker_runtime_env
+
+    env = worker_runtime_env(user_modules(checkpoint_dir))
+    return {"runtime_env": env} if env else {}
+
+
+def user_modules(checkpoint_dir: str) -> list[str]:
+    """The modules of the user's code a checkpoint needs to be loaded and used: its
+    model's (``model.kind: package.module:callable``)."""
     from trainflow.config import user_module_of
 
-    env = worker_runtime_env(user_module_of(read_json(checkpoint_dir, SPEC)["kind"]))
-    return {"runtime_env": env} if env else {}
+    module = user_module_of(read_json(checkpoint_dir, SPEC)["kind"])
+    return [module] if module else []
 
 
 def load_checkpoint(folder: str | Path) -> Predictor:

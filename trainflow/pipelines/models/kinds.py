@@ -11,13 +11,13 @@ when the config names it.
 from __future__ import annotations
 
 import difflib
-import importlib
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from trainflow.config import ConfigError, ModelConfig
+from trainflow.pipelines.hooks import load_hook
 
 TORCHVISION = "torchvision:"
 OWN = ("mlp", "cnn")
@@ -42,28 +42,7 @@ def torchvision_builder(kind: str) -> Callable[..., Any]:
 
 def user_callable(kind: str) -> Callable[..., Any]:
     """The callable ``package.module:callable`` names, imported here."""
-    module_name, _, attr = kind.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name and module_name.startswith(e.name) and module_name[len(e.name) :][:1] in ("", "."):
-            raise ConfigError(
-                f"model.kind {kind}: module {e.name!r} is not importable here; put it on PYTHONPATH "
-                "or run from the folder that holds it"
-            ) from None
-        raise ConfigError(f"model.kind {kind}: importing {module_name} failed: {e}") from None
-    except Exception as e:
-        raise ConfigError(
-            f"model.kind {kind}: importing {module_name} failed: {type(e).__name__}: {e}"
-        ) from None
-    target = getattr(module, attr, None)
-    if target is None:
-        raise ConfigError(f"model.kind {kind}: module {module_name} has no {attr!r}")
-    if not callable(target):
-        raise ConfigError(
-            f"model.kind {kind}: {module_name}.{attr} is a {type(target).__name__}, not a callable"
-        )
-    return target
+    return load_hook("model.kind", kind)
 
 
 def builder(kind: str) -> Callable[..., Any] | None:

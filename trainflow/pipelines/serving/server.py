@@ -84,7 +84,7 @@ def serve_until_stopped(
     model = {"model": {"kind": model_kind}} if model_kind else {}
     session = PipelineConfig(ray={"address": ray_address}, **model)
     with ray_session(session):
-        check_shipped(log, module=session.model.user_module)
+        check_shipped(log, modules=session.user_modules)
         # Installed after ray.init, whose own SIGTERM handler would abort the process.
         with _signals_stop() as stop:
             serve.start(http_options={"host": host, "port": port}, logging_config=QUIET_LOGS)

@@ -285,7 +285,7 @@ def build_trainer(
             # A user's model module, shipped to the workers: they import it to build the
             # model, on a cluster whose nodes do not have it (one started elsewhere too),
             # beside what the job ships already (trainflow, to a cluster started elsewhere).
-            worker_runtime_env=worker_runtime_env(config.model.user_module),
+            worker_runtime_env=worker_runtime_env(config.user_modules),
         ),
     )
 

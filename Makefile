@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench clean docs docs-serve
 
 setup: $(STAMP)
 
@@ -43,8 +43,18 @@ bench: $(STAMP)
 	done
 	$(BIN)/python benchmarks/report.py
 
+# The documentation site, built strictly (a broken link or a missing name fails it) into site/;
+# docs-serve serves it on loopback while you edit.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
+
+docs: $(STAMP)
+	$(MKDOCS) build --strict
+
+docs-serve: $(STAMP)
+	$(MKDOCS) serve --strict -a 127.0.0.1:8001
+
 lint: $(STAMP)
 	$(BIN)/ruff check trainflow tests benchmarks
 
 clean:
-	rm -rf .trainflow .pytest_cache
+	rm -rf .trainflow .pytest_cache site

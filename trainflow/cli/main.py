@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import sys
 
+import typer
+
 from trainflow.cli import models, runs, scheduling  # noqa: F401 - each adds its commands to the app
 from trainflow.cli.app import app
+
+# The command as Click sees it, for the documentation's command reference.
+click_command = typer.main.get_command(app)
 
 
 def _exit_without_teardown(code: int) -> None:

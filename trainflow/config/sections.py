@@ -94,6 +94,12 @@ class PreprocessConfig(Section):
     # Images: a random crop (4-pixel padding at 32 px) and horizontal flip of the
     # train split, drawn anew every epoch; evaluation and prediction never augment.
     augment: bool = False
+    # A function of your own, package.module:name, fn(batch: pandas.DataFrame) ->
+    # pandas.DataFrame, applied to every batch of a table's rows before the row checks,
+    # the split and the fit: one row out per row in, holding the label column. Its output
+    # columns are the data's: numbers, categories, or fixed-length numeric arrays (token
+    # ids, embeddings). Saved with the model, so prediction takes the raw columns it takes.
+    transform: str | None = None
 
     @field_validator("image_size")
     @classmethod
@@ -101,6 +107,15 @@ class PreprocessConfig(Section):
         if v is not None and (len(v) != 2 or min(v) < 1):
             raise ValueError(f"must be [height, width] of positive integers, got {v}")
         return v
+
+    @field_validator("transform")
+    @classmethod
+    def _transform_path(cls, v: str | None) -> str | None:
+        return v if v is None else hook_path(v)
+
+    def hooks(self) -> dict[str, str]:
+        """The user's callables this section names, by field."""
+        return {"preprocess.transform": self.transform} if self.transform else {}
 
 
 # model.kind: mlp, cnn, torchvision:<architecture> or package.module:callable.

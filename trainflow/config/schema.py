@@ -30,11 +30,20 @@ from trainflow.config.sections import (
     TrainConfig,
 )
 from trainflow.config.sweep import SweepConfig
-from trainflow.config.task import EPOCH_METRICS, REGRESSION_DEFAULTS, TASK_LOSSES, TASK_METRICS
+from trainflow.config.task import (
+    EPOCH_METRICS,
+    LOWER_IS_BETTER,
+    REGRESSION_DEFAULTS,
+    TASK_LOSSES,
+    TASK_METRICS,
+)
 
 # The URI schemes of pyarrow's filesystems, which every trainflow process reads and
 # writes the cache through.
 CACHE_SCHEMES = ("s3", "gs", "gcs", "abfs", "abfss", "hdfs", "viewfs", "file")
+# Fields a config hash leaves out while they hold their empty default, so that a config
+# that does not use them hashes as it does in a release without them (section, field).
+HASHED_WHEN_SET = (("train", "loss_args"), ("evaluation", "metrics"))
 
 
 class PipelineConfig(Section):
@@ -117,17 +126,19 @@ class PipelineConfig(Section):
     @model_validator(mode="after")
     def _fits_task(self) -> PipelineConfig:
         task, train = self.task, self.train
+        own = tuple(self.evaluation.metrics)  # the user's metrics, by name
         wrong = []
-        if self.registry.gate_metric not in TASK_METRICS[task]:
-            wrong.append(("registry.gate_metric", self.registry.gate_metric, TASK_METRICS[task]))
-        if train.loss is not None and train.loss not in TASK_LOSSES[task]:
+        if self.registry.gate_metric not in (*TASK_METRICS[task], *own):
+            wrong.append(("registry.gate_metric", self.registry.gate_metric, (*TASK_METRICS[task], *own)))
+        if train.loss is not None and train.user_loss is None and train.loss not in TASK_LOSSES[task]:
             wrong.append(("train.loss", train.loss, TASK_LOSSES[task]))
         epoch_metrics = [("checkpoint.metric", self.checkpoint.metric)]
         if train.early_stopping is not None:
             epoch_metrics.append(("train.early_stopping.metric", train.early_stopping.metric))
-        if self.sweep is not None:
-            epoch_metrics.append(("sweep.metric", self.sweep.metric))
-        wrong += [(f, m, EPOCH_METRICS[task]) for f, m in epoch_metrics if m not in EPOCH_METRICS[task]]
+        valid = (*EPOCH_METRICS[task], *(f"val_{name}" for name in own))
+        wrong += [(f, m, valid) for f, m in epoch_metrics if m not in valid]
+        if self.sweep is not None and self.sweep.metric not in EPOCH_METRICS[task]:
+            wrong.append(("sweep.metric", self.sweep.metric, EPOCH_METRICS[task]))
         if wrong:
             field, value, valid = wrong[0]
             raise ValueError(f"{field}: {value} does not measure a {task}; use one of {', '.join(valid)}")
@@ -138,6 +149,43 @@ class PipelineConfig(Section):
             if self.data.classes is not None:
                 raise ValueError("data.classes: a regression's label is a number, not one of classes")
         return self
+
+    @model_validator(mode="after")
+    def _own_loss_and_metrics_fit(self) -> PipelineConfig:
+        """train.loss_args go with a loss of the user's own, label_smoothing and class_weights
+        with the built-in cross_entropy; a checkpoint or early stopping ranked by val_<name>
+        ranks in the direction of that metric's mode."""
+        train = self.train
+        if train.loss_args and train.user_loss is None:
+            raise ValueError(
+                f"train.loss_args are for a loss of your own (train.loss: package.module:name); "
+                f"{self.loss} takes none"
+            )
+        if train.user_loss is not None:
+            for field in ("label_smoothing", "class_weights"):
+                if getattr(train, field):
+                    raise ValueError(
+                        f"train.{field} applies to the built-in cross_entropy, not to train.loss "
+                        f"{train.user_loss}; give your loss its own settings in train.loss_args"
+                    )
+        ranked = [("checkpoint", self.checkpoint.metric, self.checkpoint.mode)]
+        if train.early_stopping is not None:
+            stop = train.early_stopping
+            ranked.append(("train.early_stopping", stop.metric, stop.mode))
+        for section, metric, mode in ranked:
+            own = self.evaluation.metrics.get(metric.removeprefix("val_"))
+            if metric.startswith("val_") and own is not None and own.mode != mode:
+                raise ValueError(
+                    f"{section}.mode: {mode} ranks {metric} the wrong way; evaluation.metrics."
+                    f"{metric.removeprefix('val_')}.mode is {own.mode}: set {section}.mode to {own.mode}"
+                )
+        return self
+
+    def lower_is_better(self, metric: str) -> bool:
+        """Whether a lower ``metric`` (a test metric: built-in, or a name of
+        evaluation.metrics) is the better: rmse, mae, and the user's of mode min."""
+        own = self.evaluation.metrics.get(metric)
+        return own.mode == "min" if own is not None else metric in LOWER_IS_BETTER
 
     @property
     def loss(self) -> str:
@@ -152,6 +200,9 @@ class PipelineConfig(Section):
             # A config without a sweep leaves the key out, so that it hashes the same as a
             # config of a release without sweeps.
             del data["sweep"]
+        for section, field in HASHED_WHEN_SET:
+            if not data[section][field]:
+                del data[section][field]
         # Where prepared splits are kept changes no result: a config hashes the same wherever
         # its cache is.
         del data["cache"]

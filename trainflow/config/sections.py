@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from trainflow.config.task import LOWER_IS_BETTER
+from trainflow.config.task import BUILTIN_LOSSES, BUILTIN_METRIC_NAMES, LOWER_IS_BETTER
 
 
 class Section(BaseModel):
@@ -198,9 +198,10 @@ class ModelConfig(Section):
 
 
 class EarlyStoppingConfig(Section):
-    # Stop when `metric` has not improved by more than `min_delta` for `patience` epochs.
-    # The metric is the same all-reduced figure on every worker, so all stop together.
-    metric: Literal["val_accuracy", "val_loss", "train_loss"] = "val_loss"
+    # Stop when `metric` has not improved by more than `min_delta` for `patience` epochs:
+    # val_accuracy, val_loss, train_loss, or val_<name> of a metric in evaluation.metrics.
+    # The metric is the same figure on every worker (over the whole val split), so all stop together.
+    metric: str = "val_loss"
     mode: Literal["max", "min"] = "min"
     patience: int = Field(3, ge=1)
     min_delta: float = Field(0.0, ge=0.0)
@@ -235,12 +236,19 @@ class TrainConfig(Section):
     # Import paths ("package.module:function") called on every worker after each epoch
     # with (epoch, metrics, rank): custom logging, fault drills, extra stopping rules.
     callbacks: list[str] = []
-    # The loss: cross_entropy for classification; mse, l1 or huber for regression.
+    # The loss: cross_entropy for classification; mse, l1 or huber for regression; or
+    # package.module:name, a loss of your own: a function (outputs, targets) -> scalar
+    # tensor, or an nn.Module class built with loss_args, called the same way. outputs are
+    # the model's [N, classes] logits and targets class indices (int64); for a regression,
+    # both are [N] floats, the label standardized as training sees it.
     # None: the task's first (cross_entropy, or mse).
-    loss: Literal["cross_entropy", "mse", "l1", "huber"] | None = None
-    # Classification: the target's share spread over the other classes (cross_entropy's
-    # label_smoothing), and class weights in the loss; "balanced" weighs each class by
-    # rows / (classes * its rows in the train split), for imbalanced data.
+    loss: str | None = None
+    # Keyword arguments for a loss of your own: its class's (FocalLoss(**loss_args)), or
+    # passed to its function on every call.
+    loss_args: dict[str, Any] = {}
+    # Classification with the built-in cross_entropy: the target's share spread over the
+    # other classes (its label_smoothing), and class weights in the loss; "balanced" weighs
+    # each class by rows / (classes * its rows in the train split), for imbalanced data.
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
     class_weights: Literal["balanced"] | None = None
     # Read each worker's shards once, straight from the prepared Parquet, and keep them in
@@ -256,6 +264,27 @@ class TrainConfig(Section):
     def _precision_as_text(cls, v: Any) -> Any:
         # YAML reads `precision: 32` as a number.
         return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @field_validator("loss")
+    @classmethod
+    def _loss_form(cls, v: str | None) -> str | None:
+        if v is None or v in BUILTIN_LOSSES:
+            return v
+        if not HOOK.fullmatch(v):
+            raise ValueError(
+                f"must be {', '.join(BUILTIN_LOSSES)} or package.module:name of your own "
+                f"(mycode.losses:FocalLoss), got {v!r}"
+            )
+        return v
+
+    @property
+    def user_loss(self) -> str | None:
+        """train.loss when it names a loss of the user's own (package.module:name)."""
+        return self.loss if self.loss is not None and self.loss not in BUILTIN_LOSSES else None
+
+    def hooks(self) -> dict[str, str]:
+        """The user's callables this section names, by field."""
+        return {"train.loss": self.user_loss} if self.user_loss else {}
 
     @field_validator("callbacks")
     @classmethod
@@ -283,12 +312,26 @@ class ScalingSection(Section):
 
 class CheckpointSection(Section):
     keep: int = Field(2, ge=1)
-    metric: Literal["val_accuracy", "val_loss", "train_loss"] = "val_accuracy"
+    # The epoch metric that ranks checkpoints (the best is evaluated and registered):
+    # val_accuracy, val_loss, train_loss, or val_<name> of a metric in evaluation.metrics.
+    metric: str = "val_accuracy"
     mode: Literal["max", "min"] = "max"
 
 
 class FailureSection(Section):
     max_failures: int = Field(1, ge=-1)  # -1: retry without end
+
+
+class MetricConfig(Section):
+    # package.module:name, called as fn(targets, outputs) -> float (see EvaluationConfig.metrics).
+    fn: str
+    # The better direction: max (accuracy-like) or min (error-like).
+    mode: Literal["max", "min"]
+
+    @field_validator("fn")
+    @classmethod
+    def _callable_path(cls, v: str) -> str:
+        return hook_path(v)
 
 
 class EvaluationConfig(Section):
@@ -299,20 +342,47 @@ class EvaluationConfig(Section):
     # actor pool costs seconds to start, more than predicting a small split takes.
     # 0: always the actor pool.
     in_driver_max_rows: int = Field(100_000, ge=0)
+    # Metrics of your own, by name: {top2: {fn: mycode.metrics:top2, mode: max}}. Each fn
+    # is called as fn(targets, outputs) -> float on NumPy arrays: targets hold class
+    # indices and outputs a classifier's softmax probabilities [N, classes]; for a
+    # regression both are [N] floats in the label's units. Scored on the test split beside
+    # the built-in metrics (logged as test_<name>, a possible registry.gate_metric) and on
+    # the whole validation split each epoch as val_<name> (a possible checkpoint.metric
+    # and early stopping metric). mode: the better direction, max or min.
+    metrics: dict[str, MetricConfig] = {}
+
+    @field_validator("metrics")
+    @classmethod
+    def _own_names(cls, v: dict[str, MetricConfig]) -> dict[str, MetricConfig]:
+        for name in v:
+            if name in BUILTIN_METRIC_NAMES:
+                raise ValueError(
+                    f"{name} is a built-in metric's name; give yours another "
+                    f"(taken: {', '.join(BUILTIN_METRIC_NAMES)})"
+                )
+            if not re.fullmatch(r"[A-Za-z_]\w*", name):
+                raise ValueError(f"{name!r} is not a name of letters, digits and '_' (top2_accuracy)")
+        return v
+
+    def hooks(self) -> dict[str, str]:
+        """The user's callables this section names, by field."""
+        return {f"evaluation.metrics.{name}.fn": m.fn for name, m in self.metrics.items()}
 
 
 class RegistryConfig(Section):
     # A test metric of the run's task: accuracy, macro_f1, weighted_f1 (classification);
-    # rmse (a regression's default), mae, r2.
-    gate_metric: Literal["accuracy", "macro_f1", "weighted_f1", "rmse", "mae", "r2"] = "accuracy"
+    # rmse (a regression's default), mae, r2; or a name of evaluation.metrics (its mode
+    # says which way is better).
+    gate_metric: str = "accuracy"
     # The champion alias moves when the new model beats the champion by min_improvement
-    # (lower by it, for rmse and mae) and clears min_value: a floor, or for rmse and mae a
-    # ceiling. None: no bound (a regression's default).
+    # (lower by it, for rmse, mae and a metric of mode min) and clears min_value: a floor,
+    # or for those a ceiling. None: no bound (a regression's default).
     min_improvement: float = 0.0
     min_value: float | None = 0.9
 
     @property
     def lower_is_better(self) -> bool:
+        """For a built-in gate_metric; PipelineConfig.lower_is_better knows the user's metrics too."""
         return self.gate_metric in LOWER_IS_BETTER
 
 

@@ -9,8 +9,22 @@ TASK_METRICS = {
     "regression": ("rmse", "mae", "r2"),
 }
 LOWER_IS_BETTER = ("rmse", "mae")
+# Names a metric of the user's own (evaluation.metrics) may not take: trainflow's own test
+# metrics and the keys beside them, and what would make val_<name> one of its epoch metrics.
+BUILTIN_METRIC_NAMES = (
+    *TASK_METRICS["classification"],
+    *TASK_METRICS["regression"],
+    "roc_auc",
+    "loss",
+    "num_examples",
+    "per_class",
+    "confusion_matrix",
+    "points",
+)
 # The losses each task trains with; the first is its default.
 TASK_LOSSES = {"classification": ("cross_entropy",), "regression": ("mse", "l1", "huber")}
+# Every built-in loss; train.loss may also name a loss of the user's own (package.module:name).
+BUILTIN_LOSSES = (*TASK_LOSSES["classification"], *TASK_LOSSES["regression"])
 # The per-epoch metrics each task reports, by which checkpoints are ranked and training stops early.
 EPOCH_METRICS = {
     "classification": ("val_accuracy", "val_loss", "train_loss"),

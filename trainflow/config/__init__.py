@@ -14,6 +14,8 @@ from trainflow.config.overrides import parse_overrides
 from trainflow.config.schema import CACHE_SCHEMES, PipelineConfig
 from trainflow.config.sections import (
     HOOK,
+    LOOP_RESERVED,
+    LOOP_SETTINGS,
     MODEL_KIND,
     CheckpointSection,
     DataConfig,
@@ -45,6 +47,8 @@ __all__ = [
     "CACHE_SCHEMES",
     "DIMENSION_KINDS",
     "EPOCH_METRICS",
+    "LOOP_RESERVED",
+    "LOOP_SETTINGS",
     "LOWER_IS_BETTER",
     "MODEL_KIND",
     "REGRESSION_DEFAULTS",

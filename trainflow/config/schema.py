@@ -17,6 +17,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from trainflow.config.errors import ConfigError, validation_message
 from trainflow.config.sections import (
+    LOOP_SETTINGS,
     CheckpointSection,
     DataConfig,
     EvaluationConfig,
@@ -43,7 +44,12 @@ from trainflow.config.task import (
 CACHE_SCHEMES = ("s3", "gs", "gcs", "abfs", "abfss", "hdfs", "viewfs", "file")
 # Fields a config hash leaves out while they hold their empty default, so that a config
 # that does not use them hashes as it does in a release without them (section, field).
-HASHED_WHEN_SET = (("train", "loss_args"), ("evaluation", "metrics"))
+HASHED_WHEN_SET = (
+    ("train", "loss_args"),
+    ("evaluation", "metrics"),
+    ("train", "loop"),
+    ("train", "loop_config"),
+)
 
 
 class PipelineConfig(Section):
@@ -132,7 +138,8 @@ class PipelineConfig(Section):
             wrong.append(("registry.gate_metric", self.registry.gate_metric, (*TASK_METRICS[task], *own)))
         if train.loss is not None and train.user_loss is None and train.loss not in TASK_LOSSES[task]:
             wrong.append(("train.loss", train.loss, TASK_LOSSES[task]))
-        epoch_metrics = [("checkpoint.metric", self.checkpoint.metric)]
+        # A loop of the user's own ranks its checkpoints by any metric it reports.
+        epoch_metrics = [] if train.loop else [("checkpoint.metric", self.checkpoint.metric)]
         if train.early_stopping is not None:
             epoch_metrics.append(("train.early_stopping.metric", train.early_stopping.metric))
         valid = (*EPOCH_METRICS[task], *(f"val_{name}" for name in own))
@@ -178,6 +185,24 @@ class PipelineConfig(Section):
                 raise ValueError(
                     f"{section}.mode: {mode} ranks {metric} the wrong way; evaluation.metrics."
                     f"{metric.removeprefix('val_')}.mode is {own.mode}: set {section}.mode to {own.mode}"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _loop_replaces_trainflows(self) -> PipelineConfig:
+        """Beside train.loop, the train fields that only trainflow's loop reads keep their
+        defaults: the user's loop would never read them. train.loop_config goes with a loop."""
+        train = self.train
+        if train.loop is None:
+            if train.loop_config:
+                raise ValueError("train.loop_config: settings for train.loop, which is not set")
+            return self
+        applies = (*LOOP_SETTINGS, "loop", "loop_config")
+        for name, field in TrainConfig.model_fields.items():
+            if name not in applies and getattr(train, name) != field.get_default(call_default_factory=True):
+                raise ValueError(
+                    f"train.{name}: trainflow's own loop reads it, and train.loop {train.loop} replaces "
+                    f"that loop; leave it out, and give your loop its settings in train.loop_config"
                 )
         return self
 

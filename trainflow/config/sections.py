@@ -6,6 +6,7 @@ The defaults are the bundled digits job; ``configs/digits.yaml`` spells them out
 
 from __future__ import annotations
 
+import json
 import re
 import typing
 from typing import Any, Literal
@@ -122,6 +123,10 @@ class PreprocessConfig(Section):
 MODEL_KIND = re.compile(r"mlp|cnn|torchvision:[A-Za-z_]\w*|[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 # A user's callable: package.module:name.
 HOOK = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+# What train.loop's config dict holds besides loop_config's keys: these train.* settings,
+# which trainflow's loop reads too, and the run's whole config under LOOP_RESERVED.
+LOOP_SETTINGS = ("epochs", "batch_size", "lr", "seed")
+LOOP_RESERVED = "trainflow"
 
 
 def hook_path(v: str) -> str:
@@ -258,6 +263,16 @@ class TrainConfig(Section):
     # streams both, for workers whose memory cannot spare them. An augmented train split
     # draws new crops and flips each epoch either way.
     in_memory: Literal["auto", "always", "never"] = "auto"
+    # A training function of your own, package.module:name, run on every Ray Train worker
+    # as fn(config) in place of trainflow's loop, as Ray Train runs a train_func: it reads
+    # the prepared splits with ray.train.get_dataset_shard("train") and ("val"), and
+    # reports checkpoints holding model.pt, the state dict of the model model.kind builds.
+    # config holds epochs, batch_size, lr and seed (the fields above), loop_config's keys,
+    # and under "trainflow" the run's whole config with "model_spec". The fields above
+    # that only trainflow's loop reads keep their defaults beside it. None: trainflow's loop.
+    loop: str | None = None
+    # Your loop's own settings: keys of its config dict, as given (plain JSON).
+    loop_config: dict[str, Any] = {}
 
     @field_validator("precision", mode="before")
     @classmethod
@@ -282,9 +297,34 @@ class TrainConfig(Section):
         """train.loss when it names a loss of the user's own (package.module:name)."""
         return self.loss if self.loss is not None and self.loss not in BUILTIN_LOSSES else None
 
+    @field_validator("loop")
+    @classmethod
+    def _loop_path(cls, v: str | None) -> str | None:
+        return v if v is None else hook_path(v)
+
+    @field_validator("loop_config")
+    @classmethod
+    def _loop_config_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+        taken = [key for key in v if key in (*LOOP_SETTINGS, LOOP_RESERVED)]
+        if taken:
+            raise ValueError(
+                f"{taken[0]} is a key trainflow gives the loop ({', '.join(LOOP_SETTINGS)} from "
+                f"train.*, {LOOP_RESERVED}: the run's config); set train.{taken[0]} or use another name"
+                if taken[0] != LOOP_RESERVED
+                else f"{LOOP_RESERVED} is the key of the run's config in the loop's; use another name"
+            )
+        try:
+            json.dumps(v, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"must be plain JSON (numbers, strings, lists, dicts): {e}") from None
+        return v
+
     def hooks(self) -> dict[str, str]:
         """The user's callables this section names, by field."""
-        return {"train.loss": self.user_loss} if self.user_loss else {}
+        found = {"train.loss": self.user_loss} if self.user_loss else {}
+        if self.loop:
+            found["train.loop"] = self.loop
+        return found
 
     @field_validator("callbacks")
     @classmethod

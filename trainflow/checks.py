@@ -2,11 +2,11 @@
 server and Ray start and before any Ray worker runs.
 
 A training or sweep run checks its sweep section, its model (``model.kind`` and
-``model.weights``), its data source (columns and types; no rows read) and what it asks
-of the cluster: the local cluster it would start (GPUs, CPUs), or that something answers
-at a cluster's address (:func:`before_run`). A batch prediction checks the model
-reference, its input (every feature column the model needs) and output, and the
-cluster (:func:`before_predict`).
+``model.weights``), a loss and metrics of the user's own, its data source (columns and
+types; no rows read) and what it asks of the cluster: the local cluster it would start
+(GPUs, CPUs), or that something answers at a cluster's address (:func:`before_run`). A
+batch prediction checks the model reference, its input (every feature column the model
+needs) and output, and the cluster (:func:`before_predict`).
 
 Each run checks once. The ``trainflow`` command checks before it starts anything, so that
 a mistake costs seconds, and hands what it found to the flow run it starts (the flows'
@@ -49,6 +49,7 @@ def before_run(config: PipelineConfig, *, sweep: bool = False, resume: bool = Fa
     if sweep:
         _sweep_section(config)
     model_kind(config)
+    own_loss_and_metrics(config)
     info = source(config)
     check_cache(config)
     cluster(config, workers="sweep" if sweep else "train")
@@ -79,6 +80,20 @@ def model_kind(config: PipelineConfig) -> None:
     from trainflow.pipelines.models.kinds import check_model
 
     check_model(config.model)
+
+
+def own_loss_and_metrics(config: PipelineConfig) -> None:
+    """A loss of the user's own (train.loss) imports here and builds with train.loss_args,
+    and each of evaluation.metrics imports; each is then called on a sample of the data's
+    shape where the shape is known (``TrainSettings.from_config``), still before any worker
+    starts. Imports torch only for a loss of the user's own."""
+    from trainflow.pipelines.metrics import load_metrics
+
+    if config.train.user_loss is not None:
+        from trainflow.pipelines.training.losses import user_loss
+
+        user_loss(config.train.user_loss, config.train.loss_args, regression=config.task == "regression")
+    load_metrics(config.evaluation)
 
 
 def source(config: PipelineConfig) -> SourceInfo:

@@ -31,8 +31,9 @@ def evaluate(config: PipelineConfig | dict | str, prepared: Prepared, trained: T
     metrics, where = ev.evaluate_split(
         trained.best_checkpoint, prepared.split_path("test"), prepared.counts["test"], config.evaluation
     )
-    scores = ", ".join(f"{k} {metrics[k]:.4f}" for k in render.task_metrics(metrics))
-    get_run_logger().info("test %s on %d examples (predicted %s)", scores, metrics["num_examples"], where)
+    get_run_logger().info(
+        "test %s on %d examples (predicted %s)", render.test_scores(metrics), metrics["num_examples"], where
+    )
     plots = ev.evaluation_plots(trained.history, metrics, _reports_folder(trained))
     _publish(config.name, metrics, plots)
     return Evaluated(checkpoint=trained.best_checkpoint, metrics=metrics, reports=[str(p) for p in plots])

@@ -38,9 +38,8 @@ def register(
         metrics=evaluated.headline,
         history=trained.history,
         tags=_lineage(config, source, prepared, trained),
-        gate=config.registry,
-        reevaluate=_rescore(config, source, prepared, logger),
         reports=evaluated.reports,
+        **_gate(config, source, prepared, logger),
     )
     _publish(config, reg, evaluated, registry.model_link(ws, reg), logger)
     return Registered(**{**reg.__dict__, "decision": reg.decision.to_dict()})
@@ -87,6 +86,16 @@ def _lineage(config: PipelineConfig, source: schema.SourceInfo, prepared: Prepar
         best_epoch=trained.best_metrics["epoch"],
         flow_run_id=str(flow_run.id) if flow_run.id else None,
     )
+
+
+def _gate(config: PipelineConfig, source: schema.SourceInfo, prepared: Prepared, logger) -> dict:
+    """What the promotion gate decides with: the registry section, the gate metric's
+    direction (a metric of the user's own: its mode) and the champion's re-score."""
+    return {
+        "gate": config.registry,
+        "lower_is_better": config.lower_is_better(config.registry.gate_metric),
+        "reevaluate": _rescore(config, source, prepared, logger),
+    }
 
 
 def _rescore(

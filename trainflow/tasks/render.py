@@ -42,6 +42,12 @@ def task_metrics(metrics: dict[str, Any], prefix: str = "") -> tuple[str, ...]:
     return TASK_METRICS["regression" if regression else "classification"]
 
 
+def test_scores(metrics: dict[str, Any]) -> str:
+    """``accuracy 0.9667, macro_f1 0.9650, weighted_f1 0.9662, top2 0.9944``: every number
+    of a test split's metrics, the user's own (evaluation.metrics) after the task's."""
+    return _metrics({k: v for k, v in metrics.items() if isinstance(v, float)})
+
+
 def lead_metric(metrics: dict[str, float]) -> str:
     """``accuracy 0.9667`` or ``rmse 53.2101``: the task's first metric, for one-line summaries."""
     name = task_metrics(metrics)[0]
@@ -52,9 +58,15 @@ EPOCH_KEYS = ("train_loss", "val_loss", "val_accuracy")
 
 
 def epoch_metrics(row: dict[str, Any]) -> str:
-    """``train_loss 0.3120  val_loss 0.2981  val_accuracy 0.9410``: an epoch's metrics
-    that its task reports (a regression has no accuracy)."""
-    return "  ".join(f"{k} {row[k]:.4f}" for k in EPOCH_KEYS if k in row)
+    """``train_loss 0.3120  val_loss 0.2981  val_accuracy 0.9410  val_top2 0.9800``: an
+    epoch's metrics that its task reports (a regression has no accuracy), then the
+    user's own (evaluation.metrics, as val_<name>)."""
+    own = [k for k, v in row.items() if k.startswith("val_") and k not in EPOCH_KEYS and _number(v)]
+    return "  ".join(f"{k} {row[k]:.4f}" for k in [*(k for k in EPOCH_KEYS if k in row), *own])
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 # --- the run summary -----------------------------------------------------------------

@@ -5,13 +5,15 @@ The model loads once per actor of the pool (for a small split, once in the drive
 Two predictors: :class:`BatchPredictor` reads prepared splits (features already
 transformed), :class:`RowPredictor` reads raw rows and applies the checkpoint's own
 saved preprocessing (batch prediction, and a champion re-scored on another model's
-test data). The metrics are scikit-learn's.
+test data). The metrics are scikit-learn's, and beside them the user's own
+(``evaluation.metrics``, :mod:`trainflow.pipelines.metrics`), each scored in this
+process on the whole split's targets and outputs.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +22,7 @@ import pandas as pd
 
 from trainflow.pipelines.data.entry import read_split_batches, split_dataset
 from trainflow.pipelines.data.preprocess import FEATURES, LABEL
+from trainflow.pipelines.metrics import UserMetric, load_metrics, score_all
 from trainflow.pipelines.models.checkpoint import load_checkpoint, model_actor_options
 
 if TYPE_CHECKING:
@@ -213,27 +216,39 @@ def regression_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, Any]
 
 
 def evaluate_checkpoint(
-    checkpoint_dir: str, test: ray.data.Dataset, batch_size: int, concurrency: int = 1
+    checkpoint_dir: str,
+    test: ray.data.Dataset,
+    batch_size: int,
+    concurrency: int = 1,
+    metrics: Sequence[UserMetric] = (),
 ) -> dict[str, Any]:
-    """Predict the prepared test split with the checkpoint, on a Ray Data actor pool, and score it."""
+    """Predict the prepared test split with the checkpoint, on a Ray Data actor pool, and
+    score it, with the user's ``metrics`` too (scored here, on the predictions gathered)."""
     pre = load_checkpoint(checkpoint_dir).preprocessor
     batches = predict_dataset(test, checkpoint_dir, batch_size, concurrency).iter_batches(
         batch_size=None, batch_format="numpy"
     )
-    return _score(batches, pre.classes, pre.is_regression)
+    return _score(batches, pre.classes, pre.is_regression, metrics)
 
 
-def evaluate_checkpoint_in_driver(checkpoint_dir: str, split_path: str, batch_size: int) -> dict[str, Any]:
+def evaluate_checkpoint_in_driver(
+    checkpoint_dir: str, split_path: str, batch_size: int, metrics: Sequence[UserMetric] = ()
+) -> dict[str, Any]:
     """Predict a small prepared split in this process, with the same :class:`BatchPredictor`
     the actor pool holds: starting actors (each a process that imports torch and loads
     the model) and a Ray Data execution cost more than predicting a small split does."""
     predictor = BatchPredictor(checkpoint_dir)
     batches = (predictor(batch) for batch in read_split_batches(split_path, batch_size))
     pre = predictor.predictor.preprocessor
-    return _score(batches, pre.classes, pre.is_regression)
+    return _score(batches, pre.classes, pre.is_regression, metrics)
 
 
-def _score(batches: Iterable[dict[str, np.ndarray]], classes: list[Any], regression: bool) -> dict[str, Any]:
+def _score(
+    batches: Iterable[dict[str, np.ndarray]],
+    classes: list[Any],
+    regression: bool,
+    metrics: Sequence[UserMetric],
+) -> dict[str, Any]:
     y_true, y_pred, proba = [], [], []
     for batch in batches:
         y_true.append(batch[LABEL])
@@ -241,26 +256,35 @@ def _score(batches: Iterable[dict[str, np.ndarray]], classes: list[Any], regress
         if not regression:
             proba.append(batch[PROBABILITIES])
     if regression:
-        return regression_metrics(np.concatenate(y_true), np.concatenate(y_pred))
-    return classification_metrics(
-        np.concatenate(y_true), np.concatenate(y_pred), classes, np.concatenate(proba)
-    )
+        targets, predicted = np.concatenate(y_true), np.concatenate(y_pred)
+        return {**regression_metrics(targets, predicted), **score_all(metrics, targets, predicted)}
+    targets, scores = np.concatenate(y_true).astype(np.int64), np.concatenate(proba)
+    own = score_all(metrics, targets, scores)
+    return {**classification_metrics(targets, np.concatenate(y_pred), classes, scores), **own}
 
 
 def evaluate_rows(
-    checkpoint_dir: str, rows: ray.data.Dataset, label_column: str, batch_size: int, concurrency: int = 1
+    checkpoint_dir: str,
+    rows: ray.data.Dataset,
+    label_column: str,
+    batch_size: int,
+    concurrency: int = 1,
+    metrics: Sequence[UserMetric] = (),
 ) -> dict[str, Any]:
-    """Score a checkpoint on raw rows with its own preprocessing: how a champion trained
-    on other data is measured on a challenger's test split."""
+    """Score a checkpoint on raw rows with its own preprocessing, and by the user's
+    ``metrics``: how a champion trained on other data is measured on a challenger's test split."""
     pre = load_checkpoint(checkpoint_dir).preprocessor
     frame = predict_rows(
         rows, checkpoint_dir, batch_size, concurrency=concurrency, keep=(label_column,)
     ).to_pandas()
     if pre.is_regression:
         y_true = pd.to_numeric(frame[label_column], errors="coerce").to_numpy(dtype=np.float64)
-        return regression_metrics(y_true, frame[PREDICTION].to_numpy(dtype=np.float64))
+        y_pred = frame[PREDICTION].to_numpy(dtype=np.float64)
+        return {**regression_metrics(y_true, y_pred), **score_all(metrics, y_true, y_pred)}
     proba = frame[[f"{PROBA_PREFIX}{c}" for c in pre.classes]].to_numpy()
-    return classification_metrics(pre.labels(frame[label_column]), proba.argmax(axis=1), pre.classes, proba)
+    targets = np.asarray(pre.labels(frame[label_column]), dtype=np.int64)
+    own = score_all(metrics, targets, proba)
+    return {**classification_metrics(targets, proba.argmax(axis=1), pre.classes, proba), **own}
 
 
 def evaluate_split(
@@ -268,11 +292,13 @@ def evaluate_split(
 ) -> tuple[dict[str, Any], str]:
     """Score a checkpoint on a prepared split: in this process when the split has at most
     ``cfg.in_driver_max_rows`` rows, else on a pool of ``cfg.concurrency`` Ray Data actors.
-    Returns the metrics and where the prediction ran, in words."""
+    Returns the metrics, the user's ``cfg.metrics`` among them, and where the prediction
+    ran, in words."""
+    own = load_metrics(cfg)
     if rows <= cfg.in_driver_max_rows:
-        return evaluate_checkpoint_in_driver(checkpoint_dir, split_path, cfg.batch_size), "in the driver"
+        return evaluate_checkpoint_in_driver(checkpoint_dir, split_path, cfg.batch_size, own), "in the driver"
     split = split_dataset(split_path)
-    metrics = evaluate_checkpoint(checkpoint_dir, split, cfg.batch_size, cfg.concurrency)
+    metrics = evaluate_checkpoint(checkpoint_dir, split, cfg.batch_size, cfg.concurrency, own)
     return metrics, f"by {cfg.concurrency} Ray Data actor(s)"
 
 
@@ -289,7 +315,9 @@ def score_on_raw_test_split(
     from trainflow.pipelines.data.prepare import raw_split
 
     test = raw_split(source, split, "test", kept_rows=kept_rows)
-    return evaluate_rows(str(checkpoint_dir), test, source.label_column, cfg.batch_size, cfg.concurrency)
+    return evaluate_rows(
+        str(checkpoint_dir), test, source.label_column, cfg.batch_size, cfg.concurrency, load_metrics(cfg)
+    )
 
 
 def evaluation_plots(history: list[dict[str, float]], metrics: dict[str, Any], folder: Path) -> list[Path]:

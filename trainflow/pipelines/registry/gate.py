@@ -54,6 +54,7 @@ def decide(
     champion: float | None,
     gate: RegistryConfig,
     *,
+    lower_is_better: bool | None = None,
     champion_version: str | None = None,
     same_test_data: bool | None = None,
     champion_reevaluated: bool = False,
@@ -62,8 +63,10 @@ def decide(
     """The promotion gate: clear min_value (a floor, or a ceiling for an error metric such
     as rmse), and beat the champion by min_improvement in the metric's better direction.
 
-    A champion without a number to compare (``champion`` None) leaves min_value alone to
-    decide; ``champion_note`` says why, in the reason.
+    ``lower_is_better``: the metric's direction (a user's metric: its mode is min); None
+    for a built-in metric's own (rmse and mae, LOWER_IS_BETTER). A champion without a
+    number to compare (``champion`` None) leaves min_value alone to decide;
+    ``champion_note`` says why, in the reason.
     """
     common = dict(
         metric=metric,
@@ -75,7 +78,7 @@ def decide(
         same_test_data=same_test_data,
         champion_reevaluated=champion_reevaluated,
     )
-    lower = metric in LOWER_IS_BETTER
+    lower = metric in LOWER_IS_BETTER if lower_is_better is None else lower_is_better
     bound = gate.min_value
     if bound is not None and (candidate > bound if lower else candidate < bound):
         where = "above the ceiling" if lower else "below"
@@ -131,12 +134,14 @@ def gate_version(
     fingerprint: str | None,
     gate: RegistryConfig,
     reevaluate: Reevaluate | None,
+    lower_is_better: bool | None = None,
 ) -> GateDecision:
     """Decide on a READY version against the champion, keep the decision as the version's
     ``gate.*`` tags, and point ``champion`` at it if it passes, ``challenger`` if not.
 
     ``metrics`` are its test metrics; ``fingerprint`` names the test data they were
-    measured on. Under registry_lock: no other process moves the champion meanwhile.
+    measured on; ``lower_is_better`` the gate metric's direction (:func:`decide`). Under
+    registry_lock: no other process moves the champion meanwhile.
     """
     metric = gate.gate_metric
     with registry_lock(ws):
@@ -152,6 +157,7 @@ def gate_version(
             float(metrics[metric]),
             champ_value,
             gate,
+            lower_is_better=lower_is_better,
             champion_version=str(champ.version) if champ else None,
             same_test_data=same,
             champion_reevaluated=reevaluated,

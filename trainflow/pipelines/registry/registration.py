@@ -61,6 +61,7 @@ def register_checkpoint(
     gate: RegistryConfig,
     reevaluate: Reevaluate | None = None,
     reports: list[str] | None = None,
+    lower_is_better: bool | None = None,
 ) -> Registration:
     """One MLflow run and model version; ``champion`` moves only if the gate passes, else
     the version becomes ``challenger``.
@@ -70,6 +71,7 @@ def register_checkpoint(
     TEST_FINGERPRINT_TAG names the test data the metrics were measured on. When the
     champion was measured on other test data, ``reevaluate`` scores it on this one before
     the comparison. ``reports`` are files (plots) logged under ``reports/``.
+    ``lower_is_better``: the gate metric's direction, None for a built-in metric's own.
     """
     c = client(ws)
     run, hashes = _log_run(
@@ -86,7 +88,8 @@ def register_checkpoint(
     run_id = run.info.run_id
     source = f"{run.info.artifact_uri}/checkpoint"
     version = _create_version(c, name, source, run_id, tags={**tags, HASHES_TAG: json.dumps(hashes)})
-    decision = gate_version(ws, c, name, version, metrics, tags.get(TEST_FINGERPRINT_TAG), gate, reevaluate)
+    fingerprint = tags.get(TEST_FINGERPRINT_TAG)
+    decision = gate_version(ws, c, name, version, metrics, fingerprint, gate, reevaluate, lower_is_better)
     aliases = list(c.get_model_version(name, version).aliases)
     return Registration(name, version, run_id, decision.passed, decision, source, sorted(aliases))
 

@@ -23,12 +23,15 @@ import torch.distributed as dist
 from torch import nn
 
 from trainflow.pipelines.data.preprocess import FEATURES, LABEL
+from trainflow.pipelines.metrics import load_metrics
 from trainflow.pipelines.models.build import initial_model
 from trainflow.pipelines.models.checkpoint import METRICS, MODEL, TRAIN_STATE, save_checkpoint
 from trainflow.pipelines.training.inputs import Batch, epoch_batches, open_splits
+from trainflow.pipelines.training.losses import make_loss, on_device
 from trainflow.pipelines.training.placements import record_placement
 from trainflow.pipelines.training.progress import ProgressLog
 from trainflow.pipelines.training.settings import SETTINGS, Outcome
+from trainflow.pipelines.training.val_metrics import ValidationMetrics
 
 if TYPE_CHECKING:
     from trainflow.config import TrainConfig
@@ -141,32 +144,21 @@ def train_epoch(
     return total / max(count, 1)
 
 
-LOSSES = {"mse": nn.MSELoss, "l1": nn.L1Loss, "huber": nn.HuberLoss}
-
-
-def make_loss(loss: str, *, label_smoothing: float = 0.0, class_weights: list[float] | None = None):
-    """The loss of ``loss`` (a train.loss name) as ``loss_fn(outputs, labels)``: cross
-    entropy over class logits, or for a regression (mse, l1, huber) over the model's one
-    output per row against the scaled label."""
-    if loss == "cross_entropy":
-        weight = torch.tensor(class_weights, dtype=torch.float32) if class_weights else None
-        return nn.CrossEntropyLoss(weight=weight, label_smoothing=label_smoothing)
-    regression = LOSSES[loss]()
-
-    def loss_fn(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return regression(outputs.reshape(-1), y.to(outputs.dtype))
-
-    return loss_fn
-
-
 @torch.no_grad()
 def validate(
-    model: nn.Module, batches, loss_fn, precision: Precision | None = None, classify: bool = True
+    model: nn.Module,
+    batches,
+    loss_fn,
+    precision: Precision | None = None,
+    classify: bool = True,
+    scores: ValidationMetrics | None = None,
 ) -> dict[str, float]:
-    """The mean loss over every worker's examples, and the accuracy when ``classify``."""
+    """The mean loss over every worker's examples, the accuracy when ``classify``, and the
+    user's metrics (``val_<name>``) over the whole split when there are ``scores``."""
     precision = precision or Precision("32", torch.device("cpu"))
     model.eval()
     loss_sum, correct, n = 0.0, 0, 0
+    kept = []  # (outputs, labels) of each batch, for the user's metrics
     for batch in batches:
         x, y = batch[FEATURES], batch[LABEL]
         with precision.autocast():
@@ -175,11 +167,15 @@ def validate(
         loss_sum += loss_fn(outputs, y).item() * len(y)
         if classify:
             correct += (outputs.argmax(dim=1) == y).sum().item()
+        if scores is not None:
+            kept.append((outputs.cpu(), y.cpu()))
         n += len(y)
     total_loss, total_correct, count = _all_sum(loss_sum, correct, n)
     out = {"val_loss": total_loss / max(count, 1)}
     if classify:
         out["val_accuracy"] = total_correct / max(count, 1)
+    if scores is not None:
+        out.update(scores(kept))
     return out
 
 
@@ -255,8 +251,9 @@ def _resume_state(checkpoint, settings: TrainSettings) -> tuple[dict, dict] | No
 @dataclass
 class TrainingParts:
     """What one worker trains with, built once from the settings: the model (wrapped for
-    DDP), what updates it, the precision, the loss and early stopping. Every part but the
-    loss saves its state with each checkpoint and resumes from it."""
+    DDP), what updates it, the precision, the loss, the user's metrics and early stopping.
+    Every part but the loss and the metrics saves its state with each checkpoint and
+    resumes from it."""
 
     device: torch.device
     model: nn.Module
@@ -267,6 +264,7 @@ class TrainingParts:
     grad_clip_norm: float | None
     classify: bool  # validation measures accuracy too
     stopping: EarlyStopping | None
+    scores: ValidationMetrics | None = None  # evaluation.metrics, as val_<name>
 
     @classmethod
     def build(cls, settings: TrainSettings) -> TrainingParts:
@@ -282,19 +280,26 @@ class TrainingParts:
         device = ray.train.torch.get_device()
         model = ray.train.torch.prepare_model(initial_model(settings.model_spec))
         optimizer = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.weight_decay, cfg.momentum)
+        config = settings.config
         loss_fn = make_loss(
-            settings.config.loss, label_smoothing=cfg.label_smoothing, class_weights=settings.class_weights
+            config.loss,
+            label_smoothing=cfg.label_smoothing,
+            class_weights=settings.class_weights,
+            loss_args=cfg.loss_args,
+            task=config.task,
         )
+        metrics = load_metrics(config.evaluation)
         return cls(
             device=device,
             model=model,
             optimizer=optimizer,
             scheduler=make_scheduler(optimizer, cfg),
             precision=Precision(cfg.precision, device),
-            loss_fn=loss_fn.to(device) if settings.class_weights else loss_fn,
+            loss_fn=on_device(loss_fn, device),
             grad_clip_norm=cfg.grad_clip_norm,
-            classify=settings.config.task == "classification",
+            classify=config.task == "classification",
             stopping=EarlyStopping(**cfg.early_stopping.model_dump()) if cfg.early_stopping else None,
+            scores=ValidationMetrics(metrics, config.task, settings.preprocessor) if metrics else None,
         )
 
     def train_on(self, batches: Iterable[Batch], on_step: Callable[[int, float], None] | None) -> float:
@@ -305,7 +310,7 @@ class TrainingParts:
 
     def validate_on(self, batches: Iterable[Batch]) -> dict[str, float]:
         """The validation metrics over ``batches`` (:func:`validate`)."""
-        return validate(self.model, batches, self.loss_fn, self.precision, self.classify)
+        return validate(self.model, batches, self.loss_fn, self.precision, self.classify, self.scores)
 
     def train_state(self, epoch: int, history: list[dict[str, float]]) -> dict[str, Any]:
         """What a checkpoint holds to resume after ``epoch``, besides the model's weights."""

@@ -75,16 +75,20 @@ class TrainSettings:
     ) -> TrainSettings:
         """The settings of a run of ``config`` on data of ``num_features`` inputs and
         ``num_outputs`` outputs (its classes, or 1 for a regression); a model that does not
-        fit them raises ConfigError here."""
+        fit them, or a loss or metric of the user's own that fails on outputs of this
+        shape, raises ConfigError here, before any worker starts."""
         # Here, not at the top: Ray Train's controller unpickles the settings (they are the
         # trainer's train_loop_config) and must not import torch for it (ray_internals.torch_config).
+        from trainflow.pipelines.metrics import check_metrics
         from trainflow.pipelines.models.build import image_shape, model_spec
+        from trainflow.pipelines.training.losses import check_loss
 
+        spec = model_spec(config.model, num_features, num_outputs, image_shape=image_shape(preprocessor))
+        check_loss(config, num_outputs)
+        check_metrics(config.evaluation, config.task, num_outputs)
         return cls(
             config=config,
-            model_spec=model_spec(
-                config.model, num_features, num_outputs, image_shape=image_shape(preprocessor)
-            ),
+            model_spec=spec,
             preprocessor=preprocessor,
             memory_splits=dict(memory_splits),
             class_weights=class_weights,

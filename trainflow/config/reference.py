@@ -14,6 +14,7 @@ from typing import Any, Literal
 import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
 from trainflow.config.schema import PipelineConfig
 
@@ -121,7 +122,12 @@ def markdown() -> str:
 
 
 def _row(doc: FieldDoc) -> str:
-    default = "" if doc.section else f"`{json.dumps(doc.default)}`"
+    if doc.section:
+        default = ""
+    elif doc.default is PydanticUndefined:  # a field each entry must give (evaluation.metrics.<name>.fn)
+        default = "required"
+    else:
+        default = f"`{json.dumps(doc.default)}`"
     return (
         f"| `{doc.path}` | {_cell(doc.type)} | {_cell(default)} | {_cell(doc.allowed)} | "
         f"{_cell(doc.description)} |"

@@ -22,6 +22,7 @@ from trainflow.pipelines.data.preprocess import FEATURES, LABEL
 from trainflow.pipelines.data.schema import inspect_source
 from trainflow.pipelines.evaluation.evaluate import evaluate_split
 from trainflow.pipelines.models.checkpoint import load_checkpoint
+from trainflow.pipelines.training import loop as tl
 from trainflow.pipelines.training.losses import make_loss
 from trainflow.pipelines.training.run import run_training
 from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings
@@ -48,6 +49,11 @@ USER_CODE = """
 
     def scaled_ce(outputs, targets, scale=1.0):
         return scale * F.cross_entropy(outputs, targets)
+
+
+    def mean_abs(outputs, targets):
+        assert outputs.shape == targets.shape and outputs.dtype == targets.dtype
+        return (outputs - targets).abs().mean()
 
 
     def top2(targets, outputs):
@@ -116,9 +122,29 @@ def test_a_loss_class_is_built_with_loss_args_and_a_function_gets_them_as_keywor
     assert make_loss(f"{mod}:FocalLoss", loss_args={"gamma": 2.0})(outputs, targets) < cross_entropy
     doubled = make_loss(f"{mod}:scaled_ce", loss_args={"scale": 2.0})
     assert doubled(outputs, targets).item() == pytest.approx(2 * cross_entropy.item())
+    # A regression's loss gets one output per row, against the label in the outputs' dtype.
+    outputs, label = torch.randn(5, 1), torch.randn(5, dtype=torch.float64)
+    regression = make_loss(f"{mod}:mean_abs", task="regression")
+    assert regression(outputs, label).item() == pytest.approx((outputs[:, 0] - label).abs().mean().item())
     # The settings the workers get pass the checks and cross to them with the loss named.
     settings = settings_of(train={"loss": f"{mod}:FocalLoss", "loss_args": {"gamma": 1.0}})
     assert settings.config.train.loss_args == {"gamma": 1.0}
+
+
+@pytest.mark.parametrize("precision", ["32", "bf16-mixed", "16-mixed"])
+def test_the_loop_trains_with_a_users_loss_in_every_precision(mod, precision):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    batches = [
+        {FEATURES: torch.randn(32, 8, generator=g), LABEL: torch.randint(0, 3, (32,), generator=g)}
+    ] * 4
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    focal = make_loss(f"{mod}:FocalLoss", loss_args={"gamma": 2.0})
+    p = tl.Precision(precision, torch.device("cpu"))
+    losses = [tl.train_epoch(model, batches, optimizer, focal, p) for _ in range(5)]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+    assert tl.validate(model, batches, focal, p)["val_loss"] < losses[0]
 
 
 @pytest.mark.parametrize(

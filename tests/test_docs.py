@@ -1,6 +1,8 @@
 """The documentation site: built strictly from the repository (a broken link or a name
-mkdocstrings cannot find fails it), its references made from the code."""
+mkdocstrings cannot find fails it), its references made from the code, and looked at in
+headless Chromium as a reader would."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -41,3 +43,71 @@ def test_the_command_reference_shows_every_command(site):
     commands = [name for name, command in click_command.commands.items() if not command.hidden]
     assert len(commands) >= 6
     assert [name for name in commands if f"trainflow {name}" not in page] == []
+
+
+def _docs_module(name: str):
+    """A script of docs/ (not a package), imported from its file."""
+    spec = importlib.util.spec_from_file_location(f"docs_{name}", REPO / "docs" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_link_out_of_docs_goes_to_the_repository_file_and_a_missing_file_fails(caplog):
+    hooks = _docs_module("hooks")
+    repo_url = "https://github.com/trainflow/trainflow"
+    copied = {"benchmarks/results.md", "benchmarks/results/serve.md"}
+
+    def link(target: str, page: str = "guides/data.md") -> str | None:
+        return hooks.repository_link(target, page, copied, repo_url)
+
+    assert link("../../configs/churn.yaml") == f"{repo_url}/blob/main/configs/churn.yaml"
+    assert link("../../examples/custom_flow#top") == f"{repo_url}/tree/main/examples/custom_flow#top"
+    # The benchmark results are pages of the site: a link to one stays on the site.
+    assert link("../benchmarks/results/serve.md#x", page="benchmarks.md") == "benchmarks/results/serve.md#x"
+    assert link("../reference/config.md#data") is None  # a page: MkDocs checks it
+    assert link("https://docs.ray.io/") is None
+    assert caplog.records == []
+
+    assert link("../../configs/no-such.yaml") is None
+    assert "configs/no-such.yaml is not a file of the repository" in caplog.text
+
+
+THEME_PRIMARY = (0x40, 0x51, 0xB5)  # Material's indigo, the header bar's colour
+FLOW_PICTURE_FILL = (0xE8, 0xEA, 0xF6)  # the steps' boxes in docs/assets/flow.svg
+
+
+def _png_facts(png: Path) -> tuple[tuple[int, int], int, tuple[int, int, int], int]:
+    """A screenshot's size, its distinct colours, the colour at the top of the page (the
+    theme's header bar) and how many pixels hold the home page's flow picture's fill."""
+    from PIL import Image
+
+    with Image.open(png) as image:
+        rgb = image.convert("RGB")
+        colours = rgb.getcolors(maxcolors=1 << 24)
+        picture = sum(count for count, colour in colours if colour == FLOW_PICTURE_FILL)
+        return rgb.size, len(colours), rgb.getpixel((rgb.width // 2, 10)), picture
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    _docs_module("screenshots").browser() is None,
+    reason="no headless Chromium on this machine (apt-get install -y chromium)",
+)
+def test_the_home_page_and_the_config_reference_render_in_headless_chromium(tmp_path):
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    shot = subprocess.run(
+        [sys.executable, str(REPO / "docs" / "screenshots.py"), str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert shot.returncode == 0, shot.stderr[-3000:]
+    home, reference = tmp_path / "home.png", tmp_path / "config-reference.png"
+    assert shot.stdout.split() == [str(home), str(reference)]
+
+    for png in (home, reference):
+        size, colours, top, _ = _png_facts(png)
+        assert size == (1400, 1600)
+        assert colours > 100, f"{png.name}: {colours} colours, a blank page"
+        assert top == THEME_PRIMARY, f"{png.name}: the header is {top}, the theme did not load"
+    # The flow picture: its boxes fill a good part of the home page.
+    assert _png_facts(home)[3] > 5000

@@ -12,7 +12,7 @@ from prefect import get_run_logger
 from trainflow.cluster.session import connected
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.files import is_uri, redacted
-from trainflow.pipelines.data import entry, schema
+from trainflow.pipelines.data import entry, schema, transform
 from trainflow.pipelines.data import prepare as prep
 from trainflow.tasks.results import Prepared
 from trainflow.tasks.steps import as_config, expect, step
@@ -30,7 +30,8 @@ CACHE_RECORDS = Path("/")
 
 def ingest_cache_key(context, parameters: dict[str, Any]) -> str:
     """The data config and task, the input's fingerprint (file list, sizes, mtimes or
-    content) and the code that inspects it."""
+    content) and the code that inspects it: trainflow's, and a preprocess.transform's
+    (whose output's columns it checks)."""
     config = as_config(parameters["config"], "ingest")
     cache = cache_folder(config)
     parts = [
@@ -39,6 +40,8 @@ def ingest_cache_key(context, parameters: dict[str, Any]) -> str:
         schema.source_fingerprint(config.data, cache),
         entry.code_version(),
     ]
+    if config.preprocess.transform:
+        parts += [config.preprocess.transform, transform.code_hash(config.preprocess.transform)]
     key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
     return str(cache / "ingest" / key)
 
@@ -65,7 +68,9 @@ def ingest(
     process, reading no rows. Cached across flow runs while the input is unchanged.
     ``checked``: the source as the run's checks (``trainflow.checks``) found it already."""
     config = as_config(config, "ingest")
-    info = checked or schema.inspect_source(config.data, cache_folder(config), task=config.task)
+    info = checked or schema.inspect_source(
+        config.data, cache_folder(config), task=config.task, transform=config.preprocess.transform
+    )
     get_run_logger().info(
         "source %s (%s, %d files): %d features, label %r, fingerprint %s",
         info.source,

@@ -2,7 +2,8 @@
 by a rename when complete), and its reading.
 
 An entry is a folder ``<cache>/<key>/`` holding one folder of Parquet files per split
-(``train/``, ``val/``, ``test/``: columns ``features`` and ``label``),
+(``train/``, ``val/``, ``test/``: columns ``features`` and ``label``, and a column per
+array column of a ``preprocess.transform``'s output),
 ``preprocessor.json`` and ``counts.json`` (the rows per split, written last: it marks
 the entry finished).
 
@@ -36,7 +37,8 @@ from trainflow.files import (
     read_text,
     write_text,
 )
-from trainflow.pipelines.data.preprocess import FEATURES, LABEL, Preprocessor
+from trainflow.pipelines.data import transform as tf
+from trainflow.pipelines.data.preprocess import Preprocessor
 from trainflow.pipelines.data.schema import DataError, SourceInfo
 from trainflow.pipelines.data.split import SPLIT_NAMES
 from trainflow.version import __version__
@@ -95,7 +97,8 @@ def code_version() -> str:
 
 def cache_key(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig) -> str:
     """What a prepared entry depends on: the input, the columns, the split, the preprocessing
-    and trainflow's code (a new release may prepare differently)."""
+    (a transform's code too: a changed transform prepares again) and trainflow's code (a
+    new release may prepare differently)."""
     parts = {
         "fingerprint": info.fingerprint,
         "format": info.format,
@@ -111,6 +114,8 @@ def cache_key(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig) -> st
         "preprocess": cfg.model_dump(),
         "code": code_version(),
     }
+    if cfg.transform:
+        parts["transform"] = tf.code_hash(cfg.transform)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -173,14 +178,14 @@ def split_bytes(location: str | Path) -> int:
 
 def read_split_batches(location: str | Path, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
     """A prepared split's Parquet read in this process, as the numpy batches that
-    ``map_batches`` and ``iter_batches`` give: ``{features, label}``; streamed, its files
-    in name order, so that only a batch at a time is held."""
+    ``map_batches`` and ``iter_batches`` give: ``{features, label}`` and a transform's
+    array columns; streamed, its files in name order, so that only a batch at a time is held."""
     import pyarrow.dataset as pads
     import ray.data  # noqa: F401  registers Ray's tensor type, the features column's type
 
     fs, files = split_files(location)
     for path_ in files:
         parquet = pads.dataset(path_, filesystem=fs)
-        for batch in parquet.to_batches(columns=[FEATURES, LABEL], batch_size=batch_size):
+        for batch in parquet.to_batches(batch_size=batch_size):
             if batch.num_rows:
-                yield {name: batch.column(name).to_numpy(zero_copy_only=False) for name in (FEATURES, LABEL)}
+                yield {name: batch.column(name).to_numpy(zero_copy_only=False) for name in batch.schema.names}

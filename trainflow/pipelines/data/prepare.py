@@ -34,7 +34,7 @@ from trainflow.files import join
 from trainflow.pipelines.data import readers, runner, sources
 from trainflow.pipelines.data import split as sp
 from trainflow.pipelines.data.entry import PreparedEntry, cache_key, finish_entry, finished_entry, staging
-from trainflow.pipelines.data.preprocess import FEATURES, LABEL, Preprocessor
+from trainflow.pipelines.data.preprocess import LABEL, Preprocessor
 from trainflow.pipelines.data.readers import Fragment, fragment_batches
 from trainflow.pipelines.data.schema import DataError, SourceInfo, filesystem
 from trainflow.pipelines.data.stats import FitStats, RowCounts, kept_rows
@@ -160,14 +160,14 @@ def write_fragment(
             step = pre.chunk_rows or max(n, 1)
             for start in range(0, n, step):
                 part = _rows(kept, slice(start, start + step))
-                x, y = pre.features(part), pre.labels(part[info.label_column])
+                x, y = pre.inputs(part), pre.labels(part[info.label_column])
                 for i, split_name in enumerate(sp.SPLIT_NAMES):
                     rows = np.flatnonzero(where[start : start + step] == i)
                     if split_name == "train":
                         rows = rng.permutation(rows)
                     if len(rows):
                         where_to = join(folder, split_name, name)
-                        _write(writers, split_name, where_to, _table(x[rows], y[rows]), pre)
+                        _write(writers, split_name, where_to, _table(x, y, rows), pre)
                         counts[split_name] += len(rows)
     finally:
         for writer in writers.values():
@@ -180,11 +180,13 @@ def _rows(batch, rows: slice):
     return batch.iloc[rows] if hasattr(batch, "iloc") else {c: v[rows] for c, v in batch.items()}
 
 
-def _table(x: np.ndarray, y: np.ndarray):
+def _table(x: dict[str, np.ndarray], y: np.ndarray, rows: np.ndarray):
+    """Some rows of prepared inputs (``features``, a transform's arrays) and labels, as
+    the split's Parquet holds them: a tensor column per input, then ``label``."""
     import pyarrow as pa
     from ray.data.extensions import ArrowTensorArray
 
-    return pa.table({FEATURES: ArrowTensorArray.from_numpy(x), LABEL: y})
+    return pa.table({**{name: ArrowTensorArray.from_numpy(v[rows]) for name, v in x.items()}, LABEL: y[rows]})
 
 
 def _write(writers: dict, split_name: str, location: str, table, pre: Preprocessor) -> None:
@@ -208,11 +210,13 @@ def _write(writers: dict, split_name: str, location: str, table, pre: Preprocess
 
 def select_fragment(info: SourceInfo, fragment: Fragment, split: SplitConfig, codes, code: int):
     """The fragment's raw kept rows whose split is ``code`` (``codes``: each kept row's
-    split, or None to place each row by its own hash)."""
+    split, or None to place each row by its own hash); with a transform, the source's
+    rows it is handed, placed by its output as preparing placed them."""
     import pandas as pd
 
     parts, offset = [], 0
-    for batch in fragment_batches(info, fragment):
+    for raw in fragment_batches(info, fragment, raw=True):
+        batch = readers.transformed(info, raw) if info.transform else raw
         kept = kept_rows(batch, info)
         if codes is None:
             keys = sp.row_keys(kept, info, split.seed)
@@ -220,7 +224,8 @@ def select_fragment(info: SourceInfo, fragment: Fragment, split: SplitConfig, co
         else:
             where = codes[offset : offset + len(kept)]
         offset += len(kept)
-        parts.append(kept[where == code])
+        rows = raw.loc[kept.index] if info.transform else kept
+        parts.append(rows[where == code])
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
@@ -360,9 +365,10 @@ def prepare(
 
 def raw_split(info: SourceInfo, split: SplitConfig, name: str, *, kept_rows: int) -> ray.data.Dataset:
     """The raw rows of one split (the input columns and the label; images with their
-    paths) as :func:`prepare` placed them (``kept_rows``: the rows it kept, all of the
-    splits'), read again from the source: for scoring another model on exactly this
-    run's rows with that model's own preprocessing."""
+    paths; with a transform, the source's columns it is handed) as :func:`prepare`
+    placed them (``kept_rows``: the rows it kept, all of the splits'), read again from
+    the source: for scoring another model on exactly this run's rows with that model's
+    own preprocessing."""
     in_driver = prepares_in_driver(info)
     tasks_info = replace(info, dataset=None)
     fragments = plan(info, in_driver)

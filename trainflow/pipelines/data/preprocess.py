@@ -3,14 +3,19 @@ functions that apply it to raw rows.
 
 The state is fitted on the train split alone (:mod:`trainflow.pipelines.data.stats`) and
 travels inside every checkpoint, so evaluation and prediction apply exactly what
-training saw. Prepared splits hold two columns: ``features`` (a float32 tensor per
-row) and ``label`` (the class index; for a regression, the label scaled as the
-numeric features are, by statistics of the train split).
+training saw. Prepared splits hold ``features`` (a float32 tensor per row: the numeric
+columns, the categorical ones one-hot, or the image) and ``label`` (the class index; for
+a regression, the label scaled as the numeric features are, by statistics of the train
+split). A ``preprocess.transform``'s array columns are each a column of their own name
+beside them (:meth:`Preprocessor.inputs`), and ``features`` is left out when nothing
+else is read. The transform's reference travels in the state too: prediction hands it
+the raw columns (:meth:`Preprocessor.model_inputs`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,11 +24,14 @@ import numpy as np
 import pandas as pd
 
 from trainflow.files import read_text, write_text
+from trainflow.pipelines.data import transform as tf
 from trainflow.pipelines.data.schema import IMAGE, DataError
 
 if TYPE_CHECKING:
     import ray.data
     import torch
+
+log = logging.getLogger("trainflow")
 
 FEATURES = "features"
 LABEL = "label"
@@ -61,9 +69,21 @@ class Preprocessor:
     # split's mean and std), and predictions are unscaled back.
     label_offset: float = 0.0
     label_scale: float = 1.0
+    # A transform's array columns: {"shape", "dtype"}, and for floats under a scaler the
+    # "offset" and "scale" of each of their numbers. Integer arrays keep their dtype.
+    arrays: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # preprocess.transform: {"path": package.module:name, "hash": its module's code,
+    # "columns": the source's columns it is handed, with their Arrow types}.
+    transform: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The state as JSON holds it; without a transform, as a trainflow before
+        transforms wrote it (no ``arrays``, no ``transform``)."""
+        state = asdict(self)
+        for key in ("arrays", "transform"):
+            if not state[key]:
+                del state[key]
+        return state
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> Preprocessor:
@@ -87,8 +107,28 @@ class Preprocessor:
 
     @property
     def input_columns(self) -> list[str]:
-        """Every column the model reads from a raw row: numeric, categorical, the image."""
-        return [*self.numeric_columns, *self.categorical, *([IMAGE] if self.image else [])]
+        """Every column the model reads from a prepared row: numeric, categorical, a
+        transform's arrays, the image."""
+        return [*self.numeric_columns, *self.categorical, *self.arrays, *([IMAGE] if self.image else [])]
+
+    @property
+    def raw_columns(self) -> list[str]:
+        """The columns a prediction's rows hold: the source's columns the transform is
+        handed (but the label), else the input columns."""
+        if not self.transform:
+            return self.input_columns
+        return [c for c in self.transform["columns"] if c != self.label_column]
+
+    @property
+    def layout(self) -> dict[str, dict[str, Any]] | None:
+        """The prepared inputs by name, each ``{"shape": [...], "dtype": ...}`` per row, in
+        the prepared splits' order: ``features`` when anything but arrays is read, then each
+        array column. None without array columns: ``features`` alone, the model's one input."""
+        if not self.arrays:
+            return None
+        flat = self.num_features - sum(tf.width(spec) for spec in self.arrays.values())
+        out = {FEATURES: {"shape": [flat], "dtype": "float32"}} if flat else {}
+        return out | {c: {"shape": list(s["shape"]), "dtype": s["dtype"]} for c, s in self.arrays.items()}
 
     @property
     def is_regression(self) -> bool:
@@ -110,12 +150,49 @@ class Preprocessor:
 
     @property
     def num_features(self) -> int:
+        """The numbers of a row's inputs, flat: the model's input width."""
         image = int(np.prod(self.image["shape"])) if self.image else 0
-        return image + len(self.numeric_columns) + sum(len(v) for v in self.categorical.values())
+        arrays = sum(tf.width(spec) for spec in self.arrays.values())
+        return image + len(self.numeric_columns) + sum(len(v) for v in self.categorical.values()) + arrays
+
+    def model_inputs(self, frame: pd.DataFrame | dict[str, Any]) -> np.ndarray | dict[str, np.ndarray]:
+        """The model's input for raw rows (a frame, or a dict of columns), through the
+        transform when there is one: ``features`` alone, or every input by name."""
+        if self.transform:
+            missing = [c for c in self.raw_columns if c not in frame]
+            if missing:
+                raise DataError(
+                    f"input lacks the columns {', '.join(map(repr, missing))} that the model's "
+                    f"{tf.FIELD} {self.transform['path']} takes"
+                )
+            frame = tf.apply(self.transform["path"], pd.DataFrame({c: frame[c] for c in self.raw_columns}))
+        inputs = self.inputs(frame)
+        return inputs[FEATURES] if self.layout is None else inputs
+
+    def inputs(self, frame: pd.DataFrame | dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The prepared inputs of rows of the input columns, by name (:attr:`layout`)."""
+        missing = [c for c in self.input_columns if c not in frame]
+        if missing:
+            raise DataError(f"input lacks feature columns {', '.join(missing)} that the model was trained on")
+        out = {FEATURES: self.features(frame)} if self.layout is None or FEATURES in self.layout else {}
+        for column, spec in self.arrays.items():
+            out[column] = self._array(frame[column], column, spec)
+        return out
+
+    def _array(self, values, column: str, spec: dict[str, Any]) -> np.ndarray:
+        """An array column as its prepared array: integers as they are, floats scaled
+        number by number when the scaler fitted them."""
+        x = tf.stack(values, column, spec, self.transform["path"] if self.transform else "")
+        if "offset" not in spec or not len(x):
+            return x
+        # Centred in float64, then narrowed, as the numeric columns are.
+        flat = (x.reshape(len(x), -1).astype(np.float64) - spec["offset"]) / np.asarray(spec["scale"])
+        return flat.astype(np.float32).reshape(x.shape)
 
     def features(self, frame: pd.DataFrame | dict[str, np.ndarray]) -> np.ndarray:
-        """The model's input for raw rows (a frame, or a dict of columns)."""
-        missing = [c for c in self.input_columns if c not in frame]
+        """The ``features`` input for rows of the input columns (a frame, or a dict of
+        columns): the numeric columns scaled, the categorical ones one-hot, or the image."""
+        missing = [c for c in self.input_columns if c not in frame and c not in self.arrays]
         if missing:
             raise DataError(f"input lacks feature columns {', '.join(missing)} that the model was trained on")
         parts = []

@@ -11,8 +11,8 @@ A fragment is a slice of the input that one worker reads on its own:
 - a ``ray.data.Dataset``: one of its materialized blocks.
 
 :func:`plan_fragments` cuts the input in the driver (reading only Parquet footers);
-:func:`fragment_batches` yields a fragment's rows a batch at a time, and names the file
-when one cannot be read.
+:func:`fragment_batches` yields a fragment's rows a batch at a time, through the user's
+``preprocess.transform`` when there is one, and names the file when one cannot be read.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from trainflow.pipelines.data import sources
+from trainflow.pipelines.data import transform as tf
 from trainflow.pipelines.data.schema import (
     IMAGE,
     INDEX,
@@ -66,7 +67,7 @@ class Fragment:
 def batch_rows(info: SourceInfo) -> int:
     if info.is_images:
         return IMAGE_BATCH
-    return max(1024, min(BATCH_ROWS, BATCH_BYTES // (8 * (len(info.input_columns) + 1))))
+    return max(1024, min(BATCH_ROWS, BATCH_BYTES // (8 * (info.width + 1))))
 
 
 def plan_fragments(info: SourceInfo) -> list[Fragment]:
@@ -134,16 +135,17 @@ def limit_fragments(info: SourceInfo, fragments: list[Fragment], counts: list[in
 
 
 def count_rows(info: SourceInfo, fragment: Fragment) -> int:
-    return sum(len(b) for b in fragment_batches(info, fragment))
+    return sum(len(b) for b in fragment_batches(info, fragment, raw=True))
 
 
 def fragment_batches(
-    info: SourceInfo, fragment: Fragment, *, frames: bool = True
+    info: SourceInfo, fragment: Fragment, *, frames: bool = True, raw: bool = False
 ) -> Iterator[pd.DataFrame | dict[str, np.ndarray]]:
     """The fragment's rows (the input columns and the label; images: ``image``, ``path``
     and the label), at most :func:`batch_rows` at a time: DataFrames, or with
     ``frames=False`` a dict of column arrays (no copy into pandas' blocks); a file that
-    cannot be read is a DataError naming it."""
+    cannot be read is a DataError naming it. With a transform, its output's columns, or
+    with ``raw`` the source's columns it is handed (DataFrames, whatever ``frames``)."""
     left = fragment.max_rows
     where = fragment.path or info.source
     try:
@@ -153,7 +155,12 @@ def fragment_batches(
                     return
                 batch = batch.iloc[:left] if isinstance(batch, pd.DataFrame) else batch.slice(0, left)
                 left -= len(batch)
-            if isinstance(batch, pd.DataFrame):
+            if info.transform:
+                frame = batch if isinstance(batch, pd.DataFrame) else batch.to_pandas()
+                frame = frame.reset_index(drop=True)
+                out = frame if raw else transformed(info, frame)
+                yield out if frames or raw else {c: out[c].to_numpy() for c in out.columns}
+            elif isinstance(batch, pd.DataFrame):
                 yield batch if frames else {c: batch[c].to_numpy() for c in batch.columns}
             else:
                 yield batch.to_pandas() if frames else _arrays(batch)
@@ -163,9 +170,15 @@ def fragment_batches(
         raise unreadable(info.source, where, info.format, e) from None
 
 
+def transformed(info: SourceInfo, frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of the source through the transform: its output's input columns and label,
+    a row per row of ``frame``, in order."""
+    return tf.apply(info.transform, frame, label=info.label_column)[[*info.input_columns, info.label_column]]
+
+
 def _read(info: SourceInfo, fragment: Fragment) -> Iterator[Any]:
     """Arrow record batches, or DataFrames (digits, NumPy, images), of the fragment."""
-    columns, rows = [*info.input_columns, info.label_column], batch_rows(info)
+    columns, rows = info.read_columns, batch_rows(info)
     if fragment.frame is not None:
         yield fragment.frame[columns]
         return

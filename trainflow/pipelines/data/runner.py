@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from trainflow.config import ConfigError
 from trainflow.pipelines.data.schema import DataError
 
 if TYPE_CHECKING:
@@ -18,7 +19,8 @@ if TYPE_CHECKING:
 
 def run(fn: Callable[..., Any], calls: list[tuple], in_driver: bool = False) -> list[Any]:
     """``fn`` as a Ray task per argument tuple (or called here, ``in_driver``), results in
-    order; a DataError raised in a task is raised here as itself, without Ray's traceback."""
+    order; a DataError or ConfigError (a user's transform at fault) raised in a task is
+    raised here as itself, without Ray's traceback."""
     if in_driver:
         return [fn(*args) for args in calls]
 
@@ -57,6 +59,6 @@ def _get(refs: list) -> list[Any]:
     try:
         return ray.get(refs)
     except ray.exceptions.RayTaskError as e:
-        if isinstance(e.cause, DataError):
+        if isinstance(e.cause, (DataError, ConfigError)):
             raise e.cause from None
         raise

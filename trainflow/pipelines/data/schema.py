@@ -3,8 +3,10 @@ files, its columns checked against the config, and a fingerprint.
 
 :func:`inspect_source` reads only metadata (file listings, Parquet footers, the first
 block of a CSV, NumPy headers), so a missing file, column or a wrong dtype fails before
-any Ray worker starts; :func:`inspect_dataset` checks a ``ray.data.Dataset`` handed in
-from Python the same way, by its schema. The rows themselves are read by
+any Ray worker starts; with a ``preprocess.transform``, the columns checked are its output
+on the source's first rows (:mod:`trainflow.pipelines.data.transform`).
+:func:`inspect_dataset` checks a ``ray.data.Dataset`` handed in from Python the same
+way, by its schema. The rows themselves are read by
 :mod:`trainflow.pipelines.data.readers` and checked while preparing
 (:mod:`trainflow.pipelines.data.stats`).
 """
@@ -18,11 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from trainflow.config import DataConfig
+from trainflow.config import ConfigError, DataConfig
 from trainflow.pipelines.data import sources
+from trainflow.pipelines.data import transform as tf
 from trainflow.pipelines.data.sources import SourceError
 
 if TYPE_CHECKING:
@@ -67,10 +71,28 @@ class SourceInfo:
     # pickled into Ray tasks (the readers take its materialized blocks). Typed Any: a flow's
     # parameters hold a SourceInfo, and Prefect builds their model without Ray imported.
     dataset: Any = field(default=None, compare=False, repr=False)
+    # preprocess.transform: applied to every batch of the source's rows as read; the
+    # columns above are then its output's.
+    transform: str | None = None
+    # With a transform: the source's columns, which it is handed, and their Arrow types.
+    raw_columns: dict[str, str] = field(default_factory=dict)
+    # The transform's array columns: {"shape": [...], "dtype": ...} (transform.array_spec).
+    arrays: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def numeric_columns(self) -> list[str]:
-        return [c for c in self.input_columns if c not in self.categorical_columns]
+        return [c for c in self.input_columns if c not in self.categorical_columns and c not in self.arrays]
+
+    @property
+    def read_columns(self) -> list[str]:
+        """The columns read from the source: the transform's raw columns, else the input
+        columns and the label."""
+        return list(self.raw_columns) if self.transform else [*self.input_columns, self.label_column]
+
+    @property
+    def width(self) -> int:
+        """The numbers in one row's input columns (an array column counts each of its)."""
+        return len(self.input_columns) - len(self.arrays) + sum(tf.width(a) for a in self.arrays.values())
 
     @property
     def is_images(self) -> bool:
@@ -135,17 +157,30 @@ def _schema(listing: sources.Listing, source: str) -> pa.Schema:
 
 
 def inspect_source(
-    cfg: DataConfig, cache_root: Path | None = None, *, task: str = "classification"
+    cfg: DataConfig,
+    cache_root: Path | None = None,
+    *,
+    task: str = "classification",
+    transform: str | None = None,
 ) -> SourceInfo:
     """Check that the source exists and holds the configured columns with usable types
-    for the ``task``'s label; read no rows. ``cache_root`` holds torchvision downloads
-    (default TRAINFLOW_HOME/cache)."""
+    for the ``task``'s label; read no rows, but with a ``transform``
+    (``preprocess.transform``) the source's first rows, on which it is tried: the columns
+    checked are then its output's. ``cache_root`` holds torchvision downloads (default
+    TRAINFLOW_HOME/cache)."""
     try:
         found = _read_metadata(cfg, cache_root)
     except SourceError as e:
         raise DataError(str(e)) from None
     images = found.format in IMAGE_FORMATS
-    features = _check_columns(cfg, found.schema, cfg.source, task, images=images)
+    columns, arrays = found.schema, {}
+    if transform:
+        if images:
+            raise ConfigError(f"{tf.FIELD} {transform}: applies to tables, not to {cfg.source}'s images")
+        columns, arrays = transformed_schema(transform, _first_rows(cfg, found), cfg.label_column)
+    features = _check_columns(
+        cfg, columns, cfg.source, task, images=images, arrays=arrays, transform=transform
+    )
     classes = _image_classes(cfg, found, task) if images else cfg.classes
     return SourceInfo(
         source=cfg.source,
@@ -162,7 +197,39 @@ def inspect_source(
         task=task,
         location=found.location,
         bytes=found.bytes,
+        transform=transform,
+        raw_columns={f.name: str(f.type) for f in found.schema} if transform else {},
+        arrays={c: arrays[c] for c in features if c in arrays},
     )
+
+
+def transformed_schema(
+    transform: str, sample: pd.DataFrame, label: str
+) -> tuple[pa.Schema, dict[str, dict[str, Any]]]:
+    """The columns of the transform's output on ``sample`` (an array column as a list of
+    its numbers) and the spec of each array column."""
+    out, arrays = tf.check_sample(transform, sample, label)
+    scalars = pa.Schema.from_pandas(out.drop(columns=list(arrays)), preserve_index=False)
+    types = {f.name: f.type for f in scalars}
+    for column, spec in arrays.items():
+        types[column] = pa.list_(pa.from_numpy_dtype(spec["dtype"]))
+    return pa.schema([(str(c), types[str(c)]) for c in out.columns]), arrays
+
+
+def _first_rows(cfg: DataConfig, found: _Metadata) -> pd.DataFrame:
+    """The first rows of the source's first file (at most data.limit), as the readers
+    give them: what the transform is tried on before any worker starts."""
+    rows = min(tf.SAMPLE_ROWS, cfg.limit or tf.SAMPLE_ROWS)
+    if found.format == "builtin":
+        return sources.BUILTINS[cfg.source]().head(rows)
+    fs, path = sources.resolve(found.location)[0], found.files[0]
+    try:
+        if found.format == "numpy":
+            with fs.open_input_stream(path) as f:
+                return pd.DataFrame(sources.numpy_frame(f.read(), path)).head(rows)
+        return pads.dataset(path, format=found.format, filesystem=fs).head(rows).to_pandas()
+    except UNREADABLE as e:
+        raise unreadable(cfg.source, path, found.format, e) from None
 
 
 @dataclass(frozen=True)
@@ -246,10 +313,13 @@ def _image_classes(cfg: DataConfig, found: _Metadata, task: str) -> list[Any]:
     return [str(c) for c in cfg.classes]
 
 
-def inspect_dataset(ds: ray.data.Dataset, cfg: DataConfig, *, task: str = "classification") -> SourceInfo:
+def inspect_dataset(
+    ds: ray.data.Dataset, cfg: DataConfig, *, task: str = "classification", transform: str | None = None
+) -> SourceInfo:
     """A ``ray.data.Dataset`` as a source (``cfg.source`` is not read): its schema checked
-    against the config as a table's is, then the Dataset materialized once into Ray's
-    object store (spilled to disk when larger than it), whose blocks the engine reads.
+    against the config as a table's is (with a ``transform``, its output's on the first
+    rows), then the Dataset materialized once into Ray's object store (spilled to disk
+    when larger than it), whose blocks the engine reads.
 
     Its fingerprint is new on every call: what a Dataset will yield cannot be told
     without reading all of it (its plan may read files that change, or call code), so
@@ -262,9 +332,12 @@ def inspect_dataset(ds: ray.data.Dataset, cfg: DataConfig, *, task: str = "class
     if found is None:
         raise DataError(f"the {DATASET} source has no rows")
     types = [t if isinstance(t, pa.DataType) else pa.from_numpy_dtype(t) for t in found.types]
-    schema = pa.schema(list(zip(found.names, types, strict=True)))
-    features = _check_columns(cfg, schema, DATASET, task, images=False)
-    ds = ds.select_columns([*features, cfg.label_column]).materialize()
+    raw = schema = pa.schema(list(zip(found.names, types, strict=True)))
+    arrays = {}
+    if transform:
+        schema, arrays = transformed_schema(transform, ds.limit(tf.SAMPLE_ROWS).to_pandas(), cfg.label_column)
+    features = _check_columns(cfg, schema, DATASET, task, images=False, arrays=arrays, transform=transform)
+    ds = (ds if transform else ds.select_columns([*features, cfg.label_column])).materialize()
     return SourceInfo(
         source=DATASET,
         format="dataset",
@@ -279,12 +352,25 @@ def inspect_dataset(ds: ray.data.Dataset, cfg: DataConfig, *, task: str = "class
         task=task,
         bytes=ds.size_bytes(),
         dataset=ds,
+        transform=transform,
+        raw_columns={f.name: str(f.type) for f in raw} if transform else {},
+        arrays={c: arrays[c] for c in features if c in arrays},
     )
 
 
-def _check_columns(cfg: DataConfig, schema: pa.Schema, source: str, task: str, *, images: bool) -> list[str]:
+def _check_columns(
+    cfg: DataConfig,
+    schema: pa.Schema,
+    source: str,
+    task: str,
+    *,
+    images: bool,
+    arrays: dict[str, Any] | None = None,
+    transform: str | None = None,
+) -> list[str]:
     """The input columns, in the model's order, after checking that the label and every
-    configured column are there with usable types."""
+    configured column are there with usable types (``arrays``: a transform's array
+    columns, each of numbers)."""
     columns = schema.names
     if cfg.label_column not in columns:
         raise DataError(
@@ -303,7 +389,8 @@ def _check_columns(cfg: DataConfig, schema: pa.Schema, source: str, task: str, *
     if not features:
         raise DataError(f"data.feature_columns: {source} has no column besides the label")
     if not images:
-        _check_types(cfg, schema, features, source, task)
+        _check_label(cfg, schema, source, task)
+        _check_features(cfg, schema, features, source, arrays or {}, transform)
     return list(features)
 
 
@@ -326,7 +413,8 @@ def source_fingerprint(cfg: DataConfig, cache_root: Path) -> str:
         return f"unreadable: {e}"  # inspect_source raises it with the details
 
 
-def _check_types(cfg: DataConfig, schema: pa.Schema, features: list[str], source: str, task: str) -> None:
+def _check_label(cfg: DataConfig, schema: pa.Schema, source: str, task: str) -> None:
+    """The label's type fits the task, and data.classes the label's type."""
     label_type = schema.field(cfg.label_column).type
     if task == "regression":
         if not (pa.types.is_integer(label_type) or pa.types.is_floating(label_type)):
@@ -347,12 +435,35 @@ def _check_types(cfg: DataConfig, schema: pa.Schema, features: list[str], source
                 f"data.classes {wrong} are not {want.__name__}s like the label column "
                 f"{cfg.label_column!r} ({label_type})"
             )
+
+
+def _check_features(
+    cfg: DataConfig,
+    schema: pa.Schema,
+    features: list[str],
+    source: str,
+    arrays: dict[str, Any],
+    transform: str | None,
+) -> None:
+    """Every feature is a number, a category listed in data.categorical_columns, or an
+    array column of the transform's."""
     categorical = set(cfg.categorical_columns)
+    as_arrays = [c for c in categorical if c in arrays]
+    if as_arrays:
+        raise ConfigError(
+            f"data.categorical_columns: {', '.join(map(repr, as_arrays))} hold arrays from "
+            f"{tf.FIELD} {transform}; an array column is numbers, not a category"
+        )
     not_numeric = [
         f"{c} ({schema.field(c).type})"
         for c in features
-        if c not in categorical and not _is_numeric(schema.field(c).type)
+        if c not in categorical and c not in arrays and not _is_numeric(schema.field(c).type)
     ]
+    if not_numeric and transform:
+        raise ConfigError(
+            f"{tf.FIELD} {transform} leaves the columns {', '.join(not_numeric)}, neither numbers "
+            "nor arrays of numbers; drop them in the transform, or list them in data.categorical_columns"
+        )
     if not_numeric:
         raise DataError(
             f"data.feature_columns: {', '.join(not_numeric)} in {source} are not numeric; "

@@ -38,7 +38,10 @@ def row_keys(batch: pd.DataFrame, info: SourceInfo, seed: int) -> np.ndarray:
     """A seeded 64-bit hash of each row's :func:`key_columns`."""
     if not len(batch):
         return np.zeros(0, dtype=np.uint64)
-    rows = pd.util.hash_pandas_object(batch[key_columns(info)], index=False).to_numpy()
+    frame = batch[key_columns(info)]
+    if info.arrays:  # a transform's array per row hashes by its bytes
+        frame = frame.assign(**{c: [np.asarray(v).tobytes() for v in frame[c]] for c in info.arrays})
+    rows = pd.util.hash_pandas_object(frame, index=False).to_numpy()
     salt = pd.util.hash_array(np.array([seed], dtype=np.int64))[0]
     # hash_array mixes the bits again, so each seed ranks the rows differently.
     return pd.util.hash_array(rows ^ salt)

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from trainflow.config import PreprocessConfig
+from trainflow.pipelines.data import transform as tf
 from trainflow.pipelines.data.preprocess import MAX_VOCABULARY, Preprocessor, image_chunk_rows, image_features
 from trainflow.pipelines.data.schema import IMAGE, DataError, SourceInfo
 
@@ -54,6 +55,12 @@ class RowCounts:
         for c in [*numeric, info.label_column] if regression else numeric:
             values = pd.to_numeric(batch[c], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
             self.inf[c] = self.inf.get(c, 0) + int(np.isinf(values).sum())
+        for c, spec in info.arrays.items():
+            # Each row's array of the one shape and kind (else ConfigError); of floats, finite.
+            arr = tf.stack(batch[c][batch[c].notna()], c, spec, info.transform)
+            if arr.dtype.kind == "f":
+                bad = ~np.isfinite(arr.reshape(len(arr), -1))
+                self.inf[c] = self.inf.get(c, 0) + int(bad.any(axis=1).sum())
         if not regression and len(self.labels) <= MAX_CLASSES:
             self.labels.update(
                 plain(v) for v in batch[info.label_column].dropna().unique()[: MAX_CLASSES + 1]
@@ -82,7 +89,8 @@ class RowCounts:
             raise DataError(f"data.source {src}: no rows")
         for c, n in self.inf.items():
             if n:
-                raise DataError(f"data.source {src}: column {c!r} holds inf in {n} of {self.rows} rows")
+                what = "NaN or inf" if c in info.arrays else "inf"
+                raise DataError(f"data.source {src}: column {c!r} holds {what} in {n} of {self.rows} rows")
         if self.missing_rows and info.missing == "fail":
             c, n = next((c, n) for c, n in self.missing.items() if n)
             raise DataError(
@@ -111,6 +119,12 @@ class RowCounts:
             raise DataError(
                 f"data.label_column {info.label_column!r} needs at least 2 classes, found {labels}"
             )
+
+
+def float_arrays(info: SourceInfo) -> dict[str, dict[str, Any]]:
+    """The array columns of floats, scaled as the numeric columns are; integer arrays
+    (token ids) pass through as they are."""
+    return {c: spec for c, spec in info.arrays.items() if np.dtype(spec["dtype"]).kind == "f"}
 
 
 def kept_rows(batch: pd.DataFrame, info: SourceInfo) -> pd.DataFrame:
@@ -148,7 +162,7 @@ class FitStats:
             if scaler == "standard":
                 self._add_images(frame[IMAGE], image_shape)
         else:
-            self._add_numeric(frame, info.numeric_columns, scaler)
+            self._add_numeric(frame, info, scaler)
             for c in info.categorical_columns:
                 values = self.categories.setdefault(c, set())
                 if len(values) <= MAX_VOCABULARY:
@@ -159,10 +173,16 @@ class FitStats:
             self._merge_label(len(y), mean, float(((y - mean) ** 2).sum()))
         self.rows += len(frame)
 
-    def _add_numeric(self, frame: pd.DataFrame, numeric: list[str], scaler: str) -> None:
-        if not numeric or scaler == "none":
+    def _add_numeric(self, frame: pd.DataFrame, info: SourceInfo, scaler: str) -> None:
+        """The numeric columns' statistics, then each number of the float array columns'."""
+        numeric, floats = info.numeric_columns, float_arrays(info)
+        if not (numeric or floats) or scaler == "none":
             return
-        x = frame[numeric].to_numpy(dtype=np.float64)
+        parts = [frame[numeric].to_numpy(dtype=np.float64)] if numeric else []
+        for c, spec in floats.items():
+            arr = tf.stack(frame[c], c, spec, info.transform)
+            parts.append(arr.reshape(len(arr), -1).astype(np.float64))
+        x = parts[0] if len(parts) == 1 else np.hstack(parts)
         if scaler == "standard":
             mean = x.mean(axis=0)
             self._merge_moments(len(x), mean, ((x - mean) ** 2).sum(axis=0))
@@ -237,13 +257,25 @@ class FitStats:
             # need a learning rate per dataset.
             pre.label_offset = self.label_mean
             pre.label_scale = float(np.sqrt(self.label_m2 / self.rows)) or 1.0
-        if cfg.scaler != "none" and numeric:
+        pre.arrays = {c: dict(spec) for c, spec in info.arrays.items()}
+        if cfg.scaler != "none" and (numeric or float_arrays(info)):
             if cfg.scaler == "standard":
                 offset, spread = self.mean, np.sqrt(self.m2 / self.rows)
             else:
                 offset, spread = self.lo, self.hi - self.lo
-            pre.offset = [float(v) for v in offset]
-            pre.scale = [float(v) or 1.0 for v in spread]
+            offset, spread = [float(v) for v in offset], [float(v) or 1.0 for v in spread]
+            pre.offset, pre.scale = offset[: len(numeric)], spread[: len(numeric)]
+            start = len(numeric)
+            for c, spec in float_arrays(info).items():  # each float array's numbers follow, in order
+                end = start + tf.width(spec)
+                pre.arrays[c].update(offset=offset[start:end], scale=spread[start:end])
+                start = end
+        if info.transform:
+            pre.transform = {
+                "path": info.transform,
+                "hash": tf.code_hash(info.transform),
+                "columns": dict(info.raw_columns),
+            }
         for c in info.categorical_columns:
             values = self.categories.get(c, set())
             if len(values) > MAX_VOCABULARY:

@@ -97,11 +97,14 @@ def own_loss_and_metrics(config: PipelineConfig) -> None:
 
 
 def source(config: PipelineConfig) -> SourceInfo:
-    """The data source exists and holds the configured columns with usable types; no rows read."""
+    """The data source exists and holds the configured columns with usable types; no rows
+    read, but for a ``preprocess.transform`` the first rows it is tried on."""
     from trainflow.pipelines.data.schema import inspect_source
     from trainflow.workspace import cache_folder
 
-    return inspect_source(config.data, cache_folder(config), task=config.task)
+    return inspect_source(
+        config.data, cache_folder(config), task=config.task, transform=config.preprocess.transform
+    )
 
 
 def cluster(config: PipelineConfig, workers: str | None, *, gpus_per_actor: float = 0) -> None:
@@ -127,15 +130,18 @@ class ModelRef(BaseModel):
     name: str
     version: str
     checkpoint: str  # the verified local copy of the registered checkpoint
-    input_columns: list[str]  # every column the model reads
+    input_columns: list[str]  # every column the model reads (a transform's: the raw columns it takes)
     classes: list
     kind: str | None = None  # its model.kind: a user's model's module goes to the cluster with the run
+    transform: str | None = None  # its preprocess.transform, whose module goes there too
 
     def cluster(self, ray_address: str | None = None) -> PipelineConfig:
         """The config of a run that predicts with this model on the cluster at ``ray_address``
-        (None: RAY_ADDRESS, else a local one): the model's module, a user's, shipped with it."""
+        (None: RAY_ADDRESS, else a local one): the modules of a user's model and transform
+        shipped with it."""
         model = {"model": {"kind": self.kind}} if self.kind else {}
-        return PipelineConfig(ray={"address": ray_address}, **model)
+        preprocess = {"preprocess": {"transform": self.transform}} if self.transform else {}
+        return PipelineConfig(ray={"address": ray_address}, **model, **preprocess)
 
 
 def model(uri: str, *, pin: bool = False) -> ModelRef:
@@ -155,9 +161,10 @@ def model(uri: str, *, pin: bool = False) -> ModelRef:
         name=mv.name,
         version=str(mv.version),
         checkpoint=str(folder),
-        input_columns=loaded.preprocessor.input_columns,
+        input_columns=loaded.preprocessor.raw_columns,
         classes=loaded.preprocessor.classes,
         kind=loaded.spec["kind"],
+        transform=(loaded.preprocessor.transform or {}).get("path"),
     )
 
 

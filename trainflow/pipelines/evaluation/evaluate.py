@@ -54,7 +54,8 @@ class BatchPredictor:
         self.predictor = load_checkpoint(checkpoint_dir)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        outputs = self.predictor.predict_logits(np.stack(batch[FEATURES]))
+        inputs = {name: values for name, values in batch.items() if name != LABEL}  # a transform's arrays too
+        outputs = self.predictor.predict_logits(inputs[FEATURES] if list(inputs) == [FEATURES] else inputs)
         pre = self.predictor.preprocessor
         if pre.is_regression:
             return {LABEL: pre.unscale(batch[LABEL]), PREDICTION: pre.unscale(outputs.reshape(-1))}

@@ -8,10 +8,21 @@ model once in the driver, so a model that does not fit the data fails there, in 
 line, before any worker starts; each worker builds it from the spec with
 :func:`initial_model` (the initial weights and frozen parameters); a checkpoint
 rebuilds the architecture alone with :func:`build_model`.
+
+A model's input is one flat tensor per batch, ``[N, num_features]`` (float32; a
+``preprocess.transform``'s integer arrays alone stay integers, token ids int64), viewed
+as ``model.image_shape`` or a builder's ``input_shape``. Data of several inputs (a
+transform's array columns beside each other or beside ``features``) reaches every
+model as a dict of them by name, which :class:`Reshaped` joins end to end into that
+flat tensor; unless the model asks for them by name: a user's builder that takes a
+parameter named ``inputs`` is called with ``inputs={name: shape}`` (each input's shape
+per row) instead of ``input_shape``, and its model with ``dict[str, Tensor]`` by those
+names (``features``: the numeric and one-hot columns; each array column by its own).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +31,7 @@ import torch
 from torch import nn
 
 from trainflow.config import ConfigError, ModelConfig
+from trainflow.pipelines.data.preprocess import FEATURES, Preprocessor
 from trainflow.pipelines.models import kinds as model_kinds
 from trainflow.pipelines.models.kinds import OWN, TORCHVISION
 
@@ -33,12 +45,14 @@ def model_spec(
     num_outputs: int,
     *,
     image_shape: Sequence[int] | None = None,
+    inputs: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The full architecture, from the config plus what the data says: ``num_features``
-    flat inputs per row, ``num_outputs`` outputs (the classes), and the ``image_shape``
-    [c, h, w] of an image source (the preprocessor's). Builds the model here, runs a
-    batch through it and counts its parameters: a kind, weights or freeze list that does
-    not fit fails now with a ConfigError naming the field."""
+    flat inputs per row, ``num_outputs`` outputs (the classes), the ``image_shape``
+    [c, h, w] of an image source and the ``inputs`` by name of data of array columns
+    (both the preprocessor's: :func:`image_shape`, :func:`input_layout`). Builds the
+    model here, runs a batch through it and counts its parameters: a kind, weights or
+    freeze list that does not fit fails now with a ConfigError naming the field."""
     spec: dict[str, Any] = {
         "kind": cfg.kind,
         "num_features": num_features,
@@ -59,6 +73,11 @@ def model_spec(
             _fits(shape, num_features)
         spec.update(input_shape=shape, args=dict(cfg.args))
         del spec["dropout"]
+        if not cfg.kind.startswith(TORCHVISION) and takes_inputs(model_kinds.builder(cfg.kind)):
+            spec["by_name"] = True
+            inputs = inputs or {FEATURES: {"shape": shape, "dtype": "float32"}}
+    if inputs:
+        spec["inputs"] = {n: {"shape": list(v["shape"]), "dtype": v["dtype"]} for n, v in inputs.items()}
     if cfg.weights is not None:
         spec["weights"] = cfg.weights  # provenance: a checkpoint never loads them again
         spec["weights_file"] = str(model_kinds.weights_file(cfg.weights))
@@ -102,6 +121,20 @@ def image_shape(preprocessor: dict[str, Any]) -> list[int] | None:
     return (preprocessor.get("image") or {}).get("shape")
 
 
+def input_layout(preprocessor: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """The prepared inputs by name of data with a transform's array columns, from its
+    preprocessor state (``Preprocessor.layout``); None for data of ``features`` alone."""
+    return Preprocessor.from_dict(preprocessor).layout if preprocessor.get("arrays") else None
+
+
+def takes_inputs(make) -> bool:
+    """Whether a user's builder asks for its inputs by name: it takes a parameter ``inputs``."""
+    try:
+        return "inputs" in inspect.signature(make).parameters
+    except (TypeError, ValueError):  # a callable without a signature Python can read
+        return False
+
+
 def _mlp(in_features: int, hidden: list[int], out: int, dropout: float) -> list[nn.Module]:
     layers: list[nn.Module] = []
     for width in hidden:
@@ -137,16 +170,42 @@ class SmallCNN(nn.Module):
 
 class Reshaped(nn.Module):
     """A torchvision or user's model behind trainflow's rows, which reach every model flat
-    (``num_features`` floats): views each batch as [N, *input_shape] for the model
-    inside, ``net``, whose names (``net.conv1.weight``) the checkpoint's state dict holds."""
+    (``num_features`` numbers): views each batch as [N, *input_shape] for the model
+    inside, ``net``, whose names (``net.conv1.weight``) the checkpoint's state dict holds.
 
-    def __init__(self, net: nn.Module, input_shape: Sequence[int]):
+    Given ``inputs`` (name: shape per row), a batch is a dict of them: joined end to end
+    into the flat batch (:func:`joined`), or handed over by name as they are when
+    ``by_name`` (a ``features`` tensor alone is handed over as ``{"features": x}``)."""
+
+    def __init__(
+        self,
+        net: nn.Module,
+        input_shape: Sequence[int],
+        inputs: dict[str, Sequence[int]] | None = None,
+        by_name: bool = False,
+    ):
         super().__init__()
         self.net = net
         self.input_shape = tuple(input_shape)
+        self.inputs = {name: tuple(shape) for name, shape in (inputs or {}).items()}
+        self.by_name = by_name
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.by_name:
+            x = x if isinstance(x, dict) else {FEATURES: x}
+            return self.net({name: x[name].reshape(-1, *shape) for name, shape in self.inputs.items()})
+        if isinstance(x, dict):
+            x = joined(x, list(self.inputs))
         return self.net(x.reshape(-1, *self.input_shape))
+
+
+def joined(inputs: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
+    """Inputs by name as one flat batch, in ``names``' order: integers when every one
+    holds integers (token ids stay int64), else float32."""
+    parts = [inputs[name].reshape(len(inputs[name]), -1) for name in names]
+    if all(not p.is_floating_point() for p in parts):
+        return parts[0] if len(parts) == 1 else torch.cat([p.long() for p in parts], dim=1)
+    return torch.cat([p.float() for p in parts], dim=1)
 
 
 def _outputs(spec: dict[str, Any]) -> int:
@@ -158,19 +217,26 @@ def build_model(spec: dict[str, Any]) -> nn.Module:
     """The architecture ``spec`` describes, with fresh weights: what a checkpoint's state
     dict loads into. A user's model needs its module importable here (ConfigError)."""
     kind, outputs = spec["kind"], _outputs(spec)
-    if kind == "mlp":
-        return nn.Sequential(*_mlp(spec["num_features"], spec["hidden_sizes"], outputs, spec["dropout"]))
-    if kind == "cnn":
-        return SmallCNN(spec["image_shape"], spec["channels"], spec["hidden_sizes"], outputs, spec["dropout"])
+    inputs = {name: s["shape"] for name, s in spec.get("inputs", {}).items()}
+    if kind in OWN:
+        hidden, dropout = spec["hidden_sizes"], spec["dropout"]
+        if kind == "mlp":
+            net = nn.Sequential(*_mlp(spec["num_features"], hidden, outputs, dropout))
+        else:
+            net = SmallCNN(spec["image_shape"], spec["channels"], hidden, outputs, dropout)
+        # Data of several inputs reaches them joined into their flat rows.
+        return Reshaped(net, [spec["num_features"]], inputs) if inputs else net
     shape, args = spec["input_shape"], spec.get("args", {})
     make = model_kinds.builder(kind)
     if kind.startswith(TORCHVISION):
         net = _call(kind, make, weights=None, num_classes=outputs, **args)
         if shape[0] != 3:
             replace_first_conv(net, shape[0], kind)
+    elif spec.get("by_name"):
+        net = _call(kind, make, inputs=inputs, num_outputs=outputs, **args)
     else:
         net = _call(kind, make, input_shape=list(shape), num_outputs=outputs, **args)
-    return Reshaped(net, shape)
+    return Reshaped(net, shape, inputs, by_name=spec.get("by_name", False))
 
 
 def _call(kind: str, make, **kwargs) -> nn.Module:
@@ -335,8 +401,10 @@ def _dry_run(model: nn.Module, spec: dict[str, Any]) -> None:
     if kind in OWN:
         return
     shape = spec["input_shape"]
-    x = torch.zeros(_DRY_BATCH, spec["num_features"])
+    x = dry_batch(spec)
     what = f"{shape[0]}-channel images of {shape[1]}x{shape[2]}" if len(shape) == 3 else f"inputs of {shape}"
+    if spec.get("by_name"):
+        what = "inputs " + ", ".join(f"{n} {s['shape']} {s['dtype']}" for n, s in spec["inputs"].items())
     try:
         with torch.no_grad():
             y = model.train()(x)
@@ -350,6 +418,16 @@ def _dry_run(model: nn.Module, spec: dict[str, Any]) -> None:
             f"model.kind {kind}: gives {got} for a batch of {_DRY_BATCH}, not [{_DRY_BATCH}, {outputs}] "
             "(a tensor of one row of outputs per input)"
         )
+
+
+def dry_batch(spec: dict[str, Any]) -> torch.Tensor | dict[str, torch.Tensor]:
+    """A batch of zeros as the model of ``spec`` gets its batches: flat floats, or its inputs by name."""
+    if not spec.get("inputs"):
+        return torch.zeros(_DRY_BATCH, spec["num_features"])
+    return {
+        name: torch.zeros(_DRY_BATCH, *s["shape"], dtype=getattr(torch, s["dtype"]))
+        for name, s in spec["inputs"].items()
+    }
 
 
 def describe_parameters(spec: dict[str, Any]) -> str | None:

@@ -3,12 +3,14 @@
 ``model.pt`` (a state_dict, loaded with ``weights_only=True``), ``model.json`` (the
 architecture spec), ``preprocessor.json``, ``config.json`` and ``metrics.json``;
 ``train_state.pt`` adds the optimizer and epoch so a run can resume. Loading needs
-trainflow and the folder, nothing pickled with code in it.
+trainflow and the folder, nothing pickled with code in it; for a user's model or
+``preprocess.transform``, its module too (:func:`user_modules`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,8 +20,11 @@ import pandas as pd
 import torch
 from torch import nn
 
+from trainflow.pipelines.data import transform as tf
 from trainflow.pipelines.data.preprocess import Preprocessor
 from trainflow.pipelines.models.build import build_model
+
+log = logging.getLogger("trainflow")
 
 MODEL = "model.pt"
 SPEC = "model.json"
@@ -83,29 +88,33 @@ class Predictor:
         return self.preprocessor.task
 
     @torch.inference_mode()
-    def predict_logits(self, features: np.ndarray) -> np.ndarray:
-        x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
+    def predict_logits(self, features: np.ndarray | dict[str, np.ndarray]) -> np.ndarray:
+        """The model's outputs for prepared inputs: ``features``, or every input by name."""
         device = next(self.model.parameters()).device  # a batch-predict actor may hold it on a GPU
-        return self.model(x.to(device)).cpu().numpy()
+        if isinstance(features, dict):
+            x = {name: _tensor(v).to(device) for name, v in features.items()}
+        else:
+            x = _tensor(features).to(device)
+        return self.model(x).cpu().numpy()
 
     def predict_proba(self, frame: pd.DataFrame) -> np.ndarray:
         """Class probabilities, one column per entry of ``classes``, for raw rows."""
         if self.preprocessor.is_regression:
             raise ValueError("a regression model predicts numbers, not class probabilities; use predict")
-        logits = self.predict_logits(self.preprocessor.features(frame))
+        logits = self.predict_logits(self.preprocessor.model_inputs(frame))
         return torch.softmax(torch.from_numpy(logits), dim=1).numpy()
 
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
         """For raw rows, the predicted class value (as the label column holds it), or for a
         regression the predicted number in the label's units."""
-        return self._predictions(self.predict_logits(self.preprocessor.features(frame)))
+        return self._predictions(self.predict_logits(self.preprocessor.model_inputs(frame)))
 
     def predict_with_proba(
         self, frame: pd.DataFrame | dict[str, Any]
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """``predict`` and ``predict_proba`` from one pass of the model (None for a
         regression's probabilities): what an online answer needs, computed once."""
-        outputs = self.predict_logits(self.preprocessor.features(frame))
+        outputs = self.predict_logits(self.preprocessor.model_inputs(frame))
         if self.preprocessor.is_regression:
             return self._predictions(outputs), None
         return self._predictions(outputs), torch.softmax(torch.from_numpy(outputs), dim=1).numpy()
@@ -114,6 +123,16 @@ class Predictor:
         if self.preprocessor.is_regression:
             return self.preprocessor.unscale(outputs.reshape(-1))
         return np.asarray(self.classes)[outputs.argmax(axis=1)]
+
+
+def _tensor(values: np.ndarray) -> torch.Tensor:
+    """Prepared inputs as a tensor: integers as they are (token ids), anything else float32."""
+    arr = np.asarray(values)
+    if arr.dtype == object:  # a tensor column as Ray Data hands it: an array per row
+        arr = np.stack(arr)
+    if arr.dtype.kind not in "iu":
+        arr = arr.astype(np.float32, copy=False)
+    return torch.from_numpy(np.ascontiguousarray(arr))
 
 
 def model_actor_options(checkpoint_dir: str) -> dict[str, Any]:
@@ -128,11 +147,31 @@ def model_actor_options(checkpoint_dir: str) -> dict[str, Any]:
 
 def user_modules(checkpoint_dir: str) -> list[str]:
     """The modules of the user's code a checkpoint needs to be loaded and used: its
-    model's (``model.kind: package.module:callable``)."""
+    model's (``model.kind: package.module:callable``) and its transform's
+    (``preprocess.transform``)."""
     from trainflow.config import user_module_of
 
-    module = user_module_of(read_json(checkpoint_dir, SPEC)["kind"])
-    return [module] if module else []
+    modules = [user_module_of(read_json(checkpoint_dir, SPEC)["kind"])]
+    transform = read_json(checkpoint_dir, PREPROCESSOR).get("transform")
+    if transform:
+        modules.append(transform["path"].partition(":")[0])
+    return list(dict.fromkeys(m for m in modules if m))
+
+
+def check_transform(pre: Preprocessor, folder: Path) -> None:
+    """The checkpoint's transform imports here (ConfigError naming it if not), and a
+    warning when its module's code is not what the model was trained with."""
+    if not pre.transform:
+        return
+    path = pre.transform["path"]
+    if tf.code_hash(path) != pre.transform["hash"]:
+        log.warning(
+            "%s %s: its module's code differs from the one the model at %s was trained with; "
+            "predictions go through the code here",
+            tf.FIELD,
+            path,
+            folder,
+        )
 
 
 def load_checkpoint(folder: str | Path) -> Predictor:
@@ -144,10 +183,12 @@ def load_checkpoint(folder: str | Path) -> Predictor:
     model = build_model(spec)
     model.load_state_dict(torch.load(folder / MODEL, map_location="cpu", weights_only=True))
     model.eval()
+    pre = Preprocessor.from_dict(read_json(folder, PREPROCESSOR))
+    check_transform(pre, folder)
     return Predictor(
         model=model,
         spec=spec,
-        preprocessor=Preprocessor.from_dict(read_json(folder, PREPROCESSOR)),
+        preprocessor=pre,
         config=read_json(folder, CONFIG),
         metrics=read_json(folder, METRICS),
         path=folder,

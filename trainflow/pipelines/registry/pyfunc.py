@@ -55,18 +55,34 @@ def pip_requirements() -> list[str]:
 
 
 def signature(pre: Preprocessor):
-    """The columns the model reads: numbers as double, categories as strings. An image
-    folder's model reads arrays (an ``image`` column of HxW or HxWxC uint8), which a
-    column signature cannot state: it has none."""
+    """The columns the model reads: numbers as double, categories as strings; through a
+    transform, the raw columns it takes, by their source's types. An image folder's model
+    reads arrays (an ``image`` column of HxW or HxWxC uint8), which a column signature
+    cannot state: it has none; nor has a transform's of a column of lists."""
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, Schema
 
     if pre.image:
         return None
-    columns = [ColSpec("double", c) for c in pre.numeric_columns]
-    columns += [ColSpec("string", c) for c in pre.categorical]
+    if pre.transform:
+        kinds = {c: _raw_type(pre.transform["columns"][c]) for c in pre.raw_columns}
+        if None in kinds.values():
+            return None
+        columns = [ColSpec(kind, c) for c, kind in kinds.items()]
+    else:
+        columns = [ColSpec("double", c) for c in pre.numeric_columns]
+        columns += [ColSpec("string", c) for c in pre.categorical]
     output = ColSpec("double") if pre.is_regression else ColSpec(_output_type(pre.classes))
     return ModelSignature(inputs=Schema(columns), outputs=Schema([output]))
+
+
+def _raw_type(arrow_type: str) -> str | None:
+    """MLflow's column type for a raw column of this Arrow type; None for one it has no type for."""
+    if arrow_type.startswith(("int", "uint")):
+        return "long"
+    if arrow_type.startswith(("double", "float", "halffloat")):
+        return "double"
+    return {"string": "string", "large_string": "string", "bool": "boolean"}.get(arrow_type)
 
 
 def _output_type(classes: list[Any]) -> str:

@@ -163,7 +163,7 @@ class ModelServer:
         if pre.image:
             info["image"] = {"shape": list(pre.image["shape"]), "input": "images"}
         else:
-            info["input_columns"] = pre.input_columns
+            info["input_columns"] = pre.raw_columns  # what a request sends: a transform's raw columns
         info |= {
             "gate": served.gate,
             "metrics": served.metrics,

@@ -1,6 +1,7 @@
 """Requests parsed and checked before they reach a batch: the body read within its limit,
-its JSON, then its rows, columns or images against what the model reads. Every refusal
-is a :class:`RequestError` naming the field at fault."""
+its JSON, then its rows, columns or images against what the model reads (for a model
+trained through a ``preprocess.transform``, the raw columns the transform takes, each of
+its source's type). Every refusal is a :class:`RequestError` naming the field at fault."""
 
 import base64
 import binascii
@@ -87,7 +88,7 @@ def parse_inputs(payload: dict[str, Any], pre: Preprocessor, max_rows: int) -> I
         )
     kind = given[0]
     if kind not in kinds:
-        reads = "images" if pre.image else f"the columns {', '.join(pre.input_columns)}"
+        reads = "images" if pre.image else f"the columns {', '.join(pre.raw_columns)}"
         raise RequestError(422, kind, f"this model reads {reads}; send {' or '.join(kinds)}")
     if kind == "rows":
         return _from_rows(payload["rows"], pre, max_rows)
@@ -104,7 +105,7 @@ def _check_count(n: int, name: str, max_rows: int) -> None:
 
 
 def _column_mismatch(names, pre: Preprocessor, where: str) -> RequestError:
-    expected = pre.input_columns
+    expected = pre.raw_columns
     shown = ", ".join(expected[:10])
     if len(expected) > 10:
         shown += f", ... ({len(expected)} columns; GET /model lists them)"
@@ -119,28 +120,26 @@ def _from_rows(rows: Any, pre: Preprocessor, max_rows: int) -> Inputs:
     if not isinstance(rows, list):
         raise RequestError(422, "rows", "expected a list of objects {column: value}")
     _check_count(len(rows), "rows", max_rows)
-    expected = set(pre.input_columns)
+    expected = set(pre.raw_columns)
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise RequestError(422, f"rows[{i}]", "expected an object {column: value}")
         if row.keys() != expected:
             raise _column_mismatch(row, pre, f"rows[{i}]")
-    return _typed(
-        {c: [row[c] for row in rows] for c in pre.input_columns}, pre, lambda c, i: f"rows[{i}].{c}"
-    )
+    return _typed({c: [row[c] for row in rows] for c in pre.raw_columns}, pre, lambda c, i: f"rows[{i}].{c}")
 
 
 def _from_columns(columns: Any, pre: Preprocessor, max_rows: int) -> Inputs:
     if not isinstance(columns, dict):
         raise RequestError(422, "columns", "expected an object {column: [values]}")
-    if columns.keys() != set(pre.input_columns):
+    if columns.keys() != set(pre.raw_columns):
         raise _column_mismatch(columns, pre, "columns")
     lengths = {}
-    for c in pre.input_columns:
+    for c in pre.raw_columns:
         if not isinstance(columns[c], list):
             raise RequestError(422, f"columns.{c}", "expected a list of values")
         lengths[c] = len(columns[c])
-    first = pre.input_columns[0]
+    first = pre.raw_columns[0]
     for c, n in lengths.items():
         if n != lengths[first]:
             raise RequestError(422, f"columns.{c}", f"{n} values, but columns.{first} has {lengths[first]}")
@@ -154,20 +153,11 @@ _CATEGORIES = (str, int, float, bool, type(None))
 
 def _typed(columns: dict[str, list], pre: Preprocessor, where: Callable[[str, int], str]) -> Inputs:
     """Numeric columns as float64 arrays (a finite number each, not a bool or a string);
-    categorical columns as they came (a category never seen, or null, encodes as zeros)."""
-    out: dict[str, Any] = {}
-    for c in pre.numeric_columns:
-        values = columns[c]
-        for i, v in enumerate(values):
-            if type(v) not in _NUMBERS:  # bool is a subclass of int, and no number here
-                raise RequestError(422, where(c, i), f"expected a number, got {json.dumps(v)[:40]}")
-        try:
-            out[c] = arr = np.asarray(values, dtype=np.float64)
-        except OverflowError:  # an integer past float64's range
-            arr = np.asarray([float(v) if abs(v) < 1e308 else math.inf for v in values])
-        if not np.isfinite(arr).all():
-            i = int(np.flatnonzero(~np.isfinite(arr))[0])
-            raise RequestError(422, where(c, i), f"expected a finite number, got {values[i]}")
+    categorical columns as they came (a category never seen, or null, encodes as zeros).
+    A transform's raw columns by their source's types (:func:`_typed_raw`)."""
+    if pre.transform:
+        return _typed_raw(columns, pre, where)
+    out: dict[str, Any] = {c: _numbers(columns[c], c, where) for c in pre.numeric_columns}
     for c in pre.categorical:
         values = columns[c]
         for i, v in enumerate(values):
@@ -179,6 +169,43 @@ def _typed(columns: dict[str, list], pre: Preprocessor, where: Callable[[str, in
                 )
         out[c] = np.asarray(values, dtype=object)
     return Inputs(out, len(columns[pre.input_columns[0]]))
+
+
+def _numbers(values: list, c: str, where: Callable[[str, int], str]) -> np.ndarray:
+    """A column of finite numbers (not bools, not strings) as float64."""
+    for i, v in enumerate(values):
+        if type(v) not in _NUMBERS:  # bool is a subclass of int, and no number here
+            raise RequestError(422, where(c, i), f"expected a number, got {json.dumps(v)[:40]}")
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except OverflowError:  # an integer past float64's range
+        arr = np.asarray([float(v) if abs(v) < 1e308 else math.inf for v in values])
+    if not np.isfinite(arr).all():
+        i = int(np.flatnonzero(~np.isfinite(arr))[0])
+        raise RequestError(422, where(c, i), f"expected a finite number, got {values[i]}")
+    return arr
+
+
+def _typed_raw(columns: dict[str, list], pre: Preprocessor, where: Callable[[str, int], str]) -> Inputs:
+    """The raw columns a model's transform takes, by the Arrow type each had in the
+    source: numbers as float64 (integers as int64), strings as strings (text, for a text
+    model); any other type as it came, for the transform to read."""
+    out: dict[str, Any] = {}
+    for c in pre.raw_columns:
+        kind, values = pre.transform["columns"][c], columns[c]
+        if kind.startswith(("int", "uint")) and all(type(v) is int for v in values):
+            out[c] = np.asarray(values, dtype=np.int64)
+        elif kind.startswith(("int", "uint", "double", "float", "halffloat")):
+            out[c] = _numbers(values, c, where)
+        elif kind in ("string", "large_string"):
+            wrong = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
+            if wrong is not None:
+                got = json.dumps(values[wrong])[:40]
+                raise RequestError(422, where(c, wrong), f"expected a string, got {got}")
+            out[c] = np.asarray(values, dtype=object)
+        else:
+            out[c] = np.asarray(values + [None], dtype=object)[:-1]  # one object per row, lists too
+    return Inputs(out, len(columns[pre.raw_columns[0]]))
 
 
 def _from_images(images: Any, pre: Preprocessor, max_rows: int) -> Inputs:

@@ -39,10 +39,21 @@ STREAM_CHUNK_BYTES = 128 << 20
 # (train.in_memory: auto).
 IN_MEMORY_BYTES = 1 << 30
 
-# A split held in memory: its features and labels, as tensors on the worker's device.
-InMemory = tuple[torch.Tensor, torch.Tensor]
-# A mini-batch: its features and labels, by column name.
+# What a model is called with: its ``features``, or with a transform's array columns
+# every input by name (models.build.Reshaped joins them, or hands them over by name).
+Inputs = torch.Tensor | dict[str, torch.Tensor]
+# A split held in memory: its inputs and labels, as tensors on the worker's device.
+InMemory = tuple[Inputs, torch.Tensor]
+# A mini-batch: its inputs and labels, by column name (``features``, array columns, ``label``).
 Batch = dict[str, torch.Tensor]
+
+
+def model_input(batch: Batch) -> Inputs:
+    """What the model is called with for ``batch``: its ``features`` when they are its one
+    input, else every input by name (all but ``label``)."""
+    if len(batch) == 2 and FEATURES in batch:
+        return batch[FEATURES]
+    return {name: value for name, value in batch.items() if name != LABEL}
 
 
 def in_memory_splits(setting: str, split_bytes: dict[str, int], *, workers: int = 1) -> tuple[str, ...]:
@@ -109,9 +120,10 @@ def split_inputs(
 # A worker's side.
 
 
-def read_shard(path: str, rank: int, world_size: int, *, equal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def read_shard(path: str, rank: int, world_size: int, *, equal: bool) -> InMemory:
     """Rows ``rank``, ``rank + world_size``, ... of a prepared split, read straight from
-    its Parquet (the train split was shuffled when it was written).
+    its Parquet (the train split was shuffled when it was written): its inputs
+    (:func:`model_input`) and labels.
 
     ``equal`` drops the last ``rows % world_size`` rows first, so that every worker gets
     as many rows and so as many batches: DDP's all-reduce needs every worker at every step.
@@ -119,27 +131,32 @@ def read_shard(path: str, rank: int, world_size: int, *, equal: bool) -> tuple[t
     total = split_rows(path)
     n = total - total % world_size if equal else total
     count = len(range(rank, n, world_size))
-    x = y = None
+    columns: dict[str, np.ndarray] | None = None
     filled = offset = 0
     # Batch by batch into arrays of this worker's size: a worker never holds the whole
     # split, nor its own rows twice.
     for batch in read_split_batches(path, batch_size=1 << 16):
-        if x is None:
-            x = np.empty((count, *batch[FEATURES].shape[1:]), dtype=batch[FEATURES].dtype)
-            y = np.empty(count, dtype=batch[LABEL].dtype)
+        if columns is None:
+            columns = {name: np.empty((count, *v.shape[1:]), dtype=v.dtype) for name, v in batch.items()}
         rows = np.arange(offset, offset + len(batch[LABEL]))
         mine = np.flatnonzero((rows % world_size == rank) & (rows < n))
-        x[filled : filled + len(mine)] = batch[FEATURES][mine]
-        y[filled : filled + len(mine)] = batch[LABEL][mine]
+        for name, values in batch.items():
+            columns[name][filled : filled + len(mine)] = values[mine]
         filled, offset = filled + len(mine), offset + len(rows)
-    if x is None:  # an empty split
+    if columns is None:  # an empty split
         return torch.zeros((0, 0)), torch.zeros(0, dtype=torch.int64)
-    return torch.from_numpy(x), torch.from_numpy(y)
+    tensors = {name: torch.from_numpy(values) for name, values in columns.items()}
+    y = tensors.pop(LABEL)
+    return model_input({**tensors, LABEL: y}), y
+
+
+def to_device(x: Inputs, device: torch.device) -> Inputs:
+    return {name: v.to(device) for name, v in x.items()} if isinstance(x, dict) else x.to(device)
 
 
 def split_source(
     name: str, memory_splits: dict[str, str], rank: int, world_size: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor] | ray.data.DataIterator:
+) -> InMemory | ray.data.DataIterator:
     """This worker's part of split ``name``: its rows as tensors on ``device`` when the
     split is kept in memory, else its Ray Data shard, iterated anew each epoch.
 
@@ -151,7 +168,7 @@ def split_source(
     if name not in memory_splits:
         return ray.train.get_dataset_shard(name)
     x, y = read_shard(memory_splits[name], rank, world_size, equal=name == "train")
-    return x.to(device), y.to(device)
+    return to_device(x, device), y.to(device)
 
 
 class StreamedEpochs:
@@ -203,20 +220,20 @@ class StreamedEpochs:
 def chunk_batches(chunks, batch_size: int, generator: torch.Generator):
     """Mini-batches cut from larger chunks of rows, each chunk's rows shuffled first."""
     for chunk in chunks:
-        yield from tensor_batches(chunk[FEATURES], chunk[LABEL], batch_size, generator)
+        yield from tensor_batches(model_input(chunk), chunk[LABEL], batch_size, generator)
 
 
-def tensor_batches(
-    x: torch.Tensor, y: torch.Tensor, batch_size: int, generator: torch.Generator | None = None
-):
-    """Mini-batches of in-memory tensors, shuffled when a generator is given."""
+def tensor_batches(x: Inputs, y: torch.Tensor, batch_size: int, generator: torch.Generator | None = None):
+    """Mini-batches of in-memory tensors (``x``: the features, or every input by name),
+    shuffled when a generator is given."""
     if generator is not None:
         order = torch.randperm(len(y), generator=generator).to(y.device)
     else:
         order = torch.arange(len(y), device=y.device)
+    named = x if isinstance(x, dict) else {FEATURES: x}
     for i in range(0, len(y), batch_size):
         idx = order[i : i + batch_size]
-        yield {FEATURES: x[idx], LABEL: y[idx]}
+        yield {**{name: v[idx] for name, v in named.items()}, LABEL: y[idx]}
 
 
 def augmented_batches(batches, preprocessor: dict[str, Any]):

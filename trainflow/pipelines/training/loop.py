@@ -22,11 +22,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainflow.pipelines.data.preprocess import FEATURES, LABEL
+from trainflow.pipelines.data.preprocess import LABEL
 from trainflow.pipelines.metrics import load_metrics
 from trainflow.pipelines.models.build import initial_model
 from trainflow.pipelines.models.checkpoint import METRICS, MODEL, TRAIN_STATE, save_checkpoint
-from trainflow.pipelines.training.inputs import Batch, epoch_batches, open_splits
+from trainflow.pipelines.training.inputs import Batch, epoch_batches, model_input, open_splits
 from trainflow.pipelines.training.losses import make_loss, on_device
 from trainflow.pipelines.training.placements import record_placement
 from trainflow.pipelines.training.progress import ProgressLog
@@ -125,7 +125,7 @@ def train_epoch(
     model.train()
     loss_sum, n = 0.0, 0
     for step, batch in enumerate(batches, start=1):
-        x, y = batch[FEATURES], batch[LABEL]
+        x, y = model_input(batch), batch[LABEL]
         optimizer.zero_grad(set_to_none=True)
         with precision.autocast():
             loss = loss_fn(model(x), y)
@@ -160,7 +160,7 @@ def validate(
     loss_sum, correct, n = 0.0, 0, 0
     kept = []  # (outputs, labels) of each batch, for the user's metrics
     for batch in batches:
-        x, y = batch[FEATURES], batch[LABEL]
+        x, y = model_input(batch), batch[LABEL]
         with precision.autocast():
             outputs = model(x)
         outputs = outputs.float()

@@ -80,10 +80,16 @@ class TrainSettings:
         # Here, not at the top: Ray Train's controller unpickles the settings (they are the
         # trainer's train_loop_config) and must not import torch for it (ray_internals.torch_config).
         from trainflow.pipelines.metrics import check_metrics
-        from trainflow.pipelines.models.build import image_shape, model_spec
+        from trainflow.pipelines.models.build import image_shape, input_layout, model_spec
         from trainflow.pipelines.training.losses import check_loss
 
-        spec = model_spec(config.model, num_features, num_outputs, image_shape=image_shape(preprocessor))
+        spec = model_spec(
+            config.model,
+            num_features,
+            num_outputs,
+            image_shape=image_shape(preprocessor),
+            inputs=input_layout(preprocessor),
+        )
         check_loss(config, num_outputs)
         check_metrics(config.evaluation, config.task, num_outputs)
         return cls(

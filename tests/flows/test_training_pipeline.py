@@ -32,6 +32,13 @@ def flow_logs(flow_run_id) -> list[str]:
     return [log.message for log in asyncio.run(read())]
 
 
+def flow_run_name(flow_run_id) -> str:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id).name
+
+
 def read_artifacts() -> list:
     from prefect.client.orchestration import get_client
 
@@ -66,6 +73,11 @@ def test_flow_trains_registers_and_the_champion_predicts_as_reported(
     assert run.data.metrics["test_accuracy"] == pytest.approx(first.test_metrics["accuracy"])
     assert run.data.tags["trainflow.config_hash"] == config.config_hash()
     assert run.data.tags["prefect.flow_run_id"] == str(state.state_details.flow_run_id)
+    # MLflow's UI names the flow run as who made the run; the version's page says the gate's decision.
+    flow_run = state.state_details.flow_run_id
+    assert run.data.tags["mlflow.user"] == f"Prefect flow run {flow_run_name(flow_run)}"
+    assert run.data.tags["mlflow.source.name"] == f"training-pipeline flow run {flow_run}"
+    assert c.get_model_version(reg.name, reg.version).description.startswith("Gate passed: champion.")
     # One report per epoch, and training lowered the loss.
     losses = [m.value for m in sorted(c.get_metric_history(reg.run_id, "train_loss"), key=lambda m: m.step)]
     assert len(losses) == 3 and losses[-1] < losses[0]

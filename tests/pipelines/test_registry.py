@@ -1,3 +1,4 @@
+import getpass
 import json
 import multiprocessing
 import pickle
@@ -39,7 +40,7 @@ def make_checkpoint(folder, seed=0, pre=None, model=None):
     return str(folder)
 
 
-def register(ws, folder, accuracy, gate=None, fingerprint="test-a", reevaluate=None, name="toy"):
+def register(ws, folder, accuracy, gate=None, fingerprint="test-a", reevaluate=None, name="toy", tags=None):
     return registry.register_checkpoint(
         ws,
         name=name,
@@ -47,7 +48,7 @@ def register(ws, folder, accuracy, gate=None, fingerprint="test-a", reevaluate=N
         params={"train": {"lr": 0.1}},
         metrics={"accuracy": accuracy, "macro_f1": accuracy},
         history=[{"epoch": 1, "train_loss": 0.9}, {"epoch": 2, "train_loss": 0.5}],
-        tags={registry.TEST_FINGERPRINT_TAG: fingerprint},
+        tags={registry.TEST_FINGERPRINT_TAG: fingerprint, **(tags or {})},
         gate=gate or RegistryConfig(min_value=0.5),
         reevaluate=reevaluate,
     )
@@ -72,6 +73,12 @@ def test_gate_promotes_a_better_model_and_a_worse_one_becomes_challenger(trainfl
     v2 = c.get_model_version("toy", "2")
     assert v2.tags["gate.passed"] == "False" and v2.tags["gate.candidate"] == "0.7"
     assert v2.tags["gate.champion"] == "0.8" and v2.tags["gate.champion_version"] == "1"
+    # The version's page in MLflow's UI says the gate's decision, the metrics and who registered it.
+    assert v2.description == (
+        "Gate failed: challenger. accuracy 0.7000 vs champion v1 0.8000: improvement -0.1000 < 0.0"
+        f"\n\nTest metrics: accuracy 0.7000, macro_f1 0.7000\n\nRegistered by {getpass.getuser()}."
+    )
+    assert c.get_model_version("toy", "3").description.startswith("Gate passed: champion. accuracy")
     run = c.get_run(better.run_id)
     assert run.data.params["train.lr"] == "0.1" and run.data.metrics["test_accuracy"] == 0.9
     assert [m.step for m in c.get_metric_history(better.run_id, "train_loss")] == [1, 2]
@@ -80,6 +87,36 @@ def test_gate_promotes_a_better_model_and_a_worse_one_becomes_challenger(trainfl
         ("challenger", "2", None),
         ("champion", "3", "1"),
     ]
+
+
+def test_a_version_and_its_run_name_the_flow_run_that_registered_them(trainflow_home, tmp_path):
+    flow_run = {
+        "prefect.flow_run_id": "7f0c3a52-9d1e-4b8a-a3f4-0c2d5e6f7a81",
+        "prefect.flow_run_name": "quiet-lemur",
+        "prefect.flow_name": "training-pipeline",
+        "git.commit": "0123456789abcdef0123456789abcdef01234567",
+    }
+    ws = workspace()
+    reg = register(ws, make_checkpoint(tmp_path / "c1"), 0.8, tags=flow_run)
+    c = registry.client(ws)
+    assert c.get_model_version("toy", reg.version).description == (
+        "Gate passed: champion. no champion yet; accuracy 0.8000 clears min_value 0.5\n\n"
+        "Test metrics: accuracy 0.8000, macro_f1 0.8000\n\nRegistered by Prefect flow run quiet-lemur "
+        "(flow training-pipeline, id 7f0c3a52-9d1e-4b8a-a3f4-0c2d5e6f7a81)."
+    )
+    # What MLflow's run page shows as "Created by", "Source" and the git commit.
+    run = c.get_run(reg.run_id)
+    assert run.info.user_id == run.data.tags["mlflow.user"] == "Prefect flow run quiet-lemur"
+    assert run.data.tags["mlflow.source.name"] == (
+        "training-pipeline flow run 7f0c3a52-9d1e-4b8a-a3f4-0c2d5e6f7a81"
+    )
+    assert run.data.tags["mlflow.source.type"] == "JOB"
+    assert run.data.tags["mlflow.source.git.commit"] == flow_run["git.commit"]
+
+    # Outside a flow run: this process's user, as MLflow's own fluent API records it.
+    other = c.get_run(register(ws, make_checkpoint(tmp_path / "c2"), 0.7).run_id)
+    assert other.info.user_id == other.data.tags["mlflow.user"] == getpass.getuser()
+    assert other.data.tags["mlflow.source.type"] == "LOCAL"
 
 
 def test_a_champion_from_other_test_data_is_reevaluated_before_the_comparison(trainflow_home, tmp_path):

@@ -12,6 +12,7 @@ from trainflow.config import PipelineConfig
 from trainflow.pipelines import registry
 from trainflow.pipelines.data import schema
 from trainflow.pipelines.evaluation import evaluate as ev
+from trainflow.pipelines.registry.registration import FLOW_NAME_TAG, FLOW_RUN_NAME_TAG
 from trainflow.tasks import render
 from trainflow.tasks.results import Evaluated, Prepared, Registered, Trained
 from trainflow.tasks.steps import StepInputError, as_config, expect, step
@@ -78,7 +79,9 @@ def _checked(
 
 
 def _lineage(config: PipelineConfig, source: schema.SourceInfo, prepared: Prepared, trained: Trained) -> dict:
-    return registry.lineage_tags(
+    """The lineage tags, with the flow run's name and flow, which MLflow's UI shows as who
+    registered the version (``registration.creator_tags``)."""
+    tags = registry.lineage_tags(
         config_hash=config.config_hash(),
         data_fingerprint=source.fingerprint,
         test_fingerprint=prepared.fingerprint,
@@ -86,6 +89,9 @@ def _lineage(config: PipelineConfig, source: schema.SourceInfo, prepared: Prepar
         best_epoch=trained.best_metrics["epoch"],
         flow_run_id=str(flow_run.id) if flow_run.id else None,
     )
+    if flow_run.id:
+        tags |= {FLOW_RUN_NAME_TAG: flow_run.name, FLOW_NAME_TAG: flow_run.flow_name}
+    return tags
 
 
 def _gate(config: PipelineConfig, source: schema.SourceInfo, prepared: Prepared, logger) -> dict:

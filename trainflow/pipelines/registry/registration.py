@@ -2,13 +2,18 @@
 
 The run holds the test and per-epoch metrics, the params, the reports and the
 checkpoint's own copy with MLflow's python_function flavor; the version points at that
-copy and carries the SHA-256 of each file.
+copy and carries the SHA-256 of each file. MLflow's UI shows who made them: the run's
+creator and source are the Prefect flow run that registers (or this process's user), and
+the version's description holds the gate's decision, the test metrics and that creator.
 """
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -36,6 +41,11 @@ if TYPE_CHECKING:
 
 # How long to wait for a version's artifacts to be READY before an alias may point at it.
 READY_TIMEOUT_S = 300
+
+# The lineage tags that name the Prefect flow run registering a version (tasks/register.py).
+FLOW_RUN_ID_TAG = "prefect.flow_run_id"
+FLOW_RUN_NAME_TAG = "prefect.flow_run_name"
+FLOW_NAME_TAG = "prefect.flow_name"
 
 
 @dataclass
@@ -87,9 +97,12 @@ def register_checkpoint(
     )
     run_id = run.info.run_id
     source = f"{run.info.artifact_uri}/checkpoint"
-    version = _create_version(c, name, source, run_id, tags={**tags, HASHES_TAG: json.dumps(hashes)})
+    version_tags = {**tags, HASHES_TAG: json.dumps(hashes)}
+    version = _create_version(c, name, source, run_id, version_tags, version_description(metrics, tags))
     fingerprint = tags.get(TEST_FINGERPRINT_TAG)
     decision = gate_version(ws, c, name, version, metrics, fingerprint, gate, reevaluate, lower_is_better)
+    # The decision comes after the version exists: its description says it from now on.
+    c.update_model_version(name, version, description=version_description(metrics, tags, decision))
     aliases = list(c.get_model_version(name, version).aliases)
     return Registration(name, version, run_id, decision.passed, decision, source, sorted(aliases))
 
@@ -109,7 +122,9 @@ def _log_run(
     """A finished MLflow run with the metrics, params, checkpoint and reports; return it
     and the hashes of the checkpoint's files as logged."""
     run = c.create_run(
-        experiment_id(c, ws), run_name=f"{name}-{tags.get('trainflow.config_hash', '')}", tags=tags
+        experiment_id(c, ws),
+        run_name=f"{name}-{tags.get('trainflow.config_hash', '')}",
+        tags={**tags, **creator_tags(tags)},
     )
     run_id = run.info.run_id
     _log_metrics_and_params(c, run_id, metrics, history, params)
@@ -174,7 +189,9 @@ def _log_checkpoint(c: MlflowClient, run_id: str, checkpoint_dir: str) -> dict[s
     return hashes
 
 
-def _create_version(c: MlflowClient, name: str, source: str, run_id: str, *, tags: dict[str, str]) -> str:
+def _create_version(
+    c: MlflowClient, name: str, source: str, run_id: str, tags: dict[str, str], description: str
+) -> str:
     """A new version of ``name`` (the registered model made with its first), once READY:
     an alias must never point at a version whose artifacts are still uploading."""
     from mlflow.exceptions import MlflowException
@@ -184,9 +201,64 @@ def _create_version(c: MlflowClient, name: str, source: str, run_id: str, *, tag
     except MlflowException as e:
         if e.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    version = str(c.create_model_version(name, source=source, run_id=run_id, tags=tags).version)
+    created = c.create_model_version(name, source=source, run_id=run_id, tags=tags, description=description)
+    version = str(created.version)
     _wait_until_ready(c, name, version)
     return version
+
+
+def created_by(tags: dict[str, str]) -> str:
+    """Who registers a version, in words: the Prefect flow run its lineage tags name, else
+    this process's user (a registration from Python, outside a flow)."""
+    run_id = tags.get(FLOW_RUN_ID_TAG)
+    if not run_id:
+        return _os_user()
+    return f"Prefect flow run {tags.get(FLOW_RUN_NAME_TAG) or run_id}"
+
+
+def creator_tags(tags: dict[str, str]) -> dict[str, str]:
+    """MLflow's system tags for a run's creator and source, which its UI shows as the
+    run's "Created by", "Source" and git commit: the Prefect flow run (its name; the flow
+    and the run's id) when the lineage tags name one; else, as MLflow's own fluent API records
+    them, this process's user and script."""
+    run_id = tags.get(FLOW_RUN_ID_TAG)
+    if run_id:
+        flow = " ".join(filter(None, [tags.get(FLOW_NAME_TAG), "flow run", run_id]))
+        source = {"mlflow.source.name": flow, "mlflow.source.type": "JOB"}
+    else:
+        script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+        source = {"mlflow.source.name": script, "mlflow.source.type": "LOCAL"}
+    commit = {"mlflow.source.git.commit": tags["git.commit"]} if tags.get("git.commit") else {}
+    return {"mlflow.user": created_by(tags), **source, **commit}
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container's uid with no name
+        return "unknown"
+
+
+def version_description(
+    metrics: dict[str, float], tags: dict[str, str], decision: GateDecision | None = None
+) -> str:
+    """A version's description (Markdown, as MLflow's UI renders it): the gate's decision
+    and its reason (not decided yet while the version is new), the test metrics, and who
+    registered it (the flow run its lineage ``tags`` name, with the flow and the run's id).
+    It starts with the decision in plain words: the UI's list of versions shows its first
+    characters, as they are written."""
+    if decision is None:
+        gate = "Gate not decided yet: the promotion gate decides once the version is ready."
+    elif decision.passed:
+        gate = f"Gate passed: champion. {decision.reason}"
+    else:
+        gate = f"Gate failed: challenger. {decision.reason}"
+    tested = ", ".join(f"{k} {float(v):.4f}" for k, v in metrics.items())
+    creator = created_by(tags)
+    if tags.get(FLOW_RUN_ID_TAG):
+        flow = f"flow {tags[FLOW_NAME_TAG]}, " if tags.get(FLOW_NAME_TAG) else ""
+        creator += f" ({flow}id {tags[FLOW_RUN_ID_TAG]})"
+    return f"{gate}\n\nTest metrics: {tested}\n\nRegistered by {creator}."
 
 
 def _wait_until_ready(c: MlflowClient, name: str, version: str) -> None:

@@ -49,6 +49,7 @@ HASHED_WHEN_SET = (
     ("evaluation", "metrics"),
     ("train", "loop"),
     ("train", "loop_config"),
+    ("preprocess", "transform"),
 )
 
 
@@ -237,7 +238,11 @@ class PipelineConfig(Section):
         """A stable short hash of the sections that decide how data is prepared (``data``,
         ``preprocess``, ``task``): two configs of the same hash prepare the same input the
         same way, so a task tells by it whether prepared data was made by this config."""
-        return _short_hash(self.model_dump(mode="json", include={"data", "preprocess", "task"}))
+        data = self.model_dump(mode="json", include={"data", "preprocess", "task"})
+        for section, field in HASHED_WHEN_SET:
+            if section in data and not data[section][field]:
+                del data[section][field]
+        return _short_hash(data)
 
 
 def _short_hash(data: dict[str, Any]) -> str:

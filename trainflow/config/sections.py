@@ -147,7 +147,10 @@ def user_module_of(kind: str) -> str | None:
 class ModelConfig(Section):
     # mlp | cnn | torchvision:<architecture>, a classification builder of torchvision.models
     # (torchvision:resnet18) | package.module:callable, a model of your own, called in each
-    # worker as callable(input_shape=[c, h, w] or [num_features], num_outputs=..., **args).
+    # worker as callable(input_shape=[c, h, w] or [num_features], num_outputs=..., **args)
+    # and given one flat tensor per batch; or, when it takes a parameter named inputs, as
+    # callable(inputs={column: shape}, num_outputs=..., **args) and given a dict of tensors
+    # by column (features, and each array column of a preprocess.transform's output).
     kind: str = "cnn"
     hidden_sizes: list[int] = [128]
     channels: list[int] = [32, 64]

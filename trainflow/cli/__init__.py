@@ -1,6 +1,6 @@
 """The ``trainflow`` command: ``run``, ``validate``, ``sweep``, ``predict``, ``schedule``,
-``deploy`` and ``models``, a module each by what it does (``runs``, ``scheduling``,
-``models``), on one Typer app (``app``)."""
+``deploy``, ``models`` and ``ui``, a module each by what it does (``runs``, ``scheduling``,
+``models``, ``ui``), on one Typer app (``app``)."""
 
 from trainflow.cli.app import app
 from trainflow.cli.main import main

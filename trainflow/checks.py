@@ -2,11 +2,11 @@
 server and Ray start and before any Ray worker runs.
 
 A training or sweep run checks its sweep section, its model (``model.kind`` and
-``model.weights``), a loss and metrics of the user's own, its data source (columns and
-types; no rows read) and what it asks of the cluster: the local cluster it would start
-(GPUs, CPUs), or that something answers at a cluster's address (:func:`before_run`). A
-batch prediction checks the model reference, its input (every feature column the model
-needs) and output, and the cluster (:func:`before_predict`).
+``model.weights``), a loss, metrics and a training loop of the user's own, its data
+source (columns and types; no rows read) and what it asks of the cluster: the local
+cluster it would start (GPUs, CPUs), or that something answers at a cluster's address
+(:func:`before_run`). A batch prediction checks the model reference, its input (every
+feature column the model needs) and output, and the cluster (:func:`before_predict`).
 
 Each run checks once. The ``trainflow`` command checks before it starts anything, so that
 a mistake costs seconds, and hands what it found to the flow run it starts (the flows'
@@ -50,6 +50,7 @@ def before_run(config: PipelineConfig, *, sweep: bool = False, resume: bool = Fa
         _sweep_section(config)
     model_kind(config)
     own_loss_and_metrics(config)
+    own_loop(config)
     info = source(config)
     check_cache(config)
     cluster(config, workers="sweep" if sweep else "train")
@@ -94,6 +95,15 @@ def own_loss_and_metrics(config: PipelineConfig) -> None:
 
         user_loss(config.train.user_loss, config.train.loss_args, regression=config.task == "regression")
     load_metrics(config.evaluation)
+
+
+def own_loop(config: PipelineConfig) -> None:
+    """A training loop of the user's own (train.loop) imports here and takes one argument,
+    its config dict. Imports torch only for a loop of the user's own."""
+    if config.train.loop is not None:
+        from trainflow.pipelines.training.user_loop import check_loop
+
+        check_loop(config.train.loop)
 
 
 def source(config: PipelineConfig) -> SourceInfo:

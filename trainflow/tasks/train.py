@@ -111,23 +111,38 @@ def _describe_weights(weights: list[float] | None, config: PipelineConfig) -> st
     return f", class weights ({config.train.class_weights}): {pairs}"
 
 
+def _log_plan(logger, config: PipelineConfig, row: dict[str, Any]) -> None:
+    """Log the run's ``plan`` row: the model, the workers, the splits, the loss or the
+    user's loop."""
+    s = config.scaling
+    logger.info(
+        "training %s (%s)%s for %d epochs on %d workers (%s each), %s; Ray run %s",
+        config.model.kind,
+        row["parameters"],
+        f" with train.loop {row['loop']}" if row.get("loop") else "",
+        config.train.epochs,
+        s.num_workers,
+        s.resources_per_worker,
+        _describe_splits(row["in_memory"], row["streamed"]),
+        row["run_path"],
+    )
+    if not row.get("loop"):
+        logger.info("loss %s%s", row["loss"], _describe_weights(row["class_weights"], config))
+
+
+def _loop_metrics(row: dict[str, Any]) -> str:
+    """``loss 0.3120  val_accuracy 0.941``: every number a user's loop reported for an epoch."""
+    shown = {k: v for k, v in row.items() if k not in ("kind", "epoch", "lr") and isinstance(v, (int, float))}
+    return "  ".join(f"{k} {v:.4g}" for k, v in shown.items())
+
+
 def _log_row(logger, config: PipelineConfig, meter: _ProgressMeter):
     """Log each row of the run's progress as it arrives (run_training's ``on_row``)."""
-    epochs, s = config.train.epochs, config.scaling
+    epochs = config.train.epochs
 
     def on_row(row: dict[str, Any]) -> None:
         if row["kind"] == "plan":
-            logger.info(
-                "training %s (%s) for %d epochs on %d workers (%s each), %s; Ray run %s",
-                config.model.kind,
-                row["parameters"],
-                epochs,
-                s.num_workers,
-                s.resources_per_worker,
-                _describe_splits(row["in_memory"], row["streamed"]),
-                row["run_path"],
-            )
-            logger.info("loss %s%s", row["loss"], _describe_weights(row["class_weights"], config))
+            _log_plan(logger, config, row)
             return
         timeline(f"train worker row {row['kind']} epoch {row.get('epoch', row.get('start_epoch'))}")
         if row["kind"] == "start":
@@ -136,9 +151,9 @@ def _log_row(logger, config: PipelineConfig, meter: _ProgressMeter):
         elif row["kind"] == "step":
             logger.info("epoch %d step %d  loss %.4f", row["epoch"], row["step"], row["loss"])
         else:
-            logger.info(
-                "epoch %d/%d  %s  lr %.3g", row["epoch"], epochs, render.epoch_metrics(row), row["lr"]
-            )
+            metrics = _loop_metrics(row) if config.train.loop else render.epoch_metrics(row)
+            lr = f"  lr {row['lr']:.3g}" if "lr" in row else ""  # a user's loop may report none
+            logger.info("epoch %d/%d  %s%s", row["epoch"], epochs, metrics, lr)
             meter.update(row["epoch"])
 
     return on_row
@@ -189,6 +204,7 @@ class _ProgressMeter:
             return
         self.done = epoch
         try:
-            update_progress_artifact(self.id, progress=100.0 * epoch / self.epochs)
+            # A user's loop may train more epochs than train.epochs says.
+            update_progress_artifact(self.id, progress=min(100.0, 100.0 * epoch / self.epochs))
         except Exception as e:  # a display aid: never worth failing the training for
             self.logger.warning("could not update the training progress artifact: %s", e)

@@ -1,7 +1,8 @@
 """One training run, assembled in one place: :func:`run_training` hands a prepared entry's
 train and val splits to a TorchTrainer running :func:`~.loop.train_loop_per_worker` with
-the run's :class:`~.settings.TrainSettings`, and returns what came of it. The train task
-runs it once per flow run; a sweep, once per trial.
+the run's :class:`~.settings.TrainSettings`, or the user's own loop (``train.loop``,
+:mod:`.user_loop`), and returns what came of it. The train task runs it once per flow
+run; a sweep, once per trial.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ from trainflow.pipelines.training.settings import (
     PreparedSplits,
     TrainSettings,
     balanced_class_weights,
+)
+from trainflow.pipelines.training.user_loop import (
+    check_loop,
+    converted_checkpoint,
+    user_loop_per_worker,
+    worker_config,
 )
 from trainflow.signals import stop_on_signals
 from trainflow.timeline import timeline
@@ -123,6 +130,9 @@ def run_training(
     timeline("train fit returned")
 
     # The result: how training ended and its best checkpoint.
+    if config.train.loop:
+        run_path = stored_run_path(storage, run_name, result)
+        return loop_training_result(result, settings, run_path=run_path, seen=seen)
     return training_result(result, config, storage=storage, run_name=run_name, seen=seen, in_memory=in_memory)
 
 
@@ -138,8 +148,11 @@ def trainer_inputs(
     """What the trainer of a run of ``config`` on ``prepared`` is given: the workers'
     settings and a Dataset for each streamed split (None when none streams); with the
     names of the splits the workers hold in memory. ``follow``: the workers write
-    progress rows, to a :class:`~.progress.ProgressLog` of this call's own."""
-    in_memory = splits_in_memory(config, prepared.path)
+    progress rows, to a :class:`~.progress.ProgressLog` of this call's own. A loop of the
+    user's own is checked here, and reads every split from its Ray Data shard."""
+    if config.train.loop:
+        check_loop(config.train.loop)
+    in_memory = () if config.train.loop else splits_in_memory(config, prepared.path)
     memory_splits, datasets = split_inputs(
         prepared.path, in_memory=in_memory, preprocessor=prepared.preprocessor
     )
@@ -182,6 +195,7 @@ def plan_row(settings: TrainSettings, in_memory: tuple[str, ...], run_path: str)
         "parameters": describe_parameters(settings.model_spec),
         "loss": settings.config.loss,
         "class_weights": settings.class_weights,
+        **({"loop": settings.config.train.loop} if settings.config.train.loop else {}),
     }
 
 
@@ -218,7 +232,7 @@ def training_result(
     # from the last checkpoint, read where Ray stored it.
     best = local_checkpoint(result.get_best_checkpoint(config.checkpoint.metric, config.checkpoint.mode))
     return TrainingResult(
-        run_path=redacted(join(storage, run_name)) if is_uri(storage) else str(result.path),
+        run_path=stored_run_path(storage, run_name, result),
         best_checkpoint=best,
         best_metrics=checkpoint_metrics(best),
         history=stored_json(result.checkpoint, METRICS)["history"],
@@ -228,6 +242,54 @@ def training_result(
         starts=seen.starts,
         nodes=seen.nodes,
         in_memory=in_memory,
+    )
+
+
+def stored_run_path(storage: str, run_name: str, result: ray.train.Result) -> str:
+    """Where the run ``run_name`` is stored, as the result shows it (a URI's secrets hidden)."""
+    return redacted(join(storage, run_name)) if is_uri(storage) else str(result.path)
+
+
+def loop_training_result(
+    result: ray.train.Result, settings: TrainSettings, *, run_path: str, seen: Progress
+) -> TrainingResult:
+    """What came of the fit of a user's loop (``train.loop``): its best checkpoint by
+    checkpoint.metric, converted to trainflow's checkpoint folder, with the history the
+    run's checkpoints keep (:mod:`.loop_reports`). ConfigError, in one line, when the loop
+    reported no checkpoint, or none with checkpoint.metric."""
+    from trainflow.pipelines.training.loop_reports import LoopHistory, read_history
+
+    config = settings.config
+    loop, metric = config.train.loop, config.checkpoint.metric
+    if not result.best_checkpoints:
+        raise ConfigError(
+            f"train.loop {loop}: reported no checkpoint; report one as Ray's guide does, "
+            "ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder)) "
+            "with the model's state dict saved in that folder as model.pt"
+        )
+    reported = [m for _, m in result.best_checkpoints]
+    if not any(metric in m for m in reported):
+        raise ConfigError(
+            f"checkpoint.metric {metric}: train.loop {loop} reports no such metric with its "
+            f"checkpoints; it reports {', '.join(sorted(reported[-1])) or 'none'}: name one of them"
+        )
+    best = result.get_best_checkpoint(metric, config.checkpoint.mode)
+    best_reported = next(m for c, m in result.best_checkpoints if c.path == best.path)
+    # The epochs up to the best checkpoint, as it keeps them; a checkpoint without them
+    # (its controller stopped before it wrote them) counts as its own first epoch.
+    history = (read_history(best) or {}).get("history") or [LoopHistory().add(best_reported)]
+    folder = converted_checkpoint(local_checkpoint(best), settings, {**history[-1], "history": history})
+    everything = (read_history(result.checkpoint) or {}).get("history") or history
+    return TrainingResult(
+        run_path=run_path,
+        best_checkpoint=folder,
+        best_metrics=dict(history[-1]),
+        history=everything,
+        status="completed",
+        epoch=everything[-1]["epoch"],
+        message="",
+        starts=seen.starts,
+        nodes=seen.nodes,
     )
 
 
@@ -253,14 +315,17 @@ def build_trainer(
     callbacks: Sequence[Any] = (),
 ) -> TorchTrainer:
     """The TorchTrainer of one run of ``settings.config``, its workers fed ``datasets``
-    (the streamed splits) besides the splits they read into memory, and the module of a
-    user's model (``model.kind: package.module:callable``) shipped to them."""
+    (the streamed splits) besides the splits they read into memory, and the modules of the
+    user's code (``model.kind: package.module:callable``, ``train.loop``...) shipped to them."""
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
     config = settings.config
+    train_function, train_loop_config, callbacks = worker_function(
+        settings, storage_path, run_name, callbacks
+    )
     return _trainer_class()(
-        train_loop_per_worker,
-        train_loop_config={SETTINGS: settings},
+        train_function,
+        train_loop_config=train_loop_config,
         datasets=datasets,
         # Ray's TorchConfig but for TPUs, without torch in the controller.
         torch_config=None if "TPU" in config.scaling.resources_per_worker else ray_internals.torch_config(),
@@ -288,6 +353,22 @@ def build_trainer(
             worker_runtime_env=worker_runtime_env(config.user_modules),
         ),
     )
+
+
+def worker_function(
+    settings: TrainSettings, storage: str, run_name: str, callbacks: Sequence[Any]
+) -> tuple[Callable[[dict], Any], dict[str, Any], list[Any]]:
+    """What every worker of the run ``run_name`` under ``storage`` runs, with what:
+    trainflow's loop and its settings; or the user's loop (``train.loop``) and its config
+    dict, its reports followed from the controller (:class:`~.loop_reports.LoopReports`)
+    besides ``callbacks``."""
+    if not settings.config.train.loop:
+        return train_loop_per_worker, {SETTINGS: settings}, list(callbacks)
+    # Here, not at the top: the module's base class, Ray Train's, is slow to import.
+    from trainflow.pipelines.training.loop_reports import LoopReports, resumed_history
+
+    reports = LoopReports(settings.progress, resumed_history(storage, run_name))
+    return user_loop_per_worker, worker_config(settings), [*callbacks, reports]
 
 
 @functools.cache

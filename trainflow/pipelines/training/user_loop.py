@@ -1,0 +1,191 @@
+"""A training function of the user's own, ``train.loop: package.module:name``, in place of
+trainflow's loop: checked in the driver before any worker starts (:func:`check_loop`),
+called on every Ray Train worker as ``fn(config)`` (:func:`user_loop_per_worker`), and
+its best checkpoint turned into trainflow's checkpoint folder (:func:`converted_checkpoint`),
+so that evaluation, the gate, registration, ``load_model``, batch prediction and serving
+take it as they take one of trainflow's loop.
+
+What the loop gets, as Ray Train's own examples read it:
+
+- ``config``, a plain dict (:func:`loop_config`): ``epochs``, ``batch_size`` (per worker),
+  ``lr`` and ``seed`` (train.*'s, which trainflow's loop reads too); every key of
+  ``train.loop_config``, as given; and under ``"trainflow"`` the run's whole config as
+  plain JSON (``config["trainflow"]["model"]["kind"]``) with ``"model_spec"``, the model
+  ``model.kind`` builds for the data (``kind``, ``num_features``, ``num_outputs`` and
+  ``input_shape`` or ``image_shape``).
+- The prepared splits as Ray Train dataset shards, ``ray.train.get_dataset_shard("train")``
+  and ``("val")``, streamed from Ray Data whatever ``train.in_memory`` says: batches of
+  ``features`` (float32, ``[N, num_features]``) and ``label`` (class indices; for a
+  regression the label standardized by the train split's mean and std).
+- Checkpoints are Ray's: ``ray.train.report(metrics, checkpoint=...)`` with a folder that
+  holds ``model.pt``, the state dict of the model ``model.kind`` builds (for a torchvision
+  or user's kind, the model inside trainflow's ``Reshaped``; DDP's ``module.`` prefix is
+  taken off). ``ray.train.get_checkpoint()`` hands back the latest when a run resumes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from trainflow.config import LOOP_RESERVED, LOOP_SETTINGS, ConfigError
+from trainflow.files import publishing_folder
+from trainflow.pipelines.hooks import describe, load_hook
+from trainflow.pipelines.models.build import Reshaped, build_model
+from trainflow.pipelines.models.checkpoint import METRICS, MODEL, save_checkpoint
+
+if TYPE_CHECKING:
+    from trainflow.pipelines.training.settings import TrainSettings
+
+FIELD = "train.loop"
+# Prefixes a state dict gains from what wraps the model while it trains: DDP's
+# (prepare_model), torch.compile's.
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def check_loop(path: str) -> Callable[[dict[str, Any]], Any]:
+    """The callable ``path`` names, imported here and taking one argument, the config dict;
+    else a ConfigError naming ``train.loop``."""
+    fn = load_hook(FIELD, path)
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a callable without a signature Python can read
+        return fn
+    try:
+        signature.bind({})
+    except TypeError:
+        name = getattr(fn, "__name__", path.partition(":")[2])
+        raise ConfigError(
+            f"{FIELD} {path}: {name}{signature} does not take one argument; Ray Train calls it "
+            f"with the config dict, as def {name}(config)"
+        ) from None
+    return fn
+
+
+def loop_config(settings: TrainSettings) -> dict[str, Any]:
+    """The dict the user's loop is called with (see the module's docstring)."""
+    config = settings.config
+    return {
+        **{name: getattr(config.train, name) for name in LOOP_SETTINGS},
+        **config.train.loop_config,
+        LOOP_RESERVED: {**config.model_dump(mode="json"), "model_spec": settings.model_spec},
+    }
+
+
+def worker_config(settings: TrainSettings) -> dict[str, Any]:
+    """What TorchTrainer hands every worker of a run of a user's loop: the loop, its
+    config dict and the ProgressLog the driver follows (None: nobody follows). Plain
+    JSON: Ray Train's controller unpickles it too."""
+    loop = settings.config.train.loop
+    return {"loop": loop, "config": loop_config(settings), "progress": settings.progress}
+
+
+def user_loop_per_worker(worker: dict[str, Any]) -> None:
+    """Runs on every Ray Train worker: the user's loop, called with its config dict.
+    Returns nothing, whatever the loop returns: Ray Train's controller unpickles what the
+    workers return, and never holds a tensor (ray_internals.torch_config)."""
+    import ray
+    import ray.train
+
+    from trainflow.pipelines.training.loop_reports import last_epoch, read_history
+    from trainflow.pipelines.training.progress import ProgressLog
+
+    fn = check_loop(worker["loop"])
+    if worker["progress"]:
+        # This worker's (re)start, after the epoch of the checkpoint Ray hands back.
+        started = last_epoch(read_history(ray.train.get_checkpoint()))
+        rank = ray.train.get_context().get_world_rank()
+        ProgressLog(worker["progress"], rank).started(ray.get_runtime_context().get_node_id(), started)
+    fn(worker["config"])
+
+
+def without_wrappers(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict without the prefixes that wrappers of the model give every name
+    (:data:`WRAPPER_PREFIXES`)."""
+    state = dict(state)
+    stripped = True
+    while state and stripped:
+        stripped = False
+        for prefix in WRAPPER_PREFIXES:
+            if all(key.startswith(prefix) for key in state):
+                state = {key.removeprefix(prefix): value for key, value in state.items()}
+                stripped = True
+    return state
+
+
+def read_loop_state(folder: Path, path: str) -> dict[str, torch.Tensor]:
+    """The state dict in ``model.pt`` of a checkpoint of the loop ``path``, its wrappers'
+    prefixes taken off; a ConfigError saying what is wrong when there is none."""
+    file = folder / MODEL
+    if not file.is_file():
+        held = ", ".join(sorted(p.name for p in folder.iterdir())[:6]) or "nothing"
+        raise ConfigError(
+            f"{FIELD} {path}: its checkpoint holds no {MODEL} ({held}); save the model's state "
+            f"dict there as Ray's guide does, torch.save(model.module.state_dict(), "
+            f"os.path.join(folder, '{MODEL}'))"
+        )
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(f"{FIELD} {path}: its checkpoint's {MODEL} does not load: {first}") from None
+    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConfigError(
+            f"{FIELD} {path}: its checkpoint's {MODEL} holds {describe(state)}, not a state dict "
+            "(names to tensors, model.state_dict())"
+        )
+    return without_wrappers(state)
+
+
+def loop_model(folder: Path, spec: dict[str, Any], path: str) -> nn.Module:
+    """The model ``spec`` describes (model.kind's), with the weights of the loop's
+    checkpoint ``folder``. For a kind trainflow wraps in Reshaped (torchvision's, a user's),
+    the loop's state dict is the inner model's, or Reshaped's own (``net.`` names).
+    A ConfigError naming both when the state dict does not fit the model."""
+    state = read_loop_state(folder, path)
+    model = build_model(spec)
+    target = model
+    if isinstance(model, Reshaped) and not all(key.startswith("net.") for key in state):
+        target = model.net
+    own = target.state_dict()
+    problems = [
+        *(f"{key} missing" for key in own if key not in state),
+        *(f"{key} not in the model" for key in state if key not in own),
+        *(
+            f"{key} {list(state[key].shape)} where the model has {list(own[key].shape)}"
+            for key in state
+            if key in own and state[key].shape != own[key].shape
+        ),
+    ]
+    if problems:
+        more = f" and {len(problems) - 3} more" if len(problems) > 3 else ""
+        raise ConfigError(
+            f"{FIELD} {path}: its checkpoint's {MODEL} does not fit the model model.kind {spec['kind']} "
+            f"builds: {'; '.join(problems[:3])}{more}"
+        )
+    target.load_state_dict(state)
+    return model
+
+
+def converted_checkpoint(folder: str, settings: TrainSettings, metrics: dict[str, Any]) -> str:
+    """trainflow's checkpoint folder (model.pt of model.kind's model, model.json,
+    preprocessor.json, config.json and ``metrics``, with their history) made of the user's
+    loop's checkpoint ``folder``; written whole once, beside it, as ``trainflow-<its name>``."""
+    source = Path(folder)
+    out = source.with_name(f"trainflow-{source.name}")
+    model = loop_model(source, settings.model_spec, settings.config.train.loop)
+    with publishing_folder(out, finished=lambda p: (p / METRICS).is_file()) as tmp:
+        save_checkpoint(
+            tmp,
+            model=model,
+            spec=settings.model_spec,
+            preprocessor=settings.preprocessor,
+            config=settings.config.model_dump(mode="json"),
+            metrics=metrics,
+        )
+    return str(out)

@@ -1,7 +1,7 @@
 """A text model trained through a preprocess.transform (examples/text_classification: a
 tokenizing transform, an EmbeddingBag model) answers raw text wherever it predicts:
 load_model, batch prediction on Ray Data actors, the served /predict on Ray Serve. And a
-model of two inputs receives both columns by name. On the session's Ray cluster and
+model of two inputs receives both columns by name, streamed from Ray Data. On the session's Ray cluster and
 Prefect server; the example's modules are on this driver's path only, so every Ray
 worker that needs them gets them shipped."""
 
@@ -137,7 +137,7 @@ def test_a_two_input_model_receives_both_columns_by_name(
                 "data": {"source": str(EXAMPLE / "texts.csv"), "label_column": "library"},
                 "preprocess": {"transform": "two_inputs_net:two_columns"},
                 "model": {"kind": "two_inputs_net:TwoInputs"},
-                "train": {"epochs": 1, "batch_size": 32},
+                "train": {"epochs": 1, "batch_size": 32, "in_memory": "never"},  # streamed from Ray Data
                 "scaling": {"num_workers": 1},
                 "registry": {"min_value": None},
             }

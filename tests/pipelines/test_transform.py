@@ -286,3 +286,23 @@ def test_the_ingest_step_inspects_again_when_the_transform_changes(tmp_path, cod
     assert ingest_cache_key(None, {"config": config}) == before
     code("tr_ingest", "def fn(batch):\n    return batch.drop(columns=['text', 'x'])\n")
     assert ingest_cache_key(None, {"config": config}) != before
+
+
+def test_a_splits_raw_rows_are_the_source_rows_the_transform_was_handed(tmp_path, code):
+    """What a champion is re-scored on: the raw rows of this run's test split, placed by
+    the transform's output as preparing placed them."""
+    from trainflow.pipelines.data import prepare as pp
+
+    code("tr_raw", TRANSFORM)
+    split = SplitConfig()
+    info = inspect_source(DataConfig(source=_csv(tmp_path, texts())), transform="tr_raw:tokens")
+    entry = prepare(info, split, PreprocessConfig(transform="tr_raw:tokens"), tmp_path / "cache")
+    fragments = pp.plan(info, True)
+    placed = pp.place_rows(info, split, fragments, True, kept=sum(entry.counts.values()))
+    raw = pd.concat(
+        [pp.select_fragment(info, f, split, c, 2) for f, c in zip(fragments, placed.codes, strict=True)]
+    )
+    assert list(raw.columns) == ["text", "x", "label"] and len(raw) == entry.counts["test"]
+    again = entry.preprocessor.model_inputs(raw.drop(columns=["label"]))["ids"]
+    prepared = np.stack(_split(entry, "test")["ids"].to_numpy())
+    assert sorted(map(tuple, again)) == sorted(map(tuple, prepared))

@@ -29,7 +29,8 @@ def predict_to_parquet(
 
     The output holds the input's columns that the model does not read (ids, a label if
     present), ``prediction``, one ``proba_<class>`` column per class and ``model_version``;
-    none of the model's input columns (``input_columns``, numeric and categorical).
+    none of the model's input columns (``input_columns``: numeric and categorical, or the
+    raw columns its ``preprocess.transform`` takes).
     """
     import pyarrow.parquet as pq
     import ray

@@ -26,7 +26,8 @@ class InputInfo:
 
 def inspect_input(path: str, input_columns: list[str]) -> InputInfo:
     """Check that the input exists and holds every column the model reads (``input_columns``:
-    numeric and categorical); read no rows."""
+    numeric and categorical, or the raw columns its ``preprocess.transform`` takes); read
+    no rows."""
     p = Path(path).expanduser()
     if not p.exists():
         raise DataError(f"input {path}: no such file or folder")

@@ -138,7 +138,8 @@ def _loop_metrics(row: dict[str, Any]) -> str:
 
 def _log_row(logger, config: PipelineConfig, meter: _ProgressMeter):
     """Log each row of the run's progress as it arrives (run_training's ``on_row``)."""
-    epochs = config.train.epochs
+    epochs, metric = config.train.epochs, config.checkpoint.metric
+    unranked: list[bool] = []  # a user's loop reported no checkpoint.metric: said once
 
     def on_row(row: dict[str, Any]) -> None:
         if row["kind"] == "plan":
@@ -155,6 +156,13 @@ def _log_row(logger, config: PipelineConfig, meter: _ProgressMeter):
             lr = f"  lr {row['lr']:.3g}" if "lr" in row else ""  # a user's loop may report none
             logger.info("epoch %d/%d  %s%s", row["epoch"], epochs, metrics, lr)
             meter.update(row["epoch"])
+            if config.train.loop and metric not in row and not unranked:
+                unranked.append(True)
+                logger.warning(
+                    "checkpoint.metric %s is not among the metrics train.loop %s reports (%s): the "
+                    "run fails when training ends; set checkpoint.metric to one of them",
+                    metric, config.train.loop, ", ".join(k for k in row if k != "kind"),
+                )  # fmt: skip
 
     return on_row
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -51,6 +52,10 @@ def main() -> None:
 
     atexit.register(timeline, "exit")  # registered first, so it runs after every other exit hook
     signal.signal(signal.SIGINT, on_sigint)  # a Ctrl-C that lands where it is swallowed still stops a run
+    # A config's own code (model.kind, train.loss, ...: package.module:name) imports from the
+    # current folder, as under `python -m`; a console script's path starts at its own folder.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         app(prog_name="trainflow")  # ends in SystemExit, as every click command does
     except SystemExit as e:

@@ -71,6 +71,12 @@ def _sweep_section(config: PipelineConfig) -> None:
             f"{redacted(config.storage)}; give a folder every node mounts (or file:///...), or "
             "train one model at a time with trainflow run"
         )
+    if config.train.loop is not None:
+        # A trial's epochs, ranking and placement groups come from trainflow's loop.
+        raise ConfigError(
+            f"invalid config: sweep: a sweep's trials train with trainflow's own loop, not "
+            f"train.loop {config.train.loop}; train it one model at a time with trainflow run"
+        )
 
 
 def model_kind(config: PipelineConfig) -> None:

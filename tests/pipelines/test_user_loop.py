@@ -109,9 +109,13 @@ def test_a_loop_is_imported_and_takes_one_argument_or_fails_in_one_line(tmp_path
         with pytest.raises(ConfigError, match=rf"^train\.loop {path}: {message}") as e:
             check_loop(path)
         assert "\n" not in str(e.value)
-    # The command's checks, before Prefect's server and Ray start.
+    # The command's checks, before Prefect's server and Ray start; a sweep trains
+    # trainflow's own loop only.
     with pytest.raises(ConfigError, match=r"^train\.loop loops_signatures:two: two\(config, other\)"):
         before_run(loop_run_config("loops_signatures:two"))
+    sweep = {"space": {"train.lr": {"loguniform": [1e-3, 1e-1]}}, "trials": 2}
+    with pytest.raises(ConfigError, match=r"^invalid config: sweep: .* not train\.loop loops_signatures:one"):
+        before_run(loop_run_config("loops_signatures:one", sweep=sweep), sweep=True)
 
 
 # The loop's reports, as the controller follows them.

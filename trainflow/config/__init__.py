@@ -1,37 +1,24 @@
 """The config schema: one typed place for every setting of a training run.
 
-By concern: ``sections`` (the sections of a run: data, preprocess, model, train, ...),
-``sweep`` (the sweep section: search space, scheduler), ``schema`` (``PipelineConfig``:
-the sections together, the rules across them, its hashes), ``task`` (what each task
-measures and trains with), ``overrides`` (dotted ``train.lr=0.01`` overrides), ``load``
-(``load_config``, ``smoke_config``), ``trials`` (a sweep's space checked, a trial's config)
-and ``errors`` (``ConfigError``). Everything is importable from ``trainflow.config``.
+By concern: ``sections`` (what every section shares), ``data`` (data, split, preprocess),
+``training`` (model, train, early stopping), ``resources`` (scaling, failure, ray),
+``outputs`` (checkpoint, evaluation, registry), ``sweep`` (the sweep section: search space,
+scheduler), ``schema`` (``PipelineConfig``: the sections together, the rules across them,
+its hashes), ``task`` (what each task measures and trains with), ``overrides`` (dotted
+``train.lr=0.01`` overrides), ``load`` (``load_config``, ``smoke_config``), ``trials`` (a
+sweep's space checked, a trial's config), ``errors`` (``ConfigError``) and ``reference``
+(the reference page and the sample config, made from the fields' descriptions).
+Everything is importable from ``trainflow.config``.
 """
 
+from trainflow.config.data import DataConfig, PreprocessConfig, SplitConfig
 from trainflow.config.errors import ConfigError
 from trainflow.config.load import SMOKE_OVERRIDES, load_config, read_config_file, smoke_config
+from trainflow.config.outputs import CheckpointSection, EvaluationConfig, RegistryConfig
 from trainflow.config.overrides import parse_overrides
+from trainflow.config.resources import FailureSection, RayConfig, ScalingSection
 from trainflow.config.schema import CACHE_SCHEMES, PipelineConfig
-from trainflow.config.sections import (
-    HOOK,
-    LOOP_RESERVED,
-    LOOP_SETTINGS,
-    MODEL_KIND,
-    CheckpointSection,
-    DataConfig,
-    EarlyStoppingConfig,
-    EvaluationConfig,
-    FailureSection,
-    ModelConfig,
-    PreprocessConfig,
-    RayConfig,
-    RegistryConfig,
-    ScalingSection,
-    SplitConfig,
-    TrainConfig,
-    hook_path,
-    user_module_of,
-)
+from trainflow.config.sections import HOOK, hook_path
 from trainflow.config.sweep import DIMENSION_KINDS, SWEEPABLE_SECTIONS, Dimension, SweepConfig, SweepScheduler
 from trainflow.config.task import (
     EPOCH_METRICS,
@@ -40,6 +27,15 @@ from trainflow.config.task import (
     TASK_LOSSES,
     TASK_METRICS,
     TASKS,
+)
+from trainflow.config.training import (
+    LOOP_RESERVED,
+    LOOP_SETTINGS,
+    MODEL_KIND,
+    EarlyStoppingConfig,
+    ModelConfig,
+    TrainConfig,
+    user_module_of,
 )
 from trainflow.config.trials import check_sweep_space, trial_config
 

@@ -15,21 +15,11 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from trainflow.config.data import DataConfig, PreprocessConfig
 from trainflow.config.errors import ConfigError, validation_message
-from trainflow.config.sections import (
-    LOOP_SETTINGS,
-    CheckpointSection,
-    DataConfig,
-    EvaluationConfig,
-    FailureSection,
-    ModelConfig,
-    PreprocessConfig,
-    RayConfig,
-    RegistryConfig,
-    ScalingSection,
-    Section,
-    TrainConfig,
-)
+from trainflow.config.outputs import CheckpointSection, EvaluationConfig, RegistryConfig
+from trainflow.config.resources import FailureSection, RayConfig, ScalingSection
+from trainflow.config.sections import Section
 from trainflow.config.sweep import SweepConfig
 from trainflow.config.task import (
     EPOCH_METRICS,
@@ -38,6 +28,7 @@ from trainflow.config.task import (
     TASK_LOSSES,
     TASK_METRICS,
 )
+from trainflow.config.training import LOOP_SETTINGS, ModelConfig, TrainConfig
 
 # The URI schemes of pyarrow's filesystems, which every trainflow process reads and
 # writes the cache through.
@@ -54,9 +45,19 @@ HASHED_WHEN_SET = (
 
 
 class PipelineConfig(Section):
-    name: str = Field("digits", description="The registered model's name.")
-    # classification: the label holds classes; regression: a number to predict.
-    task: Literal["classification", "regression"] = "classification"
+    """Every setting of a training run: the top-level fields and one section per concern."""
+
+    name: str = Field(
+        "digits",
+        description="The registered model's name, which each run's name starts with: letters, "
+        "digits, '_', '.' and '-', starting with a letter or digit.",
+    )
+    task: Literal["classification", "regression"] = Field(
+        "classification",
+        description="classification: the label holds classes; regression: a number to predict. A "
+        "regression starts from its own defaults: the mse loss, checkpoints ranked by val_loss, "
+        "the gate on rmse with no bound.",
+    )
     data: DataConfig = DataConfig()
     preprocess: PreprocessConfig = PreprocessConfig()
     model: ModelConfig = ModelConfig()
@@ -67,15 +68,24 @@ class PipelineConfig(Section):
     evaluation: EvaluationConfig = EvaluationConfig()
     registry: RegistryConfig = RegistryConfig()
     ray: RayConfig = RayConfig()
-    # Ray Train storage for runs; None: TRAINFLOW_HOME/runs. Use s3://... or a shared
-    # filesystem when the Ray cluster has more than one node.
-    storage: str | None = None
-    # The prepared-split cache; None: TRAINFLOW_HOME/cache. Every node of a Ray cluster
-    # reads and writes it: on several nodes, a folder they all mount at this path, or a
-    # URI like storage's (s3://bucket/cache, gs://..., abfs://..., hdfs://...).
-    cache: str | None = None
-    # A hyperparameter sweep (`trainflow sweep`); `trainflow run` trains one model and ignores it.
-    sweep: SweepConfig | None = None
+    storage: str | None = Field(
+        None,
+        description="Ray Train storage for runs and their checkpoints; null: TRAINFLOW_HOME/runs. "
+        "Use s3://... or a shared filesystem when the Ray cluster has more than one node.",
+    )
+    cache: str | None = Field(
+        None,
+        description="The prepared-split cache; null: TRAINFLOW_HOME/cache. Every node of a Ray "
+        "cluster reads and writes it: on several nodes, a folder they all mount at this path, or "
+        "a URI like storage's (s3://bucket/cache, gs://..., abfs://..., hdfs://...). Where it is "
+        "changes no result, nor the config's hash.",
+    )
+    sweep: SweepConfig | None = Field(
+        None,
+        description="A hyperparameter sweep on Ray Tune (trainflow sweep): the search space, the "
+        "trials, the scheduler that stops the weak early, each trial's resources. trainflow run "
+        "trains one model and ignores it; null: no sweep.",
+    )
 
     def hooks(self) -> dict[str, str]:
         """Every user callable the config names (``package.module:name``), by its field:

@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from trainflow.config.sections import ScalingSection, Section
+from trainflow.config.resources import ScalingSection
+from trainflow.config.sections import Section
 
 # The kinds of search dimension, as Ray Tune names them. Bounds are [low, high]; randint's
 # high is exclusive, as in Ray Tune and NumPy. grid runs every value (in every sample).
@@ -20,11 +21,25 @@ SWEEPABLE_SECTIONS = ("model", "train")
 class Dimension(Section):
     """One axis of the search space: exactly one of its fields is set."""
 
-    choice: list[Any] | None = Field(None, min_length=1)
-    grid: list[Any] | None = Field(None, min_length=1)
-    uniform: tuple[float, float] | None = None
-    loguniform: tuple[float, float] | None = None
-    randint: tuple[int, int] | None = None
+    choice: list[Any] | None = Field(
+        None, min_length=1, description="Values to draw from, one at random for each trial."
+    )
+    grid: list[Any] | None = Field(
+        None, min_length=1, description="Values each tried in turn: every sample runs the whole grid."
+    )
+    uniform: tuple[float, float] | None = Field(
+        None, description="[low, high]: a number drawn uniformly between the bounds."
+    )
+    loguniform: tuple[float, float] | None = Field(
+        None,
+        description="[low, high], both above 0: a number drawn uniformly on a log scale (a learning "
+        "rate, a weight decay).",
+    )
+    randint: tuple[int, int] | None = Field(
+        None,
+        description="[low, high]: an integer drawn uniformly from low up to high, high excluded, as "
+        "in Ray Tune and NumPy; for integer fields.",
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> Dimension:
@@ -61,12 +76,22 @@ class Dimension(Section):
 
 
 class SweepScheduler(Section):
-    # asha: stop trials whose metric trails the others' at the same epoch; fifo: run all to the end.
-    kind: Literal["asha", "fifo"] = "asha"
-    # ASHA: every trial trains at least this many epochs before it may be stopped...
-    grace_period: int = Field(1, ge=1)
-    # ... and at each rung only the best 1/reduction_factor of the trials go on.
-    reduction_factor: float = Field(2.0, gt=1.0)
+    """Which trials Ray Tune stops before their last epoch."""
+
+    kind: Literal["asha", "fifo"] = Field(
+        "asha",
+        description="asha: stop trials whose metric trails the others' at the same epoch; fifo: run "
+        "all to the end.",
+    )
+    grace_period: int = Field(
+        1, ge=1, description="asha: every trial trains at least this many epochs before it may be stopped."
+    )
+    reduction_factor: float = Field(
+        2.0,
+        gt=1.0,
+        description="asha: at each rung (epochs grace_period, then times reduction_factor) only the "
+        "best 1/reduction_factor of the trials go on.",
+    )
 
 
 def _flatten_space(value: Any, prefix: str = "") -> Any:
@@ -85,19 +110,42 @@ def _flatten_space(value: Any, prefix: str = "") -> Any:
 
 
 class SweepConfig(Section):
-    # Dotted fields of the model and train sections, each with its dimension:
-    # {"train.lr": {loguniform: [0.0001, 0.1]}, "model.hidden_sizes": {choice: [[32], [128]]}}
-    space: dict[str, Dimension] = Field(..., min_length=1)
-    # Samples drawn from the space; with grid dimensions, each sample runs the whole grid.
-    trials: int = Field(8, ge=1)
-    # None: as many trials at once as the cluster fits (preflight computes it).
-    max_concurrent: int | None = Field(None, ge=1)
+    """A hyperparameter sweep on Ray Tune: the search space, the trials, the scheduler that
+    stops the weak early, and each trial's resources."""
+
+    space: dict[str, Dimension] = Field(
+        ...,
+        min_length=1,
+        description="Dotted fields of the model and train sections, each with its dimension, one of "
+        'choice, grid, uniform, loguniform or randint: {"train.lr": {loguniform: [0.0001, 0.1]}, '
+        '"model.hidden_sizes": {choice: [[32], [128]]}}; nested mappings ({train: {lr: ...}}) say '
+        "the same.",
+    )
+    trials: int = Field(
+        8,
+        ge=1,
+        description="Samples drawn from the space; with grid dimensions, each sample runs the whole grid.",
+    )
+    max_concurrent: int | None = Field(
+        None,
+        ge=1,
+        description="Trials run at once; null: as many as the cluster fits (preflight computes it).",
+    )
     scheduler: SweepScheduler = SweepScheduler()
-    metric: Literal["val_accuracy", "val_loss", "train_loss"] = "val_accuracy"
-    mode: Literal["max", "min"] = "max"
-    seed: int = 0  # draws the samples: the same seed draws the same trials
-    # Each trial's resources: one worker by default, so that several trials run at once.
-    scaling: ScalingSection = ScalingSection(num_workers=1)
+    metric: Literal["val_accuracy", "val_loss", "train_loss"] = Field(
+        "val_accuracy",
+        description="The epoch metric that ranks the trials: the best trial's best checkpoint is "
+        "evaluated and registered.",
+    )
+    mode: Literal["max", "min"] = Field(
+        "max", description="The metric's better direction: max for val_accuracy, min for a loss."
+    )
+    seed: int = Field(0, description="Seeds the sampling: the same seed draws the same trials.")
+    scaling: ScalingSection = Field(
+        ScalingSection(num_workers=1),
+        description="Each trial's workers, as scaling says a run's: one worker by default, so that "
+        "several trials run at once.",
+    )
 
     @field_validator("space", mode="before")
     @classmethod

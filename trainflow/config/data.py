@@ -1,0 +1,155 @@
+"""The data sections: where the rows come from, how they split, and how they are prepared."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from trainflow.config.sections import Section, hook_path
+
+
+class SplitConfig(Section):
+    """How the rows divide into train, val and test: by a seeded hash of each row's content,
+    the same however and wherever the rows are read."""
+
+    val: float = Field(
+        0.1,
+        ge=0.0,
+        lt=1.0,
+        description="The share of rows held out for validation, scored every epoch (val_loss, "
+        "val_accuracy): it ranks checkpoints and drives early stopping.",
+    )
+    test: float = Field(
+        0.2,
+        gt=0.0,
+        lt=1.0,
+        description="The share of rows held out for the test split, scored once on the best "
+        "checkpoint: the metrics the registry's gate compares.",
+    )
+    seed: int = Field(
+        0,
+        description="Seeds each row's hash, which decides its split: another seed draws other "
+        "splits from the same rows.",
+    )
+    stratify: bool = Field(
+        True,
+        description="Give every class its share of each split exactly, ranking rows within each "
+        "class; false ranks all rows together. A large input places each row by its own hash "
+        "instead, which keeps each class's share up to sampling noise either way.",
+    )
+
+    @model_validator(mode="after")
+    def _leaves_training_rows(self) -> SplitConfig:
+        if self.val + self.test >= 1.0:
+            raise ValueError(
+                f"val + test must be below 1 so rows remain for training, got {self.val + self.test}"
+            )
+        return self
+
+
+class DataConfig(Section):
+    """Where the rows come from, which columns the model reads and which one it predicts."""
+
+    source: str = Field(
+        "builtin:digits",
+        description="A Parquet, CSV, JSON lines or NumPy (.npy/.npz) file, folder or glob, as a "
+        "local path or a URI (file://, s3://, gs://, ...); an image folder (root/<class>/*.png); "
+        "torchvision:MNIST, torchvision:FashionMNIST or torchvision:CIFAR10; builtin:digits, or "
+        "builtin:diabetes (a regression: its label_column is target).",
+    )
+    format: Literal["auto", "parquet", "csv", "json", "numpy", "images"] = Field(
+        "auto",
+        description="How the source is read; auto: from the files' suffixes (a folder of class "
+        "folders of images is images).",
+    )
+    label_column: str = Field(
+        "label",
+        description="The column the model learns to predict: a class, or a regression's number. "
+        "Image folders and torchvision datasets put each image's class in this column.",
+    )
+    feature_columns: list[str] | None = Field(
+        None, description="The columns the model reads; null: every column but the label."
+    )
+    categorical_columns: list[str] = Field(
+        [],
+        description="Features holding categories (strings, or integers that are codes): one-hot "
+        "encoded with a vocabulary fitted on the train split.",
+    )
+    classes: list[int | str] | None = Field(
+        None,
+        description="The label's classes, in the model's output order; null: the sorted labels "
+        "found. A label outside a declared list is an error.",
+    )
+    missing: Literal["fail", "drop"] = Field(
+        "fail",
+        description="Rows with a null or NaN feature or label: fail, or drop them (counted and logged).",
+    )
+    image_mode: Literal["RGB", "L"] | None = Field(
+        None,
+        description="How images are read: RGB (3 channels) or L (grayscale, 1 channel); null: the "
+        "source's own (RGB for image folders; L for MNIST and FashionMNIST, RGB for CIFAR10).",
+    )
+    limit: int | None = Field(
+        None,
+        ge=1,
+        description="Read only the first N rows (smoke runs, quick trials); null reads everything.",
+    )
+    split: SplitConfig = SplitConfig()
+
+    @model_validator(mode="after")
+    def _categorical_are_features(self) -> DataConfig:
+        if self.label_column in self.categorical_columns:
+            raise ValueError(f"categorical_columns must not hold the label column {self.label_column!r}")
+        if self.feature_columns is not None:
+            outside = [c for c in self.categorical_columns if c not in self.feature_columns]
+            if outside:
+                raise ValueError(f"categorical_columns {outside} are not in feature_columns")
+        if self.classes is not None and len(set(map(str, self.classes))) != len(self.classes):
+            raise ValueError(f"classes must be distinct, got {self.classes}")
+        return self
+
+
+class PreprocessConfig(Section):
+    """How the rows become the model's inputs: scaling, image size and augmentation, a
+    transform of your own; fitted on the train split and saved with the model."""
+
+    scaler: Literal["standard", "minmax", "none"] = Field(
+        "standard",
+        description="How numeric features are scaled, fitted on the train split: standard (mean 0, "
+        "std 1), minmax (into [0, 1]) or none.",
+    )
+    image_size: list[int] | None = Field(
+        None,
+        description="Images (image folders, torchvision datasets): the [height, width] every image "
+        "is resized to; null: the size of the input's first image.",
+    )
+    augment: bool = Field(
+        False,
+        description="Images: a random crop (4-pixel padding at 32 px) and horizontal flip of the "
+        "train split, drawn anew every epoch; evaluation and prediction never augment.",
+    )
+    transform: str | None = Field(
+        None,
+        description="A function of your own, package.module:name, fn(batch: pandas.DataFrame) -> "
+        "pandas.DataFrame, applied to every batch of a table's rows before the row checks, the "
+        "split and the fit: one row out per row in, holding the label column. Its output columns "
+        "are the data's: numbers, categories, or fixed-length numeric arrays (token ids, "
+        "embeddings). Saved with the model, so prediction takes the raw columns it takes.",
+    )
+
+    @field_validator("image_size")
+    @classmethod
+    def _height_width(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (len(v) != 2 or min(v) < 1):
+            raise ValueError(f"must be [height, width] of positive integers, got {v}")
+        return v
+
+    @field_validator("transform")
+    @classmethod
+    def _transform_path(cls, v: str | None) -> str | None:
+        return v if v is None else hook_path(v)
+
+    def hooks(self) -> dict[str, str]:
+        """The user's callables this section names, by field."""
+        return {"preprocess.transform": self.transform} if self.transform else {}

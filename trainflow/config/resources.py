@@ -1,0 +1,69 @@
+"""The resources sections: the Ray cluster a run uses, its training workers, and the
+failures it survives."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from trainflow.config.sections import Section
+
+
+class ScalingSection(Section):
+    """The Ray Train workers: how many, what each asks of the cluster, and where they run."""
+
+    num_workers: int = Field(
+        2,
+        ge=1,
+        description="Ray Train workers, each training a replica of the model on its own shard of "
+        "the train split (data-parallel, gradients averaged every step).",
+    )
+    use_gpu: bool = Field(
+        False,
+        description="Give each worker a GPU (resources_per_worker's GPU, when it names one); "
+        "false: workers train on CPUs.",
+    )
+    resources_per_worker: dict[str, float] = Field(
+        {"CPU": 0.5},
+        description="The Ray resources each worker asks for. Half a CPU each: two workers on a "
+        "2-core machine leave a core for Ray Data.",
+    )
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK",
+        description="How Ray places the workers on nodes: PACK fills a node first, SPREAD spreads "
+        "them; STRICT_PACK puts all on one node, STRICT_SPREAD each on a node of its own.",
+    )
+    on_cpu_shortage: Literal["fail", "shrink"] = Field(
+        "fail",
+        description="When the workers and Ray Data's CPU do not fit: fail at once with what would "
+        "fit, or shrink each worker's CPU to fit (logged as a warning).",
+    )
+    wait_for_resources_s: float = Field(
+        0.0,
+        ge=0.0,
+        description="On an autoscaling cluster, wait up to this many seconds for the resources to "
+        "appear before failing; 0 checks once.",
+    )
+
+
+class FailureSection(Section):
+    """What a training survives: a lost worker, by restarting the worker group."""
+
+    max_failures: int = Field(
+        1,
+        ge=-1,
+        description="How many times Ray Train restarts the worker group after a worker fails, "
+        "resuming from the latest checkpoint; -1: without end, 0: never. A sweep's trials are "
+        "not restarted.",
+    )
+
+
+class RayConfig(Section):
+    """The Ray cluster the run connects to, or none for a local one."""
+
+    address: str | None = Field(
+        None,
+        description='A running cluster ("ray://host:10001" or "host:6379"); null: RAY_ADDRESS, '
+        "else a local cluster started for the run.",
+    )

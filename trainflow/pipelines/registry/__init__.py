@@ -28,6 +28,7 @@ from trainflow.pipelines.registry.versions import (
     rollback,
     version_details,
     version_summaries,
+    version_trained_on,
 )
 
 __all__ = [
@@ -59,4 +60,5 @@ __all__ = [
     "tracking_uri",
     "version_details",
     "version_summaries",
+    "version_trained_on",
 ]

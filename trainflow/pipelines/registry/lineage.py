@@ -12,6 +12,8 @@ import hashlib
 import subprocess
 from pathlib import Path
 
+CONFIG_HASH_TAG = "trainflow.config_hash"
+DATA_FINGERPRINT_TAG = "trainflow.data_fingerprint"
 TEST_FINGERPRINT_TAG = "trainflow.test_fingerprint"
 HASHES_TAG = "trainflow.sha256"
 HASHES_FILE = "hashes.json"
@@ -44,8 +46,8 @@ def lineage_tags(
     """The tags that say where a version came from: config, data, test split, Ray run,
     Prefect flow run and git commit (the last two when there is one)."""
     tags = {
-        "trainflow.config_hash": config_hash,
-        "trainflow.data_fingerprint": data_fingerprint,
+        CONFIG_HASH_TAG: config_hash,
+        DATA_FINGERPRINT_TAG: data_fingerprint,
         TEST_FINGERPRINT_TAG: test_fingerprint,
         "trainflow.ray_run": ray_run,
         "trainflow.best_epoch": str(best_epoch),

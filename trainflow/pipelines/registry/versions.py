@@ -21,7 +21,12 @@ from trainflow.pipelines.registry.aliases import (
     move_alias,
     moves,
 )
-from trainflow.pipelines.registry.lineage import HASHES_TAG, verify_files
+from trainflow.pipelines.registry.lineage import (
+    CONFIG_HASH_TAG,
+    DATA_FINGERPRINT_TAG,
+    HASHES_TAG,
+    verify_files,
+)
 from trainflow.pipelines.registry.store import client, registry_lock, tracking_uri
 
 if TYPE_CHECKING:
@@ -104,6 +109,17 @@ def list_versions(ws: Workspace, name: str) -> list[ModelVersion]:
     c = client(ws)
     require_model(c, name)
     return sorted(c.search_model_versions(f"name='{name}'"), key=lambda v: int(v.version))
+
+
+def version_trained_on(ws: Workspace, name: str, config_hash: str, fingerprint: str) -> str | None:
+    """The newest version of ``name`` trained with the config of ``config_hash`` on data of
+    ``fingerprint`` (its lineage tags); None when there is none, or no such model."""
+    matches = [
+        v.version
+        for v in client(ws).search_model_versions(f"name='{name}'")
+        if v.tags.get(CONFIG_HASH_TAG) == config_hash and v.tags.get(DATA_FINGERPRINT_TAG) == fingerprint
+    ]
+    return max(matches, key=int, default=None)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 CONFIG_HASH_TAG = "trainflow.config_hash"
 DATA_FINGERPRINT_TAG = "trainflow.data_fingerprint"
+GIT_COMMIT_TAG = "git.commit"
 TEST_FINGERPRINT_TAG = "trainflow.test_fingerprint"
 HASHES_TAG = "trainflow.sha256"
 HASHES_FILE = "hashes.json"
@@ -56,7 +57,7 @@ def lineage_tags(
         tags["prefect.flow_run_id"] = flow_run_id
     commit = git_commit()
     if commit:
-        tags["git.commit"] = commit
+        tags[GIT_COMMIT_TAG] = commit
     return tags
 
 

@@ -42,7 +42,7 @@ def register(
         reports=evaluated.reports,
         **_gate(config, source, prepared, logger),
     )
-    _publish(config, reg, evaluated, registry.model_link(ws, reg), logger)
+    _publish(config, reg, evaluated, ws, logger)
     return Registered(**{**reg.__dict__, "decision": reg.decision.to_dict()})
 
 
@@ -122,11 +122,10 @@ def _rescore(
     return rescore
 
 
-def _publish(
-    config: PipelineConfig, reg: registry.Registration, evaluated: Evaluated, link: str, logger
-) -> None:
-    """The version and the gate's decision in the log; the gate's report and a link to the
-    version as Prefect artifacts."""
+def _publish(config: PipelineConfig, reg: registry.Registration, evaluated: Evaluated, ws, logger) -> None:
+    """The version and the gate's decision in the log; the gate's report, the version's
+    model card (also logged with its MLflow run) and a link to the version as Prefect
+    artifacts."""
     verdict = "champion" if reg.champion else "champion unchanged"
     logger.info("registered %s version %s; %s: %s", reg.name, reg.version, verdict, reg.decision.reason)
     key = render.artifact_key(config.name)
@@ -135,9 +134,15 @@ def _publish(
         markdown=render.gate_report_markdown(reg, config.name, evaluated),
         description=f"{reg.name}: the promotion gate's decision and the test report",
     )
+    # The card's "Drift at training time" holds the table given as write_card's drift=.
+    create_markdown_artifact(
+        key=f"{key}-card",
+        markdown=registry.write_card(ws, reg, config, evaluated.headline),
+        description=f"{reg.name} version {reg.version}: the model card",
+    )
     create_link_artifact(
         key=f"{key}-model",
-        link=link,
+        link=registry.model_link(ws, reg),
         link_text=f"{reg.name} version {reg.version}",
         description="The registered model version",
     )

@@ -3,10 +3,12 @@ the embedded SQLite store, its lock, a client that retries while the database is
 locked), ``lineage`` (a version's lineage tags and the SHA-256 of its files),
 ``aliases`` (``champion``, ``challenger`` and the history of their moves), ``versions``
 (resolve a model URI, list and describe versions, promote, roll back, load),
-``gate`` (the promotion decision), ``registration`` (a checkpoint registered and gated)
-and ``pyfunc`` (MLflow's python_function flavor of every version)."""
+``gate`` (the promotion decision), ``registration`` (a checkpoint registered and gated),
+``pyfunc`` (MLflow's python_function flavor of every version), ``card`` (a version's
+model card) and ``reproduce`` (a version trained again from its exact config)."""
 
 from trainflow.pipelines.registry.aliases import CHALLENGER, CHAMPION, moves
+from trainflow.pipelines.registry.card import CARD_FILE, read_card, write_card
 from trainflow.pipelines.registry.gate import GateDecision, Reevaluate, decide
 from trainflow.pipelines.registry.lineage import (
     HASHES_FILE,
@@ -32,6 +34,7 @@ from trainflow.pipelines.registry.versions import (
 )
 
 __all__ = [
+    "CARD_FILE",
     "CHALLENGER",
     "CHAMPION",
     "HASHES_FILE",
@@ -53,6 +56,7 @@ __all__ = [
     "model_link",
     "moves",
     "promote",
+    "read_card",
     "register_checkpoint",
     "resolve",
     "retry_locked",
@@ -60,5 +64,6 @@ __all__ = [
     "tracking_uri",
     "version_details",
     "version_summaries",
+    "write_card",
     "version_trained_on",
 ]

@@ -181,3 +181,102 @@ def test_deployments_run_on_a_worker_and_a_schedule_of_its_own_fires(server, ray
         if scheduled is not None:
             stop(scheduled)
         stop(worker)
+
+
+def events(env, resource_id: str) -> list[dict]:
+    """The server's trainflow.data.changed events of one resource."""
+    body = {"filter": {"event": {"name": ["trainflow.data.changed"]}, "resource": {"id": [resource_id]}}}
+    return http.post(f"{env['PREFECT_API_URL']}/events/filter", json=body).json()["events"]
+
+
+def await_log(env, flow_run_id: str, text: str) -> str:
+    """The first line of a flow run's logs holding ``text``, once it reached the server
+    (after the run's state)."""
+    deadline = time.monotonic() + 120
+    while True:
+        logs = http.post(
+            f"{env['PREFECT_API_URL']}/logs/filter", json={"logs": {"flow_run_id": {"any_": [flow_run_id]}}}
+        ).json()
+        found = [log["message"] for log in logs if text in log["message"]]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, [log["message"] for log in logs]
+        time.sleep(1)
+
+
+def await_completed(env, deployment: str, count: int, log: Path) -> list[dict]:
+    """The deployment's flow runs, once ``count`` of them have completed."""
+    deadline = time.monotonic() + 600
+    while True:
+        runs = flow_runs(env, deployment)
+        assert not any(r["state"]["type"] in ("FAILED", "CRASHED") for r in runs), log.read_text()[-3000:]
+        if sum(r["state"]["type"] == "COMPLETED" for r in runs) >= count:
+            return runs
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(1)
+
+
+def test_new_data_trains_once_through_the_event_trigger_and_data_trained_on_trains_nothing(
+    server, ray_cluster, tmp_path
+):
+    from sklearn.datasets import load_digits
+
+    env, tmp = server
+    runs_env = {**env, **session_services(prefect_api=False)}
+    run([BIN / "prefect", "work-pool", "create", "trainflow", "--type", "process"], env)  # may exist
+    deployed = run([BIN / "trainflow", "deploy"], env)
+    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+    assert "watch-data/watch-data" in deployed.stdout and "retrain-on-new-data/on-new-data" in deployed.stdout
+
+    data = tmp_path / "incoming" / "digits.csv"
+    data.parent.mkdir()
+    frame = load_digits(as_frame=True).frame.rename(columns={"target": "label"})
+    frame.iloc[:300].to_csv(data, index=False)
+    config = tmp_path / "incoming.yaml"
+    config.write_text(
+        f"name: incoming\ndata: {{source: {data}}}\ntrain: {{epochs: 1}}\n"
+        "scaling: {num_workers: 1}\nregistry: {min_value: null}\n"
+    )
+    watch = [BIN / "prefect", "deployment", "run", "watch-data/watch-data",
+             "--params", json.dumps({"config": str(config)}), "--watch"]  # fmt: skip
+    worker = start([BIN / "prefect", "worker", "start", "--pool", "trainflow"], runs_env, tmp / "worker2.log")
+    try:
+        # The data is new: two checks of it emit one event (its id is the data's), which
+        # starts one training.
+        for _ in range(2):
+            checked = run(watch, env)
+            assert checked.returncode == 0, checked.stdout[-3000:] + (tmp / "worker2.log").read_text()[-3000:]
+        (trained,) = await_completed(env, "on-new-data", 1, tmp / "worker2.log")
+        assert len(events(env, "trainflow.data.incoming")) == 1
+        versions = models_show(env, "incoming/1")
+        assert versions.returncode == 0, versions.output
+
+        # Checked again, the data was trained on: no event.
+        assert run(watch, env).returncode == 0
+        last_check = max(flow_runs(env, "watch-data"), key=lambda r: r["created"])
+        assert "nothing to do" in await_log(env, last_check["id"], "version 1 was trained on this data")
+        assert len(events(env, "trainflow.data.incoming")) == 1
+
+        # The event posted by whoever writes the data, again: the run it starts trains nothing.
+        posted = run(
+            [BIN / "prefect", "event", "emit", "trainflow.data.changed", "--resource-id",
+             "trainflow.data.incoming", "--payload", json.dumps({"config": str(config)})],
+            env,
+        )  # fmt: skip
+        assert posted.returncode == 0, posted.stdout + posted.stderr
+        runs = await_completed(env, "on-new-data", 2, tmp / "worker2.log")
+        (again,) = [r for r in runs if r["id"] != trained["id"]]
+        assert "not training again" in await_log(env, again["id"], "version 1 was trained on this data")
+
+        # New rows: one check, one more training, a second version.
+        frame.iloc[:360].to_csv(data, index=False)
+        assert run(watch, env).returncode == 0
+        await_completed(env, "on-new-data", 3, tmp / "worker2.log")
+        second = models_show(env, "incoming/2")
+        assert second.returncode == 0, second.output
+        announced = [
+            e for e in events(env, "trainflow.data.incoming") if "trainflow.data_fingerprint" in e["resource"]
+        ]
+        assert len(announced) == 2  # by the checks: the first data and the new rows; the third was posted
+    finally:
+        stop(worker)

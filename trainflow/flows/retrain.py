@@ -1,0 +1,127 @@
+"""Retraining when data arrives: a check that says a config's data changed, as a Prefect
+event, and a flow that a deployment's event trigger starts to train on it.
+
+``watch-data`` looks at a config's source (its fingerprint: the file list with sizes and
+the content of small inputs, else modification times) and, when no registered version of
+that config was trained on it, emits ``trainflow.data.changed`` for the resource
+``trainflow.data.<model name>``. The event's id is derived from the model, the config's
+hash and the fingerprint, so the same data announced twice is one event: Prefect's server
+stores it once and its triggers act on it once. Whoever writes the data may also post the
+event (``prefect event emit``, or ``emit_data_changed`` from Python).
+
+``retrain-on-new-data`` is what the trigger runs: it trains the config, as the training
+flow does, unless a registered version of that config already trained on that data, so
+an event sent twice, or for data already trained on, trains nothing.
+"""
+
+# No `from __future__ import annotations` here: Prefect builds the flows' parameter
+# models from these annotations.
+
+import uuid
+
+from prefect import flow, get_run_logger
+
+from trainflow import checks
+from trainflow.config import PipelineConfig
+from trainflow.flows.training import DEFAULT_CONFIG, resolve_config, training_pipeline
+from trainflow.tasks.logs import one_line_expected_errors
+from trainflow.tasks.results import PipelineResult
+
+DATA_CHANGED = "trainflow.data.changed"
+RESOURCE_PREFIX = "trainflow.data."
+_EVENT_IDS = uuid.UUID("6f1c3d2e-52b7-4c61-9a38-2f0b8d7e4a10")  # the namespace of the events' ids
+
+
+def data_changed_id(name: str, config_hash: str, fingerprint: str) -> uuid.UUID:
+    """The id of the event that says ``name``'s data is now ``fingerprint``: the same for
+    the same model, config and data, so that Prefect acts on it once."""
+    return uuid.uuid5(_EVENT_IDS, f"{name}/{config_hash}/{fingerprint}")
+
+
+def emit_data_changed(config: PipelineConfig, fingerprint: str, parameters: dict | None = None) -> uuid.UUID:
+    """Emit ``trainflow.data.changed`` for ``config``'s model and data; ``parameters``:
+    what the triggered run is given (its ``config`` and ``overrides``), in the payload.
+    Returns the event's id."""
+    from prefect.events import emit_event
+
+    event_id = data_changed_id(config.name, config.config_hash(), fingerprint)
+    emit_event(
+        event=DATA_CHANGED,
+        resource={
+            "prefect.resource.id": f"{RESOURCE_PREFIX}{config.name}",
+            "prefect.resource.name": config.name,
+            "trainflow.config_hash": config.config_hash(),
+            "trainflow.data_fingerprint": fingerprint,
+        },
+        payload={"source": config.data.source, **(parameters or {})},
+        id=event_id,
+    )
+    return event_id
+
+
+def trained_version(config: PipelineConfig, fingerprint: str) -> str | None:
+    """The newest registered version of ``config``'s model trained with this config on
+    data of this fingerprint; None when there is none."""
+    from trainflow.pipelines import registry
+    from trainflow.workspace import workspace
+
+    return registry.version_trained_on(workspace(), config.name, config.config_hash(), fingerprint)
+
+
+@flow(name="watch-data", persist_result=False)
+def watch_data(config: PipelineConfig | str = DEFAULT_CONFIG, overrides: list[str] | None = None) -> bool:
+    """Announce that a config's data changed: emit ``trainflow.data.changed`` when no
+    registered version of this config was trained on the source as it is now.
+
+    Args:
+        config: the config, or the path of a YAML/JSON config in the checkout; the event
+            carries it, for the run it triggers.
+        overrides: dotted overrides applied on top; the event then carries the config
+            with them applied.
+
+    Returns:
+        whether it emitted the event.
+    """
+    one_line_expected_errors()
+    resolved = resolve_config(config, overrides)
+    fingerprint = checks.source(resolved).fingerprint
+    logger = get_run_logger()
+    version = trained_version(resolved, fingerprint)
+    if version is not None:
+        logger.info(
+            "%s: version %s was trained on this data (%s); nothing to do", resolved.name, version, fingerprint
+        )
+        return False
+    # The triggered run's config: its path as given (read again where that run runs), or
+    # the config itself, with the overrides applied.
+    given = config if isinstance(config, str) and not overrides else resolved.model_dump(mode="json")
+    emit_data_changed(resolved, fingerprint, {"config": given})
+    logger.info("%s: its data changed (%s); emitted %s", resolved.name, fingerprint, DATA_CHANGED)
+    return True
+
+
+@flow(name="retrain-on-new-data", persist_result=False)
+def retrain_on_new_data(
+    config: PipelineConfig | str = DEFAULT_CONFIG, overrides: list[str] | None = None
+) -> PipelineResult | None:
+    """Train a config on its data as it is now, unless a registered version of this
+    config was already trained on it (then return None): what the ``on-new-data``
+    deployment's trigger runs, so that the same data announced twice trains once.
+
+    Args:
+        config: the config, or the path of a YAML/JSON config in the checkout.
+        overrides: dotted overrides applied on top, such as ``["train.lr=0.01"]``.
+    """
+    one_line_expected_errors()
+    resolved = resolve_config(config, overrides)
+    checked = checks.before_run(resolved)
+    version = trained_version(resolved, checked.source.fingerprint)
+    if version is not None:
+        get_run_logger().info(
+            "%s: version %s was trained on this data (%s); not training again",
+            resolved.name,
+            version,
+            checked.source.fingerprint,
+        )
+        return None
+    return training_pipeline(config=resolved, checked=checked)

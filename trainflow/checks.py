@@ -7,6 +7,9 @@ source (columns and types; no rows read) and what it asks of the cluster: the lo
 cluster it would start (GPUs, CPUs), or that something answers at a cluster's address
 (:func:`before_run`). A batch prediction checks the model reference, its input (every
 feature column the model needs) and output, and the cluster (:func:`before_predict`).
+A reproduction of a registered version checks that its config can be rebuilt exactly and
+that its data and code are still what it was trained on, then checks as a training run
+(:func:`before_reproduce`).
 
 Each run checks once. The ``trainflow`` command checks before it starts anything, so that
 a mistake costs seconds, and hands what it found to the flow run it starts (the flows'
@@ -17,6 +20,7 @@ Python) checks for itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
@@ -25,6 +29,9 @@ from trainflow.files import is_uri, redacted
 from trainflow.pipelines.data.schema import SourceInfo
 from trainflow.pipelines.evaluation.predict_input import InputInfo, check_output, inspect_input
 from trainflow.pipelines.training.runs import RunRecord
+
+if TYPE_CHECKING:
+    from trainflow.pipelines.registry.reproduce import Original
 
 
 @dataclass(frozen=True)
@@ -36,10 +43,13 @@ class RunChecks:
     resume: RunRecord | None = None  # the unfinished run to continue, when asked to resume one
 
 
-def before_run(config: PipelineConfig, *, sweep: bool = False, resume: bool = False) -> RunChecks:
+def before_run(
+    config: PipelineConfig, *, sweep: bool = False, resume: bool = False, found: SourceInfo | None = None
+) -> RunChecks:
     """A training (or, with ``sweep``, a sweep) run's checks: ConfigError, DataError or
     PreflightError with one line saying what to change. ``resume``: also find the
-    unfinished run of this config and data to continue (``runs.run_to_resume``)."""
+    unfinished run of this config and data to continue (``runs.run_to_resume``).
+    ``found``: the source as the caller's own check of it found it, not looked at again."""
     from trainflow.cluster.checks import check_cache
     from trainflow.pipelines.data.prepare import worker_modules
     from trainflow.pipelines.training.runs import run_to_resume
@@ -51,12 +61,35 @@ def before_run(config: PipelineConfig, *, sweep: bool = False, resume: bool = Fa
     model_kind(config)
     own_loss_and_metrics(config)
     own_loop(config)
-    info = source(config)
+    info = found or source(config)
     check_cache(config)
     cluster(config, workers="sweep" if sweep else "train")
     resumed = run_to_resume(storage_location(config), config, info.fingerprint) if resume else None
     timeline("config, source and resources checked")
     return RunChecks(source=info, warm=worker_modules(info), resume=resumed)
+
+
+@dataclass(frozen=True)
+class ReproduceChecks:
+    """What a reproduction's checks found."""
+
+    original: Original  # the version, with the config it was trained with
+    run: RunChecks  # the checks of a training run of that config
+    changed: list[str]  # what differs from the data and code it was trained on, let through by force
+
+
+def before_reproduce(uri: str, *, force: bool = False, run: RunChecks | None = None) -> ReproduceChecks:
+    """A reproduction's checks: the version's exact config (RegistryError when it cannot be
+    rebuilt), then its source's fingerprint and the checkout's git commit against the
+    version's lineage (ReproduceRefused naming what changed, unless ``force``), then a
+    training run's checks of that config. ``run``: those checks, made already."""
+    from trainflow.pipelines.registry import lineage, reproduce
+    from trainflow.workspace import workspace
+
+    original = reproduce.original(workspace(), uri)
+    info = run.source if run else source(original.config)
+    changed = reproduce.check_unchanged(original, info.fingerprint, lineage.git_commit(), force=force)
+    return ReproduceChecks(original, run or before_run(original.config, found=info), changed)
 
 
 def _sweep_section(config: PipelineConfig) -> None:

@@ -131,3 +131,71 @@ def models_serve(
     except KeyboardInterrupt:  # Ctrl-C while Ray was still starting
         raise typer.Exit(130) from None
     typer.echo("stopped")
+
+
+@models_app.command("reproduce")
+def models_reproduce(
+    model: Annotated[str, typer.Argument(help="NAME/VERSION: the version to train again")],
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Reproduce it although its data or the code's git commit has changed since."
+        ),
+    ] = False,
+) -> None:
+    """Train a version again with its exact config, register it as a new version tagged
+    reproduces=VERSION and print each test metric beside the version's.
+
+    Refused in one line, before Ray starts, when the data's fingerprint or the code's git
+    commit differs from the version's lineage, unless --force.
+    """
+    from trainflow import checks, startup
+    from trainflow.cli.app import call_flow, check_before_start
+
+    _registry()
+    with registry_errors():
+        found = check_before_start(lambda: checks.before_reproduce(model, force=force))
+    for change in found.changed:
+        typer.secho(f"warning: reproducing {found.original.ref} although {change}", err=True)
+
+    def reproduce():
+        from trainflow.flows.reproduce import reproduce_version  # imported by the start-up
+
+        return reproduce_version(model=found.original.ref, force=force, checked=found.run)
+
+    config = found.original.config
+    starting = startup.started(config, imports="trainflow.flows.reproduce", warm=found.run.warm)
+    result = call_flow("reproduce", starting, reproduce)
+    typer.echo("\n".join(["", *render().reproduce_lines(result)]))
+
+
+def _drift_default(field: str):
+    from trainflow.config import DriftConfig
+
+    return DriftConfig.model_fields[field].default
+
+
+@models_app.command("drift")
+def models_drift(
+    name: NameArg,
+    psi: Annotated[
+        float, typer.Option(help="A feature drifted at this population stability index or above.")
+    ] = _drift_default("psi"),
+    ks_pvalue: Annotated[
+        float, typer.Option("--ks-pvalue", help="A number drifted too when its KS p-value is below this.")
+    ] = _drift_default("ks_pvalue"),
+    check: Annotated[bool, typer.Option("--check", help="Exit with 1 when a feature drifted.")] = False,
+) -> None:
+    """Score what a served model was asked against its champion's train split: each
+    feature's PSI and KS test, from the sample of requests each replica of `trainflow
+    models serve` keeps under TRAINFLOW_HOME/serving/NAME/."""
+    from trainflow.pipelines.serving.sampled import read_samples, served_drift
+
+    _, ws = _registry()
+    with registry_errors(), one_line_errors():
+        report = served_drift(ws, name, psi_threshold=psi, ks_pvalue=ks_pvalue)
+        rows, seen, files = read_samples(ws, name)
+    sampled = f"{len(rows)} rows sampled from {seen} served rows ({files} replica file(s))"
+    typer.echo("\n".join(render().drift_lines(report.summary(), report.rows(), sampled)))
+    if check and report.drifted:
+        raise typer.Exit(1)

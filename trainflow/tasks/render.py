@@ -16,7 +16,7 @@ from typing import Any
 from trainflow.config import TASK_METRICS
 from trainflow.pipelines import registry
 from trainflow.pipelines.evaluation import reports
-from trainflow.tasks.results import Evaluated, PipelineResult, Registered, SweepResult
+from trainflow.tasks.results import Evaluated, PipelineResult, Registered, Reproduced, SweepResult
 
 # The summary's labels are padded to one width so that the values line up.
 _LABEL = 12
@@ -348,3 +348,50 @@ def move_line(name: str, move: dict[str, Any]) -> str:
         return f"{name}: champion -> v{move['version']} (rolled back from v{move['previous']})"
     was = f" (was v{move['previous']})" if move["previous"] else ""
     return f"{name}: champion -> v{move['version']}{was}"
+
+
+# --- a reproduced version ------------------------------------------------------------
+
+
+def difference(value: float) -> str:
+    """A metric's difference: ``0`` when equal, else signed with six significant digits."""
+    return "0" if value == 0 else f"{value:+.6g}"
+
+
+def reproduce_rows(r: Reproduced) -> list[list[str]]:
+    """Each test metric of both versions and its difference, as text."""
+    reg, new = r.result.registered, r.result.test_metrics
+    header = ["metric", f"v{r.of}", f"v{reg.version}", "difference"]
+    both = [k for k in r.original_metrics if k in r.differences]
+    rows = [[k, f"{r.original_metrics[k]:.6f}", f"{new[k]:.6f}", difference(r.differences[k])] for k in both]
+    return [header, *rows]
+
+
+def reproduce_lines(r: Reproduced) -> list[str]:
+    """What ``trainflow models reproduce`` prints: the new version, as ``trainflow run``
+    prints it, then each test metric beside the original's."""
+    reg = r.result.registered
+    header, *rows = reproduce_rows(r)
+    return [
+        _line("reproduces", f"{reg.name} version {r.of} (tagged reproduces={r.of})"),
+        *(_line("forced", change) for change in r.changed),
+        *summary_lines(r.result),
+        "",
+        *columns(header, rows),
+    ]
+
+
+def reproduce_line(r: Reproduced) -> str:
+    """The comparison in one line, for the flow's log."""
+    reg = r.result.registered
+    diffs = ", ".join(f"{k} {difference(v)}" for k, v in r.differences.items())
+    return f"{reg.name} v{reg.version} reproduces v{r.of}; test metric differences: {diffs or 'none'}"
+
+
+def reproduce_markdown(r: Reproduced) -> str:
+    """The reproduction's Prefect artifact: the table of both versions' test metrics."""
+    reg = r.result.registered
+    header, *rows = reproduce_rows(r)
+    table = [f"| {' | '.join(header)} |", "|---|---|---|---|", *(f"| {' | '.join(row)} |" for row in rows)]
+    forced = "".join(f"\n\nReproduced with --force although {change}." for change in r.changed)
+    return f"# {reg.name} v{reg.version} reproduces v{r.of}\n\n" + "\n".join(table) + forced

@@ -135,3 +135,14 @@ class SweepResult(BaseModel):
     registered: Registered
     checkpoint: str
     timings: dict[str, float]
+
+
+class Reproduced(BaseModel):
+    """A registered version trained again: the version it reproduces, both versions' test
+    metrics, and the new version's training run."""
+
+    of: str  # the version reproduced
+    original_metrics: dict[str, float]  # its test metrics
+    differences: dict[str, float]  # each test metric both have: the reproduction's minus the original's
+    result: PipelineResult  # the reproduction's training run, its registered version among it
+    changed: list[str] = []  # what differed from the original's data and code, let through by --force

@@ -5,9 +5,34 @@ model, which runs as long as the flow run does."""
 # from these annotations.
 
 from prefect import flow
+from prefect.artifacts import create_markdown_artifact
 
 from trainflow.tasks.logs import one_line_expected_errors
+from trainflow.tasks.render import artifact_key
 from trainflow.tasks.serving import serve_endpoint
+
+
+@flow(name="shadow-report", flow_run_name="shadow-report-{model}", persist_result=False)
+def shadow_report(model: str = "digits") -> dict:
+    """Publish what shadowing a challenger showed (``trainflow models serve MODEL --shadow
+    ALIAS``): per pair of versions, the answers' agreement or difference, each model's
+    time, and the labelled feedback's score, as the ``<model>-shadow`` Markdown artifact.
+    Returns the comparison as ``GET /shadow`` shows it.
+
+    Args:
+        model: the registered model's name.
+    """
+    from trainflow.pipelines.serving import shadow
+    from trainflow.workspace import workspace
+
+    one_line_expected_errors()
+    summary = shadow.read_shadow(workspace(), model)
+    create_markdown_artifact(
+        key=f"{artifact_key(model)}-shadow",
+        markdown=shadow.summary_markdown(summary),
+        description=f"{model}: the champion's answers beside its shadowed challenger's",
+    )
+    return summary
 
 
 @flow(name="serve-model", flow_run_name="serve-{model}", persist_result=False)

@@ -145,13 +145,14 @@ def test_a_trial_config_runs_as_is_and_hashes_as_a_plain_config():
     assert trial.train.lr == 0.02 and trial.sweep is None and trial.scaling == cfg.sweep.scaling
     assert (trial.checkpoint.metric, trial.checkpoint.mode) == ("val_loss", "min")
     # A config without a sweep hashes as before sweeps existed: no "sweep" key in it (nor
-    # "cache", where prepared splits are kept, which no config's hash holds, nor the newer
-    # fields that hold their empty default).
+    # "cache", where prepared splits are kept, which no config's hash holds, nor an unset
+    # drift section, nor the newer fields that hold their empty default).
     import hashlib
 
     from trainflow.config.schema import HASHED_WHEN_SET
 
-    plain = {k: v for k, v in trial.model_dump(mode="json").items() if k not in ("sweep", "cache")}
+    dropped = ("sweep", "cache", "drift")
+    plain = {k: v for k, v in trial.model_dump(mode="json").items() if k not in dropped}
     for section, field in HASHED_WHEN_SET:
         del plain[section][field]
     canonical = json.dumps(plain, sort_keys=True, separators=(",", ":")).encode()

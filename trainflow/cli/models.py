@@ -168,3 +168,34 @@ def models_reproduce(
     result = call_flow("reproduce", starting, reproduce)
     typer.echo("\n".join(["", *render().reproduce_lines(result)]))
 
+
+def _drift_default(field: str):
+    from trainflow.config import DriftConfig
+
+    return DriftConfig.model_fields[field].default
+
+
+@models_app.command("drift")
+def models_drift(
+    name: NameArg,
+    psi: Annotated[
+        float, typer.Option(help="A feature drifted at this population stability index or above.")
+    ] = _drift_default("psi"),
+    ks_pvalue: Annotated[
+        float, typer.Option("--ks-pvalue", help="A number drifted too when its KS p-value is below this.")
+    ] = _drift_default("ks_pvalue"),
+    check: Annotated[bool, typer.Option("--check", help="Exit with 1 when a feature drifted.")] = False,
+) -> None:
+    """Score what a served model was asked against its champion's train split: each
+    feature's PSI and KS test, from the sample of requests each replica of `trainflow
+    models serve` keeps under TRAINFLOW_HOME/serving/NAME/."""
+    from trainflow.pipelines.serving.sampled import read_samples, served_drift
+
+    _, ws = _registry()
+    with registry_errors(), one_line_errors():
+        report = served_drift(ws, name, psi_threshold=psi, ks_pvalue=ks_pvalue)
+        rows, seen, files = read_samples(ws, name)
+    sampled = f"{len(rows)} rows sampled from {seen} served rows ({files} replica file(s))"
+    typer.echo("\n".join(render().drift_lines(report.summary(), report.rows(), sampled)))
+    if check and report.drifted:
+        raise typer.Exit(1)

@@ -1,6 +1,7 @@
 """The config schema: one typed place for every setting of a training run.
 
 By concern: ``sections`` (what every section shares), ``data`` (data, split, preprocess),
+``drift`` (how far new data may move from the champion's, and what then),
 ``training`` (model, train, early stopping), ``resources`` (scaling, failure, ray),
 ``outputs`` (checkpoint, evaluation, registry), ``sweep`` (the sweep section: search space,
 scheduler), ``schema`` (``PipelineConfig``: the sections together, the rules across them,
@@ -12,6 +13,7 @@ Everything is importable from ``trainflow.config``.
 """
 
 from trainflow.config.data import DataConfig, PreprocessConfig, SplitConfig
+from trainflow.config.drift import DRIFT_ACTIONS, DriftConfig
 from trainflow.config.errors import ConfigError
 from trainflow.config.load import SMOKE_OVERRIDES, load_config, read_config_file, smoke_config
 from trainflow.config.outputs import CheckpointSection, EvaluationConfig, RegistryConfig
@@ -42,6 +44,7 @@ from trainflow.config.trials import check_sweep_space, trial_config
 __all__ = [
     "CACHE_SCHEMES",
     "DIMENSION_KINDS",
+    "DRIFT_ACTIONS",
     "EPOCH_METRICS",
     "LOOP_RESERVED",
     "LOOP_SETTINGS",
@@ -57,6 +60,7 @@ __all__ = [
     "ConfigError",
     "DataConfig",
     "Dimension",
+    "DriftConfig",
     "EarlyStoppingConfig",
     "EvaluationConfig",
     "FailureSection",

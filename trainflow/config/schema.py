@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from trainflow.config.data import DataConfig, PreprocessConfig
+from trainflow.config.drift import DriftConfig
 from trainflow.config.errors import ConfigError, validation_message
 from trainflow.config.outputs import CheckpointSection, EvaluationConfig, RegistryConfig
 from trainflow.config.resources import FailureSection, RayConfig, ScalingSection
@@ -42,6 +43,9 @@ HASHED_WHEN_SET = (
     ("train", "loop_config"),
     ("preprocess", "transform"),
 )
+
+# Top-level sections a config hash leaves out while they are null (unset).
+OPTIONAL_SECTIONS = ("sweep", "drift")
 
 
 class PipelineConfig(Section):
@@ -79,6 +83,13 @@ class PipelineConfig(Section):
         "cluster reads and writes it: on several nodes, a folder they all mount at this path, or "
         "a URI like storage's (s3://bucket/cache, gs://..., abfs://..., hdfs://...). Where it is "
         "changes no result, nor the config's hash.",
+    )
+    drift: DriftConfig | None = Field(
+        None,
+        description="Measure drift before training: this run's train split against the champion's "
+        "(each feature's population stability index, a KS test for numbers, the label's "
+        "distribution), published as a table and a plot; drift.action says what a drifted "
+        "feature does. null: no drift check.",
     )
     sweep: SweepConfig | None = Field(
         None,
@@ -232,10 +243,11 @@ class PipelineConfig(Section):
         """A stable short hash of the canonical JSON of the whole config: registered models
         carry it, and ``--resume`` continues only a run of the same hash."""
         data = self.model_dump(mode="json")
-        if data["sweep"] is None:
-            # A config without a sweep leaves the key out, so that it hashes the same as a
-            # config of a release without sweeps.
-            del data["sweep"]
+        for section in OPTIONAL_SECTIONS:
+            if data[section] is None:
+                # A config without the section leaves the key out, so that it hashes the
+                # same as a config of a release without it.
+                del data[section]
         for section, field in HASHED_WHEN_SET:
             if not data[section][field]:
                 del data[section][field]

@@ -1,4 +1,4 @@
-"""The training pipeline: ingest -> preprocess -> train -> evaluate -> register."""
+"""The training pipeline: ingest -> preprocess -> (drift) -> train -> evaluate -> register."""
 
 # No `from __future__ import annotations` here: Prefect builds the flow's parameter
 # model from these annotations, and a deployment's run fails to when they are strings.
@@ -13,6 +13,7 @@ from trainflow.cluster import preflight, ray_session
 from trainflow.config import ConfigError, PipelineConfig, load_config, smoke_config
 from trainflow.files import redacted
 from trainflow.tasks import (
+    drift,
     evaluate,
     ingest,
     one_training_at_a_time,
@@ -97,12 +98,14 @@ def training_pipeline(
             preflight(config, get_run_logger())
             # preprocess: skipped (cached) when its prepared entry exists
             prepared = preprocess(config, source)
+            # drift: with a drift section, the train split against the champion's (block stops here)
+            drifted = drift(config, prepared) if config.drift else None
             # train: a Ray run of its own (a retry of the task resumes it), or the one to resume
             trained = train(config, prepared, checked.resume.run_name if checked.resume else None)
             # evaluate
             evaluated = evaluate(config, prepared, trained)
             # register: the champion alias moves only if the gate passes
-            registered = register(config, source, prepared, trained, evaluated)
+            registered = register(config, source, prepared, trained, evaluated, drifted)
     return _summarized(config, prepared, trained, evaluated, registered, steps)
 
 
@@ -115,7 +118,9 @@ def _summarized(
     steps: StepTimes,
 ) -> PipelineResult:
     """The run's result, logged and published as its summary artifact."""
-    timings, cached = steps.of(STEPS)
+    # The drift step is in the summary when it ran (a drift section set).
+    ran = (*STEPS[:2], "drift", *STEPS[2:]) if "drift" in steps.seconds else STEPS
+    timings, cached = steps.of(ran)
     result = PipelineResult(
         name=config.name,
         config_hash=config.config_hash(),

@@ -22,6 +22,7 @@ model's concurrency slot) and :func:`step_times` (what each step took); the Ray 
 and the cluster's preflight are in :mod:`trainflow.cluster`.
 """
 
+from trainflow.tasks.drift import drift
 from trainflow.tasks.evaluate import evaluate
 from trainflow.tasks.predict import check_input, predict, resolve_model
 from trainflow.tasks.prepare import ingest, preprocess
@@ -35,6 +36,7 @@ from trainflow.tasks.train import train
 __all__ = [
     "StepInputError",
     "check_input",
+    "drift",
     "evaluate",
     "ingest",
     "one_training_at_a_time",

@@ -14,7 +14,7 @@ from trainflow.pipelines.data import schema
 from trainflow.pipelines.evaluation import evaluate as ev
 from trainflow.pipelines.registry.registration import FLOW_NAME_TAG, FLOW_RUN_NAME_TAG
 from trainflow.tasks import render
-from trainflow.tasks.results import Evaluated, Prepared, Registered, Trained
+from trainflow.tasks.results import Drifted, Evaluated, Prepared, Registered, Trained
 from trainflow.tasks.steps import StepInputError, as_config, expect, step
 from trainflow.workspace import workspace
 
@@ -26,9 +26,10 @@ def register(
     prepared: Prepared,
     trained: Trained,
     evaluated: Evaluated,
+    drifted: Drifted | None = None,
 ) -> Registered:
-    """One MLflow model version of the trained checkpoint, with its lineage; ``champion``
-    moves to it only if the promotion gate passes (:func:`trainflow.pipelines.registry.decide`)."""
+    """One MLflow model version of the trained checkpoint, with its lineage and reports (the drift
+    step's too, given ``drifted``); ``champion`` moves to it only if the gate passes (``registry.decide``)."""
     config = _checked(config, source, prepared, trained, evaluated)
     logger, ws = get_run_logger(), workspace()
     reg = registry.register_checkpoint(
@@ -39,10 +40,10 @@ def register(
         metrics=evaluated.headline,
         history=trained.history,
         tags=_lineage(config, source, prepared, trained),
-        reports=evaluated.reports,
+        reports=[*evaluated.reports, *(drifted.reports if drifted else [])],
         **_gate(config, source, prepared, logger),
     )
-    _publish(config, reg, evaluated, ws, logger)
+    _publish(config, reg, evaluated, drifted, ws, logger)
     return Registered(**{**reg.__dict__, "decision": reg.decision.to_dict()})
 
 
@@ -122,7 +123,14 @@ def _rescore(
     return rescore
 
 
-def _publish(config: PipelineConfig, reg: registry.Registration, evaluated: Evaluated, ws, logger) -> None:
+def _publish(
+    config: PipelineConfig,
+    reg: registry.Registration,
+    evaluated: Evaluated,
+    drifted: Drifted | None,
+    ws,
+    logger,
+) -> None:
     """The version and the gate's decision in the log; the gate's report, the version's
     model card (also logged with its MLflow run) and a link to the version as Prefect
     artifacts."""
@@ -134,10 +142,13 @@ def _publish(config: PipelineConfig, reg: registry.Registration, evaluated: Eval
         markdown=render.gate_report_markdown(reg, config.name, evaluated),
         description=f"{reg.name}: the promotion gate's decision and the test report",
     )
-    # The card's "Drift at training time" holds the table given as write_card's drift=.
+    # The card's "Drift at training time": the drift step's table, or why it had none.
+    drift = drifted and (
+        render.drift_table(drifted.summary, drifted.rows) if drifted.rows else drifted.summary
+    )
     create_markdown_artifact(
         key=f"{key}-card",
-        markdown=registry.write_card(ws, reg, config, evaluated.headline),
+        markdown=registry.write_card(ws, reg, config, evaluated.headline, drift=drift),
         description=f"{reg.name} version {reg.version}: the model card",
     )
     create_link_artifact(

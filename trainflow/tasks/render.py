@@ -213,6 +213,57 @@ def gate_report_markdown(reg: registry.Registration, name: str, evaluated: Evalu
     return gate_markdown(reg) + "\n\n" + evaluation_markdown(name, evaluated.metrics, evaluated.reports)
 
 
+# --- drift ---------------------------------------------------------------------------
+
+# The drift artifact's table shows this many features, the drifted and highest PSI first.
+DRIFT_ROWS = 50
+
+
+def drift_markdown(name: str, summary: str, rows: Sequence[dict[str, Any]], plot: Path | str | None) -> str:
+    """The drift step's report: its line, the table of features and the plot."""
+    lines = [f"# {name}: drift of the new train split", "", drift_table(summary, rows)]
+    if plot is not None:
+        lines += ["", f"![drift]({reports.data_uri(plot)})", "", f"`{plot}`"]
+    return "\n".join(lines)
+
+
+def drift_table(summary: str, rows: Sequence[dict[str, Any]]) -> str:
+    """Drift's line and its table of features (at most DRIFT_ROWS), in Markdown: also
+    what a model card says of drift at training time."""
+    shown = list(rows)[:DRIFT_ROWS]
+    lines = [
+        summary,
+        "",
+        "| feature | kind | psi | ks | p-value | drifted | note |",
+        "|---|---|---|---|---|---|---|",
+        *[
+            f"| {r['feature']} | {r['kind']} | {r['psi']:.4f} | {_or_dash(r['ks'])} | "
+            f"{_or_dash(r['p_value'])} | {'**yes**' if r['drifted'] else 'no'} | {r['note']} |"
+            for r in shown
+        ],
+    ]
+    if len(rows) > len(shown):
+        lines += ["", f"{len(rows) - len(shown)} more features, none drifted more, in `drift.json`."]
+    return "\n".join(lines)
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def drift_lines(summary: str, rows: Sequence[dict[str, Any]], sampled: str, limit: int = 20) -> list[str]:
+    """What ``trainflow models drift`` prints: where the rows came from, the line, and the
+    table of the first ``limit`` features (the drifted and highest PSI first)."""
+    header = ["feature", "kind", "psi", "ks", "p-value", "drifted", "note"]
+    table = [
+        [r["feature"], r["kind"], f"{r['psi']:.4f}", _or_dash(r["ks"]), _or_dash(r["p_value"]),
+         "yes" if r["drifted"] else "no", r["note"]]
+        for r in list(rows)[:limit]
+    ]  # fmt: skip
+    more = [f"... {len(rows) - limit} more features, none drifted more"] if len(rows) > limit else []
+    return [sampled, summary, "", *columns(header, table), *more]
+
+
 # --- the sweep -----------------------------------------------------------------------
 
 

@@ -91,6 +91,23 @@ class Evaluated(BaseModel):
         return {k: v for k, v in self.metrics.items() if isinstance(v, float)}
 
 
+class Drifted(BaseModel):
+    """The drift step's measure of a run's train split against the champion's."""
+
+    reference: str = ""  # the version compared with ("digits version 3"); "" when none was
+    action: str = "warn"  # drift.action: warn, block or retrain
+    drifted: list[str] = []  # the features that drifted, the highest PSI first
+    summary: str = ""  # the drift in one line
+    rows: list[dict[str, Any]] = []  # the table: a row per feature
+    reports: list[str] = []  # drift.json and drift.png, logged with the registered version
+    prepared: str = ""  # the prepared splits measured (Prepared.fingerprint)
+
+    @property
+    def retrain(self) -> bool:
+        """Whether drift asks for training (drift.action retrain, and a feature drifted)."""
+        return self.action == "retrain" and bool(self.drifted)
+
+
 class Registered(BaseModel):
     name: str
     version: str

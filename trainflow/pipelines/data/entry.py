@@ -4,8 +4,9 @@ by a rename when complete), and its reading.
 An entry is a folder ``<cache>/<key>/`` holding one folder of Parquet files per split
 (``train/``, ``val/``, ``test/``: columns ``features`` and ``label``, and a column per
 array column of a ``preprocess.transform``'s output),
-``preprocessor.json`` and ``counts.json`` (the rows per split, written last: it marks
-the entry finished).
+``preprocessor.json``, ``profile.json`` (the train split's profile, which drift is
+measured against) and ``counts.json`` (the rows per split, written last: it marks the
+entry finished).
 
 The cache is a local folder (every node of a cluster mounts it at the same path) or a
 URI (``s3://``, ``gs://``, ...: every process reaches it through pyarrow). An object
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +38,7 @@ from trainflow.files import (
     read_text,
     write_text,
 )
+from trainflow.pipelines.data import profile as profiles
 from trainflow.pipelines.data import transform as tf
 from trainflow.pipelines.data.preprocess import Preprocessor
 from trainflow.pipelines.data.schema import DataError, SourceInfo
@@ -142,13 +144,17 @@ def staging(out: str) -> Iterator[str]:
         yield str(folder)
 
 
-def finish_entry(folder: str, pre: Preprocessor, counts: dict[str, int]) -> None:
-    """Refuse an empty split, then write what marks an entry finished: the preprocessor
-    and the rows per split (``counts.json`` last)."""
+def finish_entry(
+    folder: str, pre: Preprocessor, counts: dict[str, int], profile: dict[str, Any] | None = None
+) -> None:
+    """Refuse an empty split, then write what marks an entry finished: the preprocessor,
+    the train split's profile (``profile.json``) and the rows per split (``counts.json`` last)."""
     for name in SPLIT_NAMES:
         if not counts.get(name):
             raise DataError(f"the {name} split is empty; add rows or change data.split")
     pre.save(join(folder, PREPROCESSOR))
+    if profile is not None:
+        profiles.save(folder, profile)
     write_text(join(folder, COUNTS), json.dumps(counts))
 
 

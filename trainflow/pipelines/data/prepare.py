@@ -347,7 +347,7 @@ def prepare(
         for written in runner.run(write_fragment, calls, in_driver):
             for name, n in written.items():
                 counts[name] += n
-        finish_entry(tmp, pre, counts)
+        finish_entry(tmp, pre, counts, placed.train.profile.to_dict(label=info.label_column))
     log.info(
         "prepared %s rows of %s in %d fragments%s (%s split): checked and fitted in %.1f s, "
         "written in %.1f s",

@@ -17,6 +17,7 @@ import pandas as pd
 from trainflow.config import PreprocessConfig
 from trainflow.pipelines.data import transform as tf
 from trainflow.pipelines.data.preprocess import MAX_VOCABULARY, Preprocessor, image_chunk_rows, image_features
+from trainflow.pipelines.data.profile import Profile, profile_columns
 from trainflow.pipelines.data.schema import IMAGE, DataError, SourceInfo
 
 # A label with more distinct values than this is almost surely a regression target.
@@ -141,7 +142,8 @@ class FitStats:
     of squared deviations (Chan's parallel update, stable where sums of squares are not)
     or the minimum and maximum; the categories of each categorical column; for images
     the per-channel sums of pixels (resized to ``image_shape``, in [0, 1]) and of their
-    squares; and for a regression the label's mean and sum of squared deviations."""
+    squares; for a regression the label's mean and sum of squared deviations; and the
+    train split's :class:`Profile`, which drift is measured against."""
 
     rows: int = 0
     mean: np.ndarray | None = None
@@ -154,10 +156,12 @@ class FitStats:
     channel_squares: np.ndarray | None = None
     label_mean: float = 0.0
     label_m2: float = 0.0
+    profile: Profile = field(default_factory=Profile)
 
     def add(self, frame: pd.DataFrame, info: SourceInfo, scaler: str, image_shape: list[int] | None = None):
         if not len(frame):
             return
+        self.profile.add(frame, *profile_columns(info))
         if info.is_images:
             if scaler == "standard":
                 self._add_images(frame[IMAGE], image_shape)
@@ -199,6 +203,7 @@ class FitStats:
             self._merge_channels(x.shape[0] * x.shape[2], sums, squares)
 
     def merge(self, other: FitStats) -> None:
+        self.profile.merge(other.profile)
         if other.mean is not None:
             self._merge_moments(other.rows, other.mean, other.m2)
         if other.lo is not None:

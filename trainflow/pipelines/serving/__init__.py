@@ -37,9 +37,11 @@ MLflow server (MLFLOW_TRACKING_URI), which every node reaches.
 By concern: ``settings`` (the defaults of the limits, batching and polling;
 ``ServeSettings``), ``requests`` (a request's body, rows, columns or images, checked:
 ``RequestError``, ``Inputs``), ``served`` (a loaded version, and one pass of it over a
-batch), ``deployment`` (``ModelServer`` and :func:`app`) and ``server`` (the command's
-checks and :func:`serve_until_stopped`). Ray Serve's replicas import ``ModelServer``
-from ``deployment``, by its module path.
+batch), ``deployment`` (``ModelServer`` and :func:`app`), ``server`` (the command's
+checks and :func:`serve_until_stopped`) and ``sampled`` (the sample of the rows each
+replica answered, under ``TRAINFLOW_HOME/serving/<name>/``, which ``trainflow models
+drift`` scores). Ray Serve's replicas import ``ModelServer`` from ``deployment``, by its
+module path.
 """
 
 from trainflow.pipelines.serving.deployment import ModelServer, app

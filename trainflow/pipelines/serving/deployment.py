@@ -1,6 +1,7 @@
 """The Serve application: ``ModelServer``, the deployment whose replicas each serve one
-loaded version behind a FastAPI ingress, batch the requests and follow an alias; and
-:func:`app`, which binds it to a model for ``serve.run``."""
+loaded version behind a FastAPI ingress, batch the requests, follow an alias and keep a
+sample of the rows they answer (``sampled.py``); and :func:`app`, which binds it to a
+model for ``serve.run``."""
 
 # No ``from __future__ import annotations``: FastAPI reads the routes' parameter types
 # (``request: Request``) at run time, through Serve's ingress wrapper.
@@ -19,6 +20,7 @@ from trainflow.config import ConfigError
 from trainflow.pipelines import registry
 from trainflow.pipelines.models.checkpoint import model_actor_options
 from trainflow.pipelines.serving.requests import Inputs, RequestError, parse_body, parse_inputs, read_body
+from trainflow.pipelines.serving.sampled import SAVE_EVERY_S, RequestSample, samples_folder
 from trainflow.pipelines.serving.served import Served, answer, now
 from trainflow.pipelines.serving.settings import (
     BATCH_MAX_ROWS,
@@ -95,6 +97,8 @@ class ModelServer:
         self._settings = settings
         mv = registry.resolve(self._ws, uri)
         self._served = Served.load(self._ws, mv.name, str(mv.version))
+        # What it was asked, for `trainflow models drift` (requests of an alias's every version).
+        self._sample = RequestSample(samples_folder(self._ws, mv.name))
         self._checked_at: str | None = now()
         self._follow_error: str | None = None
         self._predict_batch.set_max_batch_size(settings.batch_max_rows)
@@ -102,6 +106,7 @@ class ModelServer:
         self._stop = threading.Event()
         if self._alias is not None:
             threading.Thread(target=self._follow, name="trainflow-follow-alias", daemon=True).start()
+        threading.Thread(target=self._save_sample, name="trainflow-save-sample", daemon=True).start()
 
     def __del__(self) -> None:
         stop = getattr(self, "_stop", None)
@@ -132,7 +137,25 @@ class ModelServer:
     @serve.batch(max_batch_size=BATCH_MAX_ROWS, batch_wait_timeout_s=BATCH_WAIT_S, batch_size_fn=_rows_in)
     async def _predict_batch(self, batch: list[Inputs]) -> list[dict[str, Any] | RequestError]:
         # Off the event loop, which meanwhile takes in the requests of the next batch.
-        return await asyncio.to_thread(answer, self._served, batch)
+        return await asyncio.to_thread(self._answer, batch)
+
+    def _answer(self, batch: list[Inputs]) -> list[dict[str, Any] | RequestError]:
+        """The batch's answers; the rows of those answered go to the request sample."""
+        served = self._served
+        answers = answer(served, batch)
+        for inputs, one in zip(batch, answers, strict=True):
+            if not isinstance(one, RequestError):
+                self._sample.add(inputs.columns, inputs.rows, served.version)
+        return answers
+
+    def _save_sample(self) -> None:
+        """Every SAVE_EVERY_S, the request sample written when it has changed: off the
+        requests' path."""
+        while not self._stop.wait(SAVE_EVERY_S):
+            try:
+                self._sample.save_if_changed()
+            except OSError as e:  # a full disk: the sample is an aid, serving goes on
+                log.warning("cannot save the request sample to %s: %s", self._sample.path, e)
 
     @api.post("/predict", openapi_extra=_PREDICT_DOC)
     async def predict(self, request: Request) -> JSONResponse:

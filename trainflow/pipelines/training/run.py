@@ -20,6 +20,7 @@ from trainflow.cluster.session import started_local_cluster
 from trainflow.cluster.shipping import worker_runtime_env
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.files import is_uri, join, redacted
+from trainflow.pipelines.data import profile as profiles
 from trainflow.pipelines.data.schema import DataError
 from trainflow.pipelines.models.build import describe_parameters
 from trainflow.pipelines.models.checkpoint import METRICS, read_json
@@ -132,8 +133,14 @@ def run_training(
     # The result: how training ended and its best checkpoint.
     if config.train.loop:
         run_path = stored_run_path(storage, run_name, result)
-        return loop_training_result(result, settings, run_path=run_path, seen=seen)
-    return training_result(result, config, storage=storage, run_name=run_name, seen=seen, in_memory=in_memory)
+        trained = loop_training_result(result, settings, run_path=run_path, seen=seen)
+    else:
+        trained = training_result(
+            result, config, storage=storage, run_name=run_name, seen=seen, in_memory=in_memory
+        )
+    # The train split's profile goes with the model: what drift is measured against later.
+    profiles.attach(prepared.path, trained.best_checkpoint)
+    return trained
 
 
 def trainer_inputs(

@@ -1,5 +1,6 @@
 """Online serving: `trainflow models serve` (Ray Serve, one replica, batched) against a
-plain FastAPI + uvicorn app around the same predictor, one process, in the same run.
+plain FastAPI + uvicorn app around the same predictor, one process, in the same run; and
+the Serve app with a shadow (`--shadow`) beside the same app without one.
 
     python benchmarks/serve.py                 # 5,000 requests at 8 and at 32 clients, each app
     python benchmarks/serve.py --quick         # 500 requests, into results/quick
@@ -13,7 +14,9 @@ calling `load_model(...).predict_with_proba` on a pandas frame of the rows). The
 one-row JSON request (a digits image) goes to both, by `hey` when it is installed
 (`apt-get install hey`: a Go client, a fraction of a core) or else an asyncio client in
 Python, which takes a large share of the two cores from the server; the section says
-which. A warm-up of 200 requests precedes each app's levels. Figures per app and level:
+which. The shadowed app (`--shadow 1`) has the served version shadow itself: every
+request's rows are answered a second time, off the answer's path, as a challenger of the
+same size would answer them. A warm-up of 200 requests precedes each app's levels. Figures per app and level:
 requests/s over the level's wall time, p50 and p99 latency, requests that failed.
 Writes benchmarks/results/serve.json and .md.
 """
@@ -40,9 +43,10 @@ MODEL = "digits-smoke/1"
 LEVELS = (8, 32)
 WARMUP = 200
 # The targets the serving work set itself (2 cores, digits): p99 at 8 clients, and
-# the Serve app's requests/s against the plain app's.
+# the Serve app's requests/s against the plain app's; a shadow's cost to the answers' p50.
 P99_TARGET_MS = 50.0
 THROUGHPUT_TARGET = 0.5
+SHADOW_LATENCY_TARGET = 1.10
 
 
 def plain_app(model: str, port: int) -> None:
@@ -247,13 +251,18 @@ def main() -> None:
         apps = {
             "plain": [py, str(HERE / "serve.py"), "--plain", MODEL],
             "serve": [py, "-m", "trainflow.cli", "models", "serve", MODEL, "--port"],
+            "shadowed": [py, "-m", "trainflow.cli", "models", "serve", MODEL, "--shadow", "1", "--port"],
         }
         results = {}
         for name, cmd in apps.items():
             port = _free_port()
             results[name] = measure(name, [*cmd, str(port)], env, port, body_file, args.requests, client)
-    if results["plain"]["answer"]["predictions"] != results["serve"]["answer"]["predictions"]:
-        raise SystemExit("the two apps answered the same request differently: they did not do the same work")
+    if not (
+        results["plain"]["answer"]["predictions"]
+        == results["serve"]["answer"]["predictions"]
+        == results["shadowed"]["answer"]["predictions"]
+    ):
+        raise SystemExit("the apps answered the same request differently: they did not do the same work")
 
     levels = {name: r["levels"] for name, r in results.items()}
     s8, p8 = levels["serve"]["8"], levels["plain"]["8"]
@@ -270,16 +279,21 @@ def main() -> None:
             c: ratio(levels["serve"][c]["requests_per_s"], levels["plain"][c]["requests_per_s"])
             for c in ("8", "32")
         },
+        "shadowed_vs_serve_p50": {
+            c: ratio(levels["shadowed"][c]["p50_ms"], levels["serve"][c]["p50_ms"]) for c in ("8", "32")
+        },
         "targets": {
             "p99_under_50ms_at_8": s8["p99_ms"] is not None and s8["p99_ms"] < P99_TARGET_MS,
             "at_least_half_plain_requests_per_s_at_8": s8["requests_per_s"]
             >= THROUGHPUT_TARGET * p8["requests_per_s"],
             "batching_beats_plain_at_32": s32["requests_per_s"] > p32["requests_per_s"],
+            "shadow_p50_within_10pct_at_8": levels["shadowed"]["8"]["p50_ms"]
+            <= SHADOW_LATENCY_TARGET * s8["p50_ms"],
         },
     }
     rows = "\n".join(
         f"| {name} | {c} | {f['requests_per_s']:.0f} | {f['p50_ms']} | {f['p99_ms']} | {f['failed']} |"
-        for name in ("plain", "serve")
+        for name in ("plain", "serve", "shadowed")
         for c, f in levels[name].items()
     )
     loads = [f["load_1min"][k] for ls in levels.values() for f in ls.values() for k in ("at_start", "at_end")]
@@ -296,19 +310,25 @@ def main() -> None:
         f"at least {THROUGHPUT_TARGET:g}x the plain app's requests/s at 8: "
         + ("met" if t["at_least_half_plain_requests_per_s_at_8"] else "missed"),
         f"batching beats the plain app at 32 clients: {'yes' if t['batching_beats_plain_at_32'] else 'no'}",
+        f"a shadow's p50 within {SHADOW_LATENCY_TARGET - 1:.0%} of the unshadowed app's at 8 clients: "
+        + ("met" if t["shadow_p50_within_10pct_at_8"] else "missed"),
     ]
+    sh = figures["shadowed_vs_serve_p50"]
     md = (
         f"## Online serving: {args.requests:,} one-row requests per level{quick}\n\n"
         + (f"Note: {args.note}\n\n" if args.note else "")
         + "| app | clients | requests/s | p50 ms | p99 ms | failed |\n|---|---|---|---|---|---|\n"
         + f"{rows}\n\n"
         f"Serve / plain requests/s: {vs['8']:.2f}x at 8 clients, {vs['32']:.2f}x at 32. "
+        f"Shadowed / unshadowed p50: {sh['8']:.2f}x at 8 clients, {sh['32']:.2f}x at 32. "
         f"Targets: {'; '.join(verdicts)}.\n\n"
         f"serve: `trainflow models serve {MODEL}` (a local Ray cluster, Serve's HTTP proxy, one replica of "
         "1 CPU, batches of the requests that arrive within 2 ms). plain: FastAPI + uvicorn, one process, "
         "a `def` endpoint around the same `load_model` predictor (`benchmarks/serve.py --plain`). "
+        "shadowed: the serve app with `--shadow 1`, the version shadowing itself. "
         f"Client: {client} ({how}), the same one-row digits request; {WARMUP} warm-up requests per app; "
-        "the plain app measured first. Both apps answered the request with the same prediction. "
+        "the plain app measured first, then serve, then shadowed. The apps answered the request with the "
+        "same prediction. "
         f"Load average (1 min) around the levels: {min(loads):g} to {max(loads):g}.\n"
     )
     print(write_section("serve", figures, md, args.results).read_text())

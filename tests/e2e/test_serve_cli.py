@@ -34,15 +34,18 @@ def _free_port() -> int:
 
 
 def test_an_unknown_model_alias_or_version_is_one_line_before_ray_starts(toy):
+    """The served model's, or the shadow's (--shadow)."""
     import ray
 
     initialized = ray.is_initialized()  # a session cluster of earlier tests may be up
-    for model, message in [
-        ("nobody", "error: unknown model 'nobody'; registered models: toy"),
-        ("toy@staging", "error: toy has no alias 'staging'; its aliases: champion"),
-        ("toy/7", "error: toy has no version 7; its versions: 1"),
+    for args, message in [
+        (["nobody"], "error: unknown model 'nobody'; registered models: toy"),
+        (["toy@staging"], "error: toy has no alias 'staging'; its aliases: champion"),
+        (["toy/7"], "error: toy has no version 7; its versions: 1"),
+        (["toy", "--shadow", "challenger"], "error: toy has no alias 'challenger'; its aliases: champion"),
+        (["toy", "--shadow", "3"], "error: toy has no version 3; its versions: 1"),
     ]:
-        result = CliRunner().invoke(app, ["models", "serve", model])
+        result = CliRunner().invoke(app, ["models", "serve", *args])
         assert result.exit_code == 2 and result.stderr.strip() == message, result.output
     assert ray.is_initialized() == initialized
 

@@ -39,12 +39,14 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(ray_cluster, module_trainflow_home, tmp_path_factory):
-    """Serve's URL with four applications: /toy follows toy's champion (a table of a
+    """Serve's URL with six applications: /toy follows toy's champion (a table of a
     numeric column a and a categorical column c), /pinned serves toy/1, /img an image
-    model, /reg a regression."""
+    model, /reg a regression, /own a user's model, /shadowed toy/1 with toy's challenger
+    (v2) shadowing it."""
     from ray import serve
 
     from trainflow.pipelines.serving import QUIET_LOGS, ServeSettings, app
+    from trainflow.pipelines.serving.shadow import stop_ledger
 
     ws = workspace()
     tmp = tmp_path_factory.mktemp("serving")
@@ -68,23 +70,28 @@ def server(ray_cluster, module_trainflow_home, tmp_path_factory):
     small = ServeSettings(max_rows=100, max_body_bytes=64 << 10, poll_interval_s=POLL_S)
     # The regression app scales with the load (Serve's autoscaling), between 1 and 2 replicas.
     apps = [
-        ("toy", "toy", None),
-        ("pinned", "toy/1", None),
-        ("img", "shapes", None),
-        ("reg", "diabetes", 2),
-        ("own", "own", None),
+        ("toy", "toy", None, None),
+        ("pinned", "toy/1", None, None),
+        ("img", "shapes", None, None),
+        ("reg", "diabetes", 2, None),
+        ("own", "own", None, None),
+        ("shadowed", "toy/1", None, "challenger"),  # toy/1 answers; toy's challenger (v2) shadows it
     ]
     targets = [
         serve.RunTarget(
-            app(model, max_replicas=most, cpus_per_replica=0.2, settings=small), name, f"/{name}", QUIET_LOGS
+            app(model, max_replicas=most, cpus_per_replica=0.2, settings=small, shadow=shadow),
+            name,
+            f"/{name}",
+            QUIET_LOGS,
         )
-        for name, model, most in apps
+        for name, model, most, shadow in apps
     ]
     serve.run_many(targets)  # side by side: one deployment's start-up is seconds
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
+        stop_ledger("toy")
         driver_path.undo()
         sys.modules.pop("serving_user_net", None)
 
@@ -315,3 +322,68 @@ def test_an_alias_moved_to_a_model_from_another_module_keeps_the_served_version(
     assert info["follow_error"].endswith("restart the server to serve a version built from another module")
     r = http.post(f"{server}/own/predict", json={"rows": [{"a": 0.5, "b": 1.0}]})
     assert r.status_code == 200 and r.json()["version"] == "1"
+
+
+def test_a_shadowed_challenger_answers_off_the_path_and_its_comparison_gates_a_promotion(
+    server, prefect_harness, tmp_path
+):
+    """/shadowed answers with toy/1 while the challenger (v2) answers the same rows off the
+    answer's path: GET /shadow counts both models' answers, POST /feedback scores them,
+    the shadow-report flow publishes the comparison, and a promotion asking for more
+    agreement than was shown is refused."""
+    from tests.e2e.test_cli import trainflow_in_process
+    from tests.flows.test_training_pipeline import read_artifacts
+    from trainflow.flows.serving import shadow_report
+
+    answers = [http.post(f"{server}/shadowed/predict", json={"rows": ROWS}).json() for _ in range(5)]
+    assert {a["version"] for a in answers} == {"1"} and len({a["id"] for a in answers}) == 5
+    assert http.get(f"{server}/shadowed/model").json()["shadow"] == {"uri": "toy@challenger", "version": "2"}
+    frame = pd.DataFrame(ROWS)
+    mine, theirs = (registry.load_model(f"toy/{v}").predict(frame) for v in ("1", "2"))
+    agreement = float(np.mean(mine == theirs))
+
+    # The challenger answers on a thread of its own: awaited.
+    deadline = time.monotonic() + FOLLOW_S
+    while not (pairs := http.get(f"{server}/shadowed/shadow").json()["pairs"]) or pairs[0]["requests"] < 5:
+        assert time.monotonic() < deadline, pairs
+        time.sleep(0.1)
+    pair = pairs[0]
+    assert (pair["champion"], pair["challenger"], pair["rows"]) == ("1", "2", 5 * len(ROWS))
+    assert pair["agreement"] == pytest.approx(agreement) and pair["errors"] == 0
+    assert pair["latency_ms"]["champion"]["p50"] > 0 and pair["latency_ms"]["challenger"]["p50"] > 0
+
+    scored = http.post(
+        f"{server}/shadowed/feedback", json={"id": answers[0]["id"], "labels": theirs.tolist()}
+    )
+    assert scored.status_code == 200, scored.text
+    assert scored.json()["feedback"] == {
+        "rows": len(ROWS), "metric": "accuracy", "champion": pytest.approx(agreement), "challenger": 1.0,
+        "challenger_wins": agreement < 1.0,
+    }  # fmt: skip
+    unknown = http.post(f"{server}/shadowed/feedback", json={"id": "nope", "labels": ["yes"]})
+    assert unknown.status_code == 422 and unknown.json()["field"] == "id"
+    unshadowed = http.get(f"{server}/pinned/shadow")
+    assert unshadowed.status_code == 404 and "--shadow" in unshadowed.json()["error"]
+
+    # Saved every couple of seconds for the report and for promotions: awaited.
+    deadline = time.monotonic() + FOLLOW_S
+    while (saved := _saved_pair()) is None or saved["feedback"]["rows"] < len(ROWS):
+        assert time.monotonic() < deadline, saved
+        time.sleep(0.2)
+    assert shadow_report("toy")["pairs"][0]["rows"] == 5 * len(ROWS)
+    table = next(a.data for a in read_artifacts() if a.key == "toy-shadow")
+    assert f"| 1 | 2 | 5 | {5 * len(ROWS)} | {agreement:.1%} |" in table
+
+    # A promotion that asks for what the comparison did not show is refused; toy's
+    # champion stays.
+    asks = ["--min-agreement", f"{agreement + 0.01:.4f}"] if agreement < 1.0 else ["--feedback-win"]
+    refused = trainflow_in_process("models", "promote", "toy", "2", *asks)
+    assert refused.returncode == 2, refused.output
+    assert ("below --min-agreement" if agreement < 1.0 else "did not beat champion 1") in refused.output
+    assert str(registry.resolve(workspace(), "toy@champion").version) == "1"
+
+
+def _saved_pair() -> dict | None:
+    """The latest pair of toy's saved shadow comparison, once it is saved."""
+    path = workspace().home / "serving" / "toy" / "shadow.json"
+    return json.loads(path.read_text())["pairs"][0] if path.is_file() else None

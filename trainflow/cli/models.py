@@ -67,12 +67,42 @@ def models_show(model: ModelArg) -> None:
 
 @models_app.command("promote")
 def models_promote(
-    name: NameArg, version: Annotated[str, typer.Argument(help="The version to promote")]
+    name: NameArg,
+    version: Annotated[str, typer.Argument(help="The version to promote")],
+    min_agreement: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Only if, shadowed beside the champion (serve --shadow), its classes agreed on at least "
+            "this share of rows.",
+        ),
+    ] = None,
+    feedback_win: Annotated[
+        bool,
+        typer.Option(
+            "--feedback-win",
+            help="Only if, shadowed beside the champion, it scored better on the labelled feedback "
+            "(POST /feedback).",
+        ),
+    ] = False,
 ) -> None:
-    """Make VERSION the champion, whatever its gate said; `rollback` undoes it."""
+    """Make VERSION the champion, whatever its gate said; `rollback` undoes it. With
+    --min-agreement or --feedback-win, only if its shadow comparison with the champion
+    shows it."""
     registry, ws = _registry()
-    with registry_errors():
-        move = registry.promote(ws, name, version)
+    reason = "promoted by hand"
+    with registry_errors(), one_line_errors():
+        if min_agreement is not None or feedback_win:
+            from trainflow.pipelines.serving.shadow import require_shadow
+
+            champion = str(registry.resolve(ws, f"{name}@champion").version)
+            found = require_shadow(
+                ws, name, champion, version, min_agreement=min_agreement, feedback_win=feedback_win
+            )
+            reason = f"promoted by hand, {found}"
+            typer.echo(f"{name} version {version}: {found}")
+        move = registry.promote(ws, name, version, reason=reason)
     typer.echo(render().move_line(name, move))
 
 
@@ -83,6 +113,15 @@ def models_rollback(name: NameArg) -> None:
     with registry_errors():
         move = registry.rollback(ws, name)
     typer.echo(render().move_line(name, move))
+
+
+ShadowOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="An alias (challenger) or version of the model that also answers every request, off "
+        "the answer's path: GET /shadow compares the two, POST /feedback scores them.",
+    ),
+]
 
 
 @models_app.command("serve")
@@ -98,12 +137,13 @@ def models_serve(
         typer.Option(min=1, help="Instead of --replicas: from 1 up to this many, as the load asks."),
     ] = None,
     cpus_per_replica: Annotated[float, typer.Option(min=0.01, help="CPUs Ray reserves per replica.")] = 1.0,
+    shadow: ShadowOpt = None,
 ) -> None:
     """Serve MODEL over HTTP on Ray Serve until Ctrl-C: POST /predict, GET /model, /docs.
 
     A model by alias (NAME, NAME@ALIAS) follows the alias as it moves; NAME/VERSION stays.
     """
-    _, ws = _registry()
+    registry, ws = _registry()
     from trainflow.pipelines import serving
 
     # The model, the port and the replicas' CPUs are checked here, before Ray starts.
@@ -111,8 +151,14 @@ def models_serve(
         if max_replicas is not None and replicas != 1:
             raise ConfigError("give --replicas or --max-replicas, not both")
         application = serving.app(
-            model, replicas=replicas, max_replicas=max_replicas, cpus_per_replica=cpus_per_replica, ws=ws
+            model,
+            replicas=replicas,
+            max_replicas=max_replicas,
+            cpus_per_replica=cpus_per_replica,
+            ws=ws,
+            shadow=shadow,
         )
+        shadow_of = registry.resolve(ws, model).name if shadow else None
         kind = serving.model_kind(model, ws)
         serving.check_port(host, port)
         if max_replicas is None:
@@ -121,13 +167,17 @@ def models_serve(
             serving.check_fits(max_replicas, cpus_per_replica, flag="--max-replicas")
 
     def ready(url: str) -> None:
+        also = f", GET {url}/shadow beside {shadow}" if shadow else ""
         typer.echo(
-            f"serving {model} at {url} (POST {url}/predict, GET {url}/model, docs {url}/docs); Ctrl-C stops"
+            f"serving {model} at {url} (POST {url}/predict, GET {url}/model{also}, docs {url}/docs); "
+            "Ctrl-C stops"
         )
 
     try:
         with one_line_errors():  # a cluster started elsewhere, checked once connected
-            serving.serve_until_stopped(application, host=host, port=port, on_ready=ready, model_kind=kind)
+            serving.serve_until_stopped(
+                application, host=host, port=port, on_ready=ready, model_kind=kind, shadow_of=shadow_of
+            )
     except KeyboardInterrupt:  # Ctrl-C while Ray was still starting
         raise typer.Exit(130) from None
     typer.echo("stopped")

@@ -45,6 +45,7 @@ def serve_model(
     cpus_per_replica: float = 1.0,
     ray_address: str | None = None,
     stop_after_s: float | None = None,
+    shadow: str | None = None,
 ) -> str:
     """Serve a registered model over HTTP on Ray Serve (``trainflow models serve``'s app)
     until the flow run is cancelled; returns the URL it served at.
@@ -58,8 +59,11 @@ def serve_model(
         cpus_per_replica: CPUs Ray reserves per replica.
         ray_address: a running Ray cluster; None: RAY_ADDRESS, else a local one for this run.
         stop_after_s: stop this long after the endpoint is ready; None: when the run is cancelled.
+        shadow: an alias (``challenger``) or version of the model that also answers every
+            request, off the answer's path; ``GET /shadow`` and the ``shadow-report`` flow
+            compare the two.
     """
     one_line_expected_errors()
     return serve_endpoint(
-        model, host, port, replicas, max_replicas, cpus_per_replica, ray_address, stop_after_s
+        model, host, port, replicas, max_replicas, cpus_per_replica, ray_address, stop_after_s, shadow
     )

@@ -21,24 +21,27 @@ def serve_endpoint(
     cpus_per_replica: float = 1.0,
     ray_address: str | None = None,
     stop_after_s: float | None = None,
+    shadow: str | None = None,
 ) -> str:
     """Serve ``model`` until the run is cancelled (Prefect stops its process with SIGTERM)
     or ``stop_after_s`` after it is ready; returns the URL it served at. The model, the
-    port and the replicas' CPUs are checked before Ray starts."""
+    port and the replicas' CPUs are checked before Ray starts. ``shadow``: an alias or
+    version of the model that also answers every request, off the answer's path."""
     logger, served = get_run_logger(), []
-    application = _checked_app(model, host, port, replicas, max_replicas, cpus_per_replica, ray_address)
+    app = _checked_app(model, host, port, replicas, max_replicas, cpus_per_replica, ray_address, shadow)
     serving.serve_until_stopped(
-        application, host=host, port=port, on_ready=_announce(logger, model, served),
+        app, host=host, port=port, on_ready=_announce(logger, model, served),
         ray_address=ray_address, stop_after_s=stop_after_s, model_kind=serving.model_kind(model),
+        shadow_of=shadow and model.split("@")[0].split("/")[0],
     )  # fmt: skip
     logger.info("stopped serving %s", model)
     return served[0] if served else ""
 
 
-def _checked_app(model, host, port, replicas, max_replicas, cpus_per_replica, ray_address):
+def _checked_app(model, host, port, replicas, max_replicas, cpus_per_replica, ray_address, shadow):
     """The Serve application of ``model``, once the port is free and the replicas fit."""
     application = serving.app(
-        model, replicas=replicas, max_replicas=max_replicas, cpus_per_replica=cpus_per_replica
+        model, replicas=replicas, max_replicas=max_replicas, cpus_per_replica=cpus_per_replica, shadow=shadow
     )
     serving.check_port(host, port)
     serving.check_fits(max_replicas or replicas, cpus_per_replica, ray_address)

@@ -10,6 +10,8 @@ a FastAPI ingress:
   answer holds ``predictions`` (class values, or numbers for a regression),
   ``probabilities`` and ``classes`` for a classifier, and the ``model`` and ``version``
   that answered. The checkpoint's saved preprocessing applies, as in ``load_model``.
+- With ``shadow=`` (``--shadow challenger``), every answer carries an ``id``; ``GET
+  /shadow`` compares the two models' answers, ``POST /feedback`` scores them on labels.
 - ``GET /model`` (name, version, alias followed, task, classes, input columns or image
   shape, the gate's decision and test metrics), ``GET /healthz``, FastAPI's ``/docs``.
 
@@ -40,8 +42,9 @@ By concern: ``settings`` (the defaults of the limits, batching and polling;
 batch), ``deployment`` (``ModelServer`` and :func:`app`), ``server`` (the command's
 checks and :func:`serve_until_stopped`) and ``sampled`` (the sample of the rows each
 replica answered, under ``TRAINFLOW_HOME/serving/<name>/``, which ``trainflow models
-drift`` scores). Ray Serve's replicas import ``ModelServer`` from ``deployment``, by its
-module path.
+drift`` scores) and ``shadow`` (a challenger that also answers every request, off the
+answer's path: ``GET /shadow``, ``POST /feedback``). Ray Serve's replicas import
+``ModelServer`` from ``deployment``, by its module path.
 """
 
 from trainflow.pipelines.serving.deployment import ModelServer, app

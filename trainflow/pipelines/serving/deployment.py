@@ -9,6 +9,8 @@ import asyncio
 import logging
 import os
 import threading
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from trainflow.pipelines.serving.settings import (
     TARGET_ONGOING_REQUESTS,
     ServeSettings,
 )
+from trainflow.pipelines.serving.shadow import Shadow, ledger, parse_feedback, shadow_uri
 from trainflow.workspace import Workspace, workspace
 
 log = logging.getLogger("trainflow.serving")
@@ -81,7 +84,14 @@ api = FastAPI(
 class ModelServer:
     """A replica: one loaded version, swapped for the alias's new version when it moves."""
 
-    def __init__(self, uri: str, home: str, tracking_uri: str | None, settings: ServeSettings):
+    def __init__(
+        self,
+        uri: str,
+        home: str,
+        tracking_uri: str | None,
+        settings: ServeSettings,
+        shadow: str | None = None,
+    ):
         # Serve compares the batch's size, counted here in rows, with max_ongoing_requests,
         # counted in requests, and warns that batches stay below it: they do not.
         logging.getLogger("ray.serve").addFilter(_NoBatchSizeWarning())
@@ -101,10 +111,11 @@ class ModelServer:
         self._sample = RequestSample(samples_folder(self._ws, mv.name))
         self._checked_at: str | None = now()
         self._follow_error: str | None = None
+        self._shadow = self._shadowing(shadow, mv.name)
         self._predict_batch.set_max_batch_size(settings.batch_max_rows)
         self._predict_batch.set_batch_wait_timeout_s(settings.batch_wait_s)
         self._stop = threading.Event()
-        if self._alias is not None:
+        if self._alias is not None or (shadow is not None and registry.followed_alias(shadow)):
             threading.Thread(target=self._follow, name="trainflow-follow-alias", daemon=True).start()
         threading.Thread(target=self._save_sample, name="trainflow-save-sample", daemon=True).start()
 
@@ -113,13 +124,22 @@ class ModelServer:
         if stop is not None:
             stop.set()
 
+    def _shadowing(self, uri: str | None, name: str) -> Shadow | None:
+        """The challenger this replica also asks, off the answers' path (``--shadow``)."""
+        if uri is None:
+            return None
+        mv = registry.resolve(self._ws, uri)
+        return Shadow(uri, Served.load(self._ws, mv.name, str(mv.version)), ledger(self._ws, name))
+
     def _follow(self) -> None:
         """Every poll interval: where does the alias point? Load a new version whole, then
         swap it in; a failure keeps the current version serving and is shown in /model."""
         while not self._stop.wait(self._settings.poll_interval_s):
             try:
+                if self._shadow is not None and registry.followed_alias(self._shadow.uri):
+                    self._shadow.follow(self._ws)
                 mv = registry.resolve(self._ws, self._uri)
-                if str(mv.version) != self._served.version:
+                if self._alias is not None and str(mv.version) != self._served.version:
                     new = Served.load(self._ws, mv.name, str(mv.version))
                     old, self._served = self._served.version, new
                     log.warning("%s: now serving version %s (was %s)", self._uri, new.version, old)
@@ -142,7 +162,14 @@ class ModelServer:
     def _answer(self, batch: list[Inputs]) -> list[dict[str, Any] | RequestError]:
         """The batch's answers; the rows of those answered go to the request sample."""
         served = self._served
+        start = time.perf_counter()
         answers = answer(served, batch)
+        if self._shadow is not None:
+            took = time.perf_counter() - start
+            for one in answers:
+                if isinstance(one, dict):
+                    one["id"] = uuid.uuid4().hex  # what POST /feedback names
+            self._shadow.offer(served, batch, answers, took)
         for inputs, one in zip(batch, answers, strict=True):
             if not isinstance(one, RequestError):
                 self._sample.add(inputs.columns, inputs.rows, served.version)
@@ -194,6 +221,9 @@ class ModelServer:
             "checked_at": self._checked_at if self._alias else None,
             "follow_error": self._follow_error,
             "poll_interval_s": self._settings.poll_interval_s if self._alias else None,
+            "shadow": None
+            if self._shadow is None
+            else {"uri": self._shadow.uri, "version": self._shadow.served.version},
             "limits": {"max_rows": self._settings.max_rows, "max_body_bytes": self._settings.max_body_bytes},
             "batching": {
                 "max_rows": self._settings.batch_max_rows,
@@ -201,6 +231,33 @@ class ModelServer:
             },
         }
         return JSONResponse(info)
+
+    @api.get("/shadow")
+    async def shadow(self) -> JSONResponse:
+        """The champion's answers beside the shadowed challenger's, per pair of versions."""
+        if self._shadow is None:
+            return RequestError(
+                404, "shadow", "this server shadows no challenger; serve with --shadow ALIAS"
+            ).response()
+        return JSONResponse(await self._shadow.ledger.summary.remote())
+
+    @api.post("/feedback")
+    async def feedback(self, request: Request) -> JSONResponse:
+        """Labels for a shadowed answer's rows (``{"id": ..., "labels": [...]}``), scored
+        against both models' answers; the pair's comparison back."""
+        try:
+            if self._shadow is None:
+                raise RequestError(
+                    404, "shadow", "this server shadows no challenger; serve with --shadow ALIAS"
+                )
+            payload = parse_body(await read_body(request, self._settings.max_body_bytes))
+            scored = await self._shadow.ledger.feedback.remote(*parse_feedback(payload))
+        except RequestError as e:
+            return e.response()
+        if isinstance(scored, str):
+            field, message = scored.split(": ", 1)
+            return RequestError(422, field, message).response()
+        return JSONResponse(scored)
 
     @api.get("/healthz")
     def healthz(self) -> dict[str, str]:
@@ -215,18 +272,25 @@ def app(
     cpus_per_replica: float = 1.0,
     settings: ServeSettings | None = None,
     ws: Workspace | None = None,
+    shadow: str | None = None,
 ) -> serve.Application:
     """The Serve application for ``serve.run``: ``model`` (``NAME``, ``NAME@ALIAS``,
     ``NAME/VERSION``) behind :class:`ModelServer`'s HTTP API, on ``replicas`` replicas of
     ``cpus_per_replica`` CPUs each, or with ``max_replicas`` from one up to that many as
     the load asks (Serve's autoscaling, TARGET_ONGOING_REQUESTS per replica). An unknown
-    model, version or alias is a RegistryError here, before any replica starts."""
+    model, version or alias is a RegistryError here, before any replica starts.
+    ``shadow``: an alias (``challenger``) or version of the same model that also answers
+    every request, off the answer's path (``shadow.py``)."""
     if replicas < 1 or (max_replicas is not None and max_replicas < 1):
         raise ValueError(f"replicas and max_replicas must be at least 1, got {replicas}, {max_replicas}")
     import ray
 
     ws = ws or workspace()
-    folder = registry.local_checkpoint(ws, registry.resolve(ws, model))
+    served = registry.resolve(ws, model)
+    folder = registry.local_checkpoint(ws, served)
+    shadowed = shadow_uri(served.name, shadow) if shadow else None
+    if shadowed:
+        registry.resolve(ws, shadowed)  # RegistryError now, not in the replicas
     # A user's model (model.kind: package.module:callable) brings its module to the
     # replicas, which the cluster's workers need not have: the module of the version
     # served at the start (a later version the alias moves to must use the same one).
@@ -249,4 +313,4 @@ def app(
         **scaling,
         ray_actor_options=actor_options,
         max_ongoing_requests=MAX_ONGOING_REQUESTS,
-    ).bind(model, str(ws.home), os.environ.get("MLFLOW_TRACKING_URI"), settings or ServeSettings())
+    ).bind(model, str(ws.home), os.environ.get("MLFLOW_TRACKING_URI"), settings or ServeSettings(), shadowed)

@@ -246,10 +246,20 @@ class Shadow:
     """A replica's challenger: the batches it answered, answered again by ``uri``'s
     version on a thread of its own, and the two answers handed to the ledger."""
 
-    def __init__(self, ws: Workspace, uri: str, served: Served, ledger_handle):
-        self.uri, self.served, self._ledger = uri, served, ledger_handle
+    def __init__(self, uri: str, served: Served, ledger_handle):
+        self.uri, self.served, self.ledger = uri, served, ledger_handle
         self._queue: queue.Queue = queue.Queue(maxsize=MAX_QUEUED)
         threading.Thread(target=self._run, name="trainflow-shadow", daemon=True).start()
+
+    def follow(self, ws: Workspace) -> None:
+        """Load the version the shadowed alias points at now, when it moved."""
+        from trainflow.pipelines import registry
+        from trainflow.pipelines.serving.served import Served
+
+        mv = registry.resolve(ws, self.uri)
+        if str(mv.version) != self.served.version:
+            old, self.served = self.served.version, Served.load(ws, mv.name, str(mv.version))
+            log.warning("%s: now shadowing version %s (was %s)", self.uri, mv.version, old)
 
     def offer(self, champion: Served, batch: list[Inputs], answers: list[dict], seconds: float) -> None:
         """Hand over a batch the champion answered in ``seconds``; never waits."""
@@ -257,7 +267,7 @@ class Shadow:
             self._queue.put_nowait((champion, batch, answers, seconds))
         except queue.Full:
             versions = (champion.version, self.served.version)
-            self._ledger.missed.remote(versions, champion.predictor.preprocessor.task, not_shadowed=1)
+            self.ledger.missed.remote(versions, champion.predictor.preprocessor.task, not_shadowed=1)
 
     def _run(self) -> None:
         from trainflow.pipelines.serving.requests import RequestError
@@ -281,9 +291,9 @@ class Shadow:
             ]
             failed = sum(isinstance(other, RequestError) for other in theirs)
             if pairs:
-                self._ledger.record.remote(versions, task, pairs, (seconds, took))
+                self.ledger.record.remote(versions, task, pairs, (seconds, took))
             if failed:
-                self._ledger.missed.remote(versions, task, errors=failed)
+                self.ledger.missed.remote(versions, task, errors=failed)
 
 
 def read_shadow(ws: Workspace, model: str) -> dict[str, Any]:
@@ -375,3 +385,20 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             f"{p['errors']} | {p['not_shadowed']} | {feedback} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def parse_feedback(payload: dict[str, Any]) -> tuple[str, list]:
+    """``POST /feedback``'s answer id and labels; RequestError naming the field."""
+    from trainflow.pipelines.serving.requests import RequestError
+
+    answer_id, labels = payload.get("id"), payload.get("labels")
+    if not isinstance(answer_id, str):
+        raise RequestError(422, "id", "the id of a shadowed answer, as POST /predict gave it, is required")
+    if not isinstance(labels, list) or not labels:
+        raise RequestError(422, "labels", "a list of labels, one per row of that answer, is required")
+    return answer_id, labels
+
+
+def shadow_uri(name: str, shadow: str) -> str:
+    """The model URI of ``--shadow``: an alias (``challenger``) or a version (``3``) of ``name``."""
+    return f"{name}/{shadow}" if shadow.isdigit() else f"{name}@{shadow}"

@@ -16,6 +16,7 @@ An image's pixels and a transform's array columns are not profiled: the label is
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,13 +42,12 @@ def profile_columns(info: SourceInfo) -> tuple[list[str], list[str]]:
     return numeric, categorical
 
 
-def sample_keys(frame: pd.DataFrame) -> np.ndarray:
-    """A pseudo-random 64-bit key per row, seeded by the batch's content: the same batch
-    read again gets the same keys, and equal rows get different ones."""
-    content = pd.util.hash_pandas_object(frame, index=False).to_numpy()
-    seed = int(np.bitwise_xor.reduce(content)) if len(content) else 0
+def sample_keys(values: np.ndarray) -> np.ndarray:
+    """A pseudo-random 64-bit key per row of ``values``, seeded by their bytes: the same
+    batch read again gets the same keys, and equal rows get different ones."""
+    seed = zlib.crc32(np.ascontiguousarray(values).tobytes())
     return np.random.default_rng(seed).integers(
-        0, np.iinfo(np.uint64).max, len(frame), dtype=np.uint64, endpoint=True
+        0, np.iinfo(np.uint64).max, len(values), dtype=np.uint64, endpoint=True
     )
 
 
@@ -69,7 +69,7 @@ class Profile:
         if numeric:
             self.numeric = list(numeric)
             values = frame[numeric].to_numpy(dtype=np.float64, na_value=np.nan)
-            self._keep(sample_keys(frame[numeric]), values)
+            self._keep(sample_keys(values), values)
         for c in categorical:
             mine = self.counts.setdefault(c, {})
             for value, n in frame[c].dropna().value_counts(sort=False).items():
@@ -88,6 +88,10 @@ class Profile:
 
     def _keep(self, keys: np.ndarray, values: np.ndarray) -> None:
         """The rows of the PROFILE_ROWS smallest keys among the kept ones and these."""
+        if self.keys is not None and len(self.keys) == PROFILE_ROWS:
+            # Full: only a row whose key is below the largest kept one can enter.
+            entering = keys < self.keys.max()
+            keys, values = keys[entering], values[entering]
         if self.keys is not None:
             keys, values = np.concatenate([self.keys, keys]), np.concatenate([self.values, values])
         if len(keys) > PROFILE_ROWS:

@@ -143,7 +143,7 @@ def models_serve(
 
     A model by alias (NAME, NAME@ALIAS) follows the alias as it moves; NAME/VERSION stays.
     """
-    registry, ws = _registry()
+    _, ws = _registry()
     from trainflow.pipelines import serving
 
     # The model, the port and the replicas' CPUs are checked here, before Ray starts.
@@ -158,13 +158,12 @@ def models_serve(
             ws=ws,
             shadow=shadow,
         )
-        shadow_of = registry.resolve(ws, model).name if shadow else None
         kind = serving.model_kind(model, ws)
         serving.check_port(host, port)
         if max_replicas is None:
-            serving.check_fits(replicas, cpus_per_replica)
+            serving.check_fits(replicas + bool(shadow), cpus_per_replica)
         else:
-            serving.check_fits(max_replicas, cpus_per_replica, flag="--max-replicas")
+            serving.check_fits(max_replicas + bool(shadow), cpus_per_replica, flag="--max-replicas")
 
     def ready(url: str) -> None:
         also = f", GET {url}/shadow beside {shadow}" if shadow else ""
@@ -175,9 +174,7 @@ def models_serve(
 
     try:
         with one_line_errors():  # a cluster started elsewhere, checked once connected
-            serving.serve_until_stopped(
-                application, host=host, port=port, on_ready=ready, model_kind=kind, shadow_of=shadow_of
-            )
+            serving.serve_until_stopped(application, host=host, port=port, on_ready=ready, model_kind=kind)
     except KeyboardInterrupt:  # Ctrl-C while Ray was still starting
         raise typer.Exit(130) from None
     typer.echo("stopped")

@@ -32,7 +32,6 @@ def serve_endpoint(
     serving.serve_until_stopped(
         app, host=host, port=port, on_ready=_announce(logger, model, served),
         ray_address=ray_address, stop_after_s=stop_after_s, model_kind=serving.model_kind(model),
-        shadow_of=shadow and model.split("@")[0].split("/")[0],
     )  # fmt: skip
     logger.info("stopped serving %s", model)
     return served[0] if served else ""
@@ -44,7 +43,7 @@ def _checked_app(model, host, port, replicas, max_replicas, cpus_per_replica, ra
         model, replicas=replicas, max_replicas=max_replicas, cpus_per_replica=cpus_per_replica, shadow=shadow
     )
     serving.check_port(host, port)
-    serving.check_fits(max_replicas or replicas, cpus_per_replica, ray_address)
+    serving.check_fits((max_replicas or replicas) + bool(shadow), cpus_per_replica, ray_address)
     return application
 
 

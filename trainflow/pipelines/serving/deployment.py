@@ -17,13 +17,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
+from ray.serve.handle import DeploymentHandle
 
 from trainflow.config import ConfigError
 from trainflow.pipelines import registry
 from trainflow.pipelines.models.checkpoint import model_actor_options
 from trainflow.pipelines.serving.requests import Inputs, RequestError, parse_body, parse_inputs, read_body
 from trainflow.pipelines.serving.sampled import SAVE_EVERY_S, RequestSample, samples_folder
-from trainflow.pipelines.serving.served import Served, answer, now
+from trainflow.pipelines.serving.served import Served, answer, now, use_registry
 from trainflow.pipelines.serving.settings import (
     BATCH_MAX_ROWS,
     BATCH_WAIT_S,
@@ -31,7 +32,7 @@ from trainflow.pipelines.serving.settings import (
     TARGET_ONGOING_REQUESTS,
     ServeSettings,
 )
-from trainflow.pipelines.serving.shadow import Shadow, ledger, parse_feedback, shadow_uri
+from trainflow.pipelines.serving.shadow import Shadowing, ShadowServer, parse_feedback, shadow_uri
 from trainflow.workspace import Workspace, workspace
 
 log = logging.getLogger("trainflow.serving")
@@ -90,17 +91,12 @@ class ModelServer:
         home: str,
         tracking_uri: str | None,
         settings: ServeSettings,
-        shadow: str | None = None,
+        shadow: tuple[str, DeploymentHandle] | None = None,
     ):
         # Serve compares the batch's size, counted here in rows, with max_ongoing_requests,
         # counted in requests, and warns that batches stay below it: they do not.
         logging.getLogger("ray.serve").addFilter(_NoBatchSizeWarning())
-        # The registry the driver reads, whatever this worker's environment says.
-        if tracking_uri:
-            os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
-        else:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        use_registry(tracking_uri)
         self._ws = Workspace(Path(home))
         self._uri = uri
         self._alias = registry.followed_alias(uri)
@@ -111,11 +107,12 @@ class ModelServer:
         self._sample = RequestSample(samples_folder(self._ws, mv.name))
         self._checked_at: str | None = now()
         self._follow_error: str | None = None
-        self._shadow = self._shadowing(shadow, mv.name)
+        # The challenger's replica, handed each answered batch (``--shadow``).
+        self._shadow = Shadowing(*shadow) if shadow else None
         self._predict_batch.set_max_batch_size(settings.batch_max_rows)
         self._predict_batch.set_batch_wait_timeout_s(settings.batch_wait_s)
         self._stop = threading.Event()
-        if self._alias is not None or (shadow is not None and registry.followed_alias(shadow)):
+        if self._alias is not None:
             threading.Thread(target=self._follow, name="trainflow-follow-alias", daemon=True).start()
         threading.Thread(target=self._save_sample, name="trainflow-save-sample", daemon=True).start()
 
@@ -124,22 +121,13 @@ class ModelServer:
         if stop is not None:
             stop.set()
 
-    def _shadowing(self, uri: str | None, name: str) -> Shadow | None:
-        """The challenger this replica also asks, off the answers' path (``--shadow``)."""
-        if uri is None:
-            return None
-        mv = registry.resolve(self._ws, uri)
-        return Shadow(uri, Served.load(self._ws, mv.name, str(mv.version)), ledger(self._ws, name))
-
     def _follow(self) -> None:
         """Every poll interval: where does the alias point? Load a new version whole, then
         swap it in; a failure keeps the current version serving and is shown in /model."""
         while not self._stop.wait(self._settings.poll_interval_s):
             try:
-                if self._shadow is not None and registry.followed_alias(self._shadow.uri):
-                    self._shadow.follow(self._ws)
                 mv = registry.resolve(self._ws, self._uri)
-                if self._alias is not None and str(mv.version) != self._served.version:
+                if str(mv.version) != self._served.version:
                     new = Served.load(self._ws, mv.name, str(mv.version))
                     old, self._served = self._served.version, new
                     log.warning("%s: now serving version %s (was %s)", self._uri, new.version, old)
@@ -221,9 +209,7 @@ class ModelServer:
             "checked_at": self._checked_at if self._alias else None,
             "follow_error": self._follow_error,
             "poll_interval_s": self._settings.poll_interval_s if self._alias else None,
-            "shadow": None
-            if self._shadow is None
-            else {"uri": self._shadow.uri, "version": self._shadow.served.version},
+            "shadow": None if self._shadow is None else {"uri": self._shadow.uri},
             "limits": {"max_rows": self._settings.max_rows, "max_body_bytes": self._settings.max_body_bytes},
             "batching": {
                 "max_rows": self._settings.batch_max_rows,
@@ -239,7 +225,7 @@ class ModelServer:
             return RequestError(
                 404, "shadow", "this server shadows no challenger; serve with --shadow ALIAS"
             ).response()
-        return JSONResponse(await self._shadow.ledger.summary.remote())
+        return JSONResponse(await self._shadow.handle.summary.remote())
 
     @api.post("/feedback")
     async def feedback(self, request: Request) -> JSONResponse:
@@ -251,7 +237,7 @@ class ModelServer:
                     404, "shadow", "this server shadows no challenger; serve with --shadow ALIAS"
                 )
             payload = parse_body(await read_body(request, self._settings.max_body_bytes))
-            scored = await self._shadow.ledger.feedback.remote(*parse_feedback(payload))
+            scored = await self._shadow.handle.feedback.remote(*parse_feedback(payload))
         except RequestError as e:
             return e.response()
         if isinstance(scored, str):
@@ -288,9 +274,6 @@ def app(
     ws = ws or workspace()
     served = registry.resolve(ws, model)
     folder = registry.local_checkpoint(ws, served)
-    shadowed = shadow_uri(served.name, shadow) if shadow else None
-    if shadowed:
-        registry.resolve(ws, shadowed)  # RegistryError now, not in the replicas
     # A user's model (model.kind: package.module:callable) brings its module to the
     # replicas, which the cluster's workers need not have: the module of the version
     # served at the start (a later version the alias moves to must use the same one).
@@ -309,8 +292,25 @@ def app(
                 "target_ongoing_requests": TARGET_ONGOING_REQUESTS,
             }
         }
+    settings = settings or ServeSettings()
+    tracking = os.environ.get("MLFLOW_TRACKING_URI")
+    shadowing = _shadow_app(ws, served.name, shadow, cpus_per_replica, settings) if shadow else None
     return ModelServer.options(
         **scaling,
         ray_actor_options=actor_options,
         max_ongoing_requests=MAX_ONGOING_REQUESTS,
-    ).bind(model, str(ws.home), os.environ.get("MLFLOW_TRACKING_URI"), settings or ServeSettings(), shadowed)
+    ).bind(model, str(ws.home), tracking, settings, shadowing)
+
+
+def _shadow_app(ws: Workspace, name: str, shadow: str, cpus: float, settings: ServeSettings) -> tuple:
+    """``--shadow``'s model URI and the challenger's one replica, bound; RegistryError
+    now for an unknown alias or version, not in the replicas."""
+    import ray
+
+    uri = shadow_uri(name, shadow)
+    folder = registry.local_checkpoint(ws, registry.resolve(ws, uri))
+    actor_options = {"num_cpus": cpus, **(model_actor_options(str(folder)) if ray.is_initialized() else {})}
+    server = ShadowServer.options(ray_actor_options=actor_options)
+    return uri, server.bind(
+        uri, str(ws.home), os.environ.get("MLFLOW_TRACKING_URI"), settings.poll_interval_s
+    )

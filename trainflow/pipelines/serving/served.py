@@ -45,6 +45,18 @@ def _tag_value(text: str) -> Any:
         return text
 
 
+def use_registry(tracking_uri: str | None) -> None:
+    """Read the registry the driver reads, whatever this replica's environment says."""
+    import logging
+    import os
+
+    if tracking_uri:
+        os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
+    else:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+
+
 def now() -> str:
     """The time in UTC, to the second, as ``GET /model`` shows it."""
     return datetime.now(UTC).isoformat(timespec="seconds")

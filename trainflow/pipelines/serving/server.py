@@ -19,7 +19,6 @@ from trainflow.config import PipelineConfig
 from trainflow.pipelines import registry
 from trainflow.pipelines.models.checkpoint import SPEC, read_json
 from trainflow.pipelines.serving.settings import APP_NAME, QUIET_LOGS
-from trainflow.pipelines.serving.shadow import stop_ledger
 from trainflow.ray_internals import local_cluster_resources
 from trainflow.workspace import Workspace, workspace
 
@@ -74,15 +73,13 @@ def serve_until_stopped(
     ray_address: str | None = None,
     stop_after_s: float | None = None,
     model_kind: str | None = None,
-    shadow_of: str | None = None,
 ) -> None:
     """Start Ray (a local cluster, or the one at ``ray_address`` or RAY_ADDRESS) and
     Serve listening on ``host:port``, run ``application`` and block until SIGINT or
     SIGTERM (or ``stop_after_s`` after it is ready); then take the application down, and
     Serve with the local cluster. ``on_ready`` gets the URL. ``model_kind``: the served
     model's (:func:`model_kind`), whose module, for a user's model, the session ships
-    and, on a cluster started elsewhere, checks there with the versions. ``shadow_of``:
-    the model whose shadow comparison (``--shadow``) is saved and ended with the app."""
+    and, on a cluster started elsewhere, checks there with the versions."""
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     model = {"model": {"kind": model_kind}} if model_kind else {}
     session = PipelineConfig(ray={"address": ray_address}, **model)
@@ -100,8 +97,6 @@ def serve_until_stopped(
                 # cluster elsewhere keeps Serve for its other applications, a local one
                 # ends with the session, Serve's controller and proxy with it.
                 serve.delete(APP_NAME)
-                if shadow_of:
-                    stop_ledger(shadow_of)
 
 
 @contextmanager

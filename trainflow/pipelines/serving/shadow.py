@@ -2,11 +2,12 @@
 are also given, off the answer's path, to a second version of the same model
 (``trainflow models serve NAME --shadow challenger``).
 
-Each replica hands the batches it answered to a thread of its own (:class:`Shadow`),
-through a queue of at most MAX_QUEUED batches: when the challenger falls behind, later
-batches are not shadowed (and counted), so the answers never wait for it. What the two
-answers and their model times show is kept by one :class:`ShadowLedger` for all the
-replicas, a Ray actor named after the model, which saves it under
+The challenger runs in a Serve replica of its own (:class:`ShadowServer`), a process
+second in line for the CPU. Each served replica hands it the batches it answered
+(:class:`Shadowing`), without waiting, at most MAX_QUEUED at a time: when the challenger
+falls behind, later batches are not shadowed (and counted), so the answers never wait for
+it. The challenger's replica keeps what the two answers and their model times show, for
+all the served replicas (:class:`ShadowLedger`), and saves it under
 ``TRAINFLOW_HOME/serving/<name>/shadow.json``: ``GET /shadow`` shows it, the
 ``shadow-report`` flow publishes it, and ``trainflow models promote --min-agreement`` or
 ``--feedback-win`` requires it. Labelled feedback posted to ``/feedback`` (the answer's
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from ray import serve
 
 from trainflow.files import replacing_file
 
@@ -40,15 +43,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainflow.serving")
 
-MAX_QUEUED = 64  # batches waiting for the challenger on one replica
+MAX_QUEUED = 64  # batches a served replica has handed to the challenger and not seen done
 LATENCIES = 2000  # the latest model times kept per model and pair
 REMEMBERED = 10000  # the latest answers that feedback may name
 SAVE_EVERY_S = 2.0
-NAMESPACE = "trainflow"  # the Ray namespace of the ledgers
-
-
-def ledger_name(model: str) -> str:
-    return f"trainflow-shadow-{model}"
+NICENESS = 10  # the challenger's replica process: behind the served ones for the CPU
 
 
 def shadow_file(ws: Workspace, model: str) -> Path:
@@ -125,9 +124,9 @@ class _Pair:
 
 
 class ShadowLedger:
-    """The comparison of a model's answers with its challenger's, for every replica: a
-    Ray actor (:func:`ledger`), saved to ``path`` every SAVE_EVERY_S seconds when it
-    changed, by a thread of its own. A server's ledger starts anew."""
+    """The comparison of a model's answers with its challenger's, for every served
+    replica, saved to ``path`` every SAVE_EVERY_S seconds when it changed, by a thread of
+    its own. A server's ledger starts anew."""
 
     def __init__(self, model: str, path: str):
         self.model, self.path = model, Path(path)
@@ -219,81 +218,110 @@ class ShadowLedger:
             log.warning("cannot save the shadow comparison to %s: %s", self.path, e)
 
 
-def ledger(ws: Workspace, model: str):
-    """The model's ledger actor, started by the first replica that asks for it: detached,
-    so it outlives the replica that started it (``stop_ledger`` ends it with the server)."""
-    import ray
+@serve.deployment(max_ongoing_requests=MAX_QUEUED)
+class ShadowServer:
+    """The challenger's one replica: answers the batches the served replicas hand it, in
+    a process second in line for the CPU (niceness NICENESS), and keeps the comparison
+    (:class:`ShadowLedger`) for all of them."""
 
-    actor = ray.remote(num_cpus=0, max_concurrency=1)(ShadowLedger)
-    return actor.options(
-        name=ledger_name(model), namespace=NAMESPACE, get_if_exists=True, lifetime="detached"
-    ).remote(model, str(shadow_file(ws, model)))
+    def __init__(self, uri: str, home: str, tracking_uri: str | None, poll_interval_s: float):
+        from trainflow.pipelines import registry
+        from trainflow.pipelines.serving.served import Served, use_registry
+        from trainflow.workspace import Workspace
 
+        os.nice(NICENESS)  # the answers' replicas first: a shadow takes the CPU they leave
+        use_registry(tracking_uri)
+        self._ws, self.uri = Workspace(Path(home)), uri
+        mv = registry.resolve(self._ws, uri)
+        self.served = Served.load(self._ws, mv.name, str(mv.version))
+        self.ledger = ShadowLedger(mv.name, str(shadow_file(self._ws, mv.name)))
+        if registry.followed_alias(uri):
+            threading.Thread(
+                target=self._follow, args=(poll_interval_s,), name="trainflow-follow", daemon=True
+            ).start()
 
-def stop_ledger(model: str) -> None:
-    """Save and end the model's ledger, if one runs."""
-    import ray
-
-    try:
-        actor = ray.get_actor(ledger_name(model), namespace=NAMESPACE)
-    except ValueError:
-        return
-    ray.get(actor.save.remote())
-    ray.kill(actor)
-
-
-class Shadow:
-    """A replica's challenger: the batches it answered, answered again by ``uri``'s
-    version on a thread of its own, and the two answers handed to the ledger."""
-
-    def __init__(self, uri: str, served: Served, ledger_handle):
-        self.uri, self.served, self.ledger = uri, served, ledger_handle
-        self._queue: queue.Queue = queue.Queue(maxsize=MAX_QUEUED)
-        threading.Thread(target=self._run, name="trainflow-shadow", daemon=True).start()
-
-    def follow(self, ws: Workspace) -> None:
-        """Load the version the shadowed alias points at now, when it moved."""
+    def _follow(self, poll_interval_s: float) -> None:
+        """Every poll interval, the version the shadowed alias points at; a failure keeps
+        the current one shadowing."""
         from trainflow.pipelines import registry
         from trainflow.pipelines.serving.served import Served
 
-        mv = registry.resolve(ws, self.uri)
-        if str(mv.version) != self.served.version:
-            old, self.served = self.served.version, Served.load(ws, mv.name, str(mv.version))
-            log.warning("%s: now shadowing version %s (was %s)", self.uri, mv.version, old)
+        while True:
+            time.sleep(poll_interval_s)
+            try:
+                mv = registry.resolve(self._ws, self.uri)
+                if str(mv.version) != self.served.version:
+                    old, self.served = self.served.version, Served.load(self._ws, mv.name, str(mv.version))
+                    log.warning("%s: now shadowing version %s (was %s)", self.uri, mv.version, old)
+            except Exception as e:  # the registry unreachable, a checkpoint refused: keep shadowing
+                log.warning("%s: cannot follow the alias: %s: %s", self.uri, type(e).__name__, e)
 
-    def offer(self, champion: Served, batch: list[Inputs], answers: list[dict], seconds: float) -> None:
-        """Hand over a batch the champion answered in ``seconds``; never waits."""
-        try:
-            self._queue.put_nowait((champion, batch, answers, seconds))
-        except queue.Full:
-            versions = (champion.version, self.served.version)
-            self.ledger.missed.remote(versions, champion.predictor.preprocessor.task, not_shadowed=1)
-
-    def _run(self) -> None:
+    def compare(self, champion: str, task: str, batch: list[Inputs], answers: list[dict], seconds: float,
+                not_shadowed: int = 0) -> None:  # fmt: skip
+        """Answer a batch that the served ``champion`` version answered in ``seconds``,
+        and record the two answers; ``not_shadowed``: the batches the served replica
+        could not hand over since its last."""
         from trainflow.pipelines.serving.requests import RequestError
         from trainflow.pipelines.serving.served import answer
 
+        challenger = self.served
+        versions = (champion, challenger.version)
+        start = time.perf_counter()
+        try:
+            theirs = answer(challenger, batch)
+        except Exception as e:  # the challenger's fault must not stop the shadowing
+            log.warning("%s: the challenger failed on a batch: %s: %s", self.uri, type(e).__name__, e)
+            theirs = [RequestError(500, "body", str(e))] * len(batch)
+        took = time.perf_counter() - start
+        pairs = [
+            (mine["id"], mine["predictions"], other["predictions"])
+            for mine, other in zip(answers, theirs, strict=True)
+            if isinstance(mine, dict) and isinstance(other, dict)
+        ]
+        if pairs:
+            self.ledger.record(versions, task, pairs, (seconds, took))
+        failed = sum(isinstance(other, RequestError) for other in theirs)
+        if failed or not_shadowed:
+            self.ledger.missed(versions, task, errors=failed, not_shadowed=not_shadowed)
+
+    def summary(self) -> dict[str, Any]:
+        return self.ledger.summary()
+
+    def feedback(self, answer_id: str, labels: list) -> dict[str, Any] | str:
+        return self.ledger.feedback(answer_id, labels)
+
+
+class Shadowing:
+    """A served replica's side of the shadow: it hands the batches it answered to the
+    challenger's replica (``handle``), at most MAX_QUEUED at once, and never waits: a
+    batch beyond that is counted as not shadowed."""
+
+    def __init__(self, uri: str, handle):
+        self.uri, self.handle = uri, handle
+        self._slots = threading.Semaphore(MAX_QUEUED)
+        self._sent: queue.Queue = queue.Queue()
+        self._missed = 0
+        threading.Thread(target=self._settle, name="trainflow-shadow", daemon=True).start()
+
+    def offer(self, champion: Served, batch: list[Inputs], answers: list[dict], seconds: float) -> None:
+        """Hand over a batch that ``champion`` answered in ``seconds``."""
+        if not self._slots.acquire(blocking=False):
+            self._missed += 1
+            return
+        missed, self._missed = self._missed, 0
+        task = champion.predictor.preprocessor.task
+        self._sent.put(self.handle.compare.remote(champion.version, task, batch, answers, seconds, missed))
+
+    def _settle(self) -> None:
+        """Frees a slot as each batch handed over is done."""
         while True:
-            champion, batch, answers, seconds = self._queue.get()
-            challenger = self.served
-            versions, task = (champion.version, challenger.version), champion.predictor.preprocessor.task
-            start = time.perf_counter()
+            sent = self._sent.get()
             try:
-                theirs = answer(challenger, batch)
-            except Exception as e:  # the challenger's fault must not stop the shadowing
-                log.warning("%s: the challenger failed on a batch: %s: %s", self.uri, type(e).__name__, e)
-                theirs = [RequestError(500, "body", str(e))] * len(batch)
-            took = time.perf_counter() - start
-            pairs = [
-                (mine["id"], mine["predictions"], other["predictions"])
-                for mine, other in zip(answers, theirs, strict=True)
-                if isinstance(mine, dict) and isinstance(other, dict)
-            ]
-            failed = sum(isinstance(other, RequestError) for other in theirs)
-            if pairs:
-                self.ledger.record.remote(versions, task, pairs, (seconds, took))
-            if failed:
-                self.ledger.missed.remote(versions, task, errors=failed)
+                sent.result()
+            except Exception as e:  # a lost shadow replica: Serve starts another
+                log.warning("%s: a batch was not shadowed: %s: %s", self.uri, type(e).__name__, e)
+            finally:
+                self._slots.release()
 
 
 def read_shadow(ws: Workspace, model: str) -> dict[str, Any]:

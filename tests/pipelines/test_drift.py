@@ -157,3 +157,21 @@ def test_the_drift_section_is_checked_and_hashed_only_when_set():
         load_config({"drift": {"action": "stop"}})
     with pytest.raises(ConfigError, match="drift.ks_pvalue"):
         load_config({"drift": {"ks_pvalue": 1.5}})
+
+
+def test_registering_with_another_runs_drift_result_is_refused():
+    from trainflow.tasks.results import Drifted, Prepared
+    from trainflow.tasks.steps import StepInputError
+
+    prepared = Prepared(
+        path="/cache/a",
+        counts={},
+        preprocessor={},
+        num_features=1,
+        num_outputs=2,
+        fingerprint="aaa",
+        reused=False,
+    )
+    Drifted(prepared="aaa").check_measured(prepared, "register")
+    with pytest.raises(StepInputError, match=r"register: drifted measured other prepared splits \(bbb\)"):
+        Drifted(prepared="bbb").check_measured(prepared, "register")

@@ -30,7 +30,7 @@ def register(
 ) -> Registered:
     """One MLflow model version of the trained checkpoint, with its lineage and reports (the drift
     step's too, given ``drifted``); ``champion`` moves to it only if the gate passes (``registry.decide``)."""
-    config = _checked(config, source, prepared, trained, evaluated)
+    config = _checked(config, source, prepared, trained, evaluated, drifted)
     logger, ws = get_run_logger(), workspace()
     reg = registry.register_checkpoint(
         ws,
@@ -53,6 +53,7 @@ def _checked(
     prepared: Prepared,
     trained: Trained,
     evaluated: Evaluated,
+    drifted: Drifted | None = None,
 ) -> PipelineConfig:
     """The config; StepInputError unless each result is what its step returns, all of one
     run of that config."""
@@ -71,6 +72,9 @@ def _checked(
         )
     trained.check_trained_on(prepared, "register")
     trained.check_trained_with(config, "register")
+    if drifted is not None:
+        expect(drifted, Drifted, "register", "drifted", "drift")
+        drifted.check_measured(prepared, "register")
     if evaluated.checkpoint != trained.best_checkpoint:
         raise StepInputError(
             f"register: evaluated scored {evaluated.checkpoint}, not trained's best checkpoint "

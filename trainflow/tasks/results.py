@@ -107,6 +107,14 @@ class Drifted(BaseModel):
         """Whether drift asks for training (drift.action retrain, and a feature drifted)."""
         return self.action == "retrain" and bool(self.drifted)
 
+    def check_measured(self, prepared: Prepared, step: str) -> None:
+        """StepInputError unless this measured ``prepared``."""
+        if self.prepared and self.prepared != prepared.fingerprint:
+            raise StepInputError(
+                f"{step}: drifted measured other prepared splits ({self.prepared}) than prepared "
+                f"({prepared.fingerprint}); give it what drift returned for these splits"
+            )
+
 
 class Registered(BaseModel):
     name: str

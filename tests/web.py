@@ -9,3 +9,15 @@ TIMEOUT_S = 120.0
 POLL_TIMEOUT_S = 10.0  # one attempt of a poll
 
 http = httpx.Client(timeout=TIMEOUT_S)
+
+
+def start_serve(port: int) -> None:
+    """Ray Serve on the session's cluster, its proxy on loopback at ``port``. A Serve that
+    an earlier test left there (its applications deleted, its proxy kept, as a run on a
+    shared cluster leaves it) would keep its own port: it is shut down first."""
+    from ray import serve
+
+    from trainflow.pipelines.serving import QUIET_LOGS
+
+    serve.shutdown()
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=QUIET_LOGS)

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 import trainflow
-from tests.web import http
+from tests.web import http, start_serve
 from trainflow.config import load_config
 from trainflow.flows.batch_predict import batch_predict
 from trainflow.flows.training import training_pipeline
@@ -82,7 +82,7 @@ def test_the_served_endpoint_takes_the_raw_text(texts_model):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=QUIET_LOGS)
+    start_serve(port)
     try:
         serve.run(
             app(NAME, cpus_per_replica=0.2), name="texts", route_prefix="/texts", logging_config=QUIET_LOGS

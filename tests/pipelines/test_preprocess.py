@@ -78,6 +78,7 @@ def test_prepare_writes_once_and_reuses_the_entry(tmp_path, ray_cluster):
     assert sorted(p.name for p in Path(first.path).iterdir()) == [
         "counts.json",
         "preprocessor.json",
+        "profile.json",
         "test",
         "train",
         "val",
@@ -126,6 +127,7 @@ def test_a_crashed_runs_leftovers_are_never_reused(tmp_path, ray_cluster):
     assert sorted(p.name for p in Path(entry.path).iterdir()) == [
         "counts.json",
         "preprocessor.json",
+        "profile.json",
         "test",
         "train",
         "val",

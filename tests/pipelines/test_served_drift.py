@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.pipelines.test_registry import make_checkpoint, register
-from tests.web import http
+from tests.web import http, start_serve
 from trainflow.cli import app
 from trainflow.pipelines.data import profile as profiles
 from trainflow.pipelines.data.preprocess import Preprocessor
@@ -48,7 +48,7 @@ def served(ray_cluster, module_trainflow_home, tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=QUIET_LOGS)
+    start_serve(port)
     from trainflow.pipelines.serving import app as serving_app
 
     application = serving_app("toy-drift", cpus_per_replica=0.2, settings=ServeSettings(poll_interval_s=0.5))

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from tests.pipelines.test_registry import make_checkpoint, register
-from tests.web import TIMEOUT_S, http
+from tests.web import TIMEOUT_S, http, start_serve
 from trainflow.config import ModelConfig
 from trainflow.pipelines import registry
 from trainflow.pipelines.data.preprocess import Preprocessor
@@ -65,7 +65,7 @@ def server(ray_cluster, module_trainflow_home, tmp_path_factory):
     register(ws, make_checkpoint(tmp / "o1", seed=5, model=own), 0.8, name="own")
 
     port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=QUIET_LOGS)
+    start_serve(port)
     small = ServeSettings(max_rows=100, max_body_bytes=64 << 10, poll_interval_s=POLL_S)
     # The regression app scales with the load (Serve's autoscaling), between 1 and 2 replicas.
     apps = [

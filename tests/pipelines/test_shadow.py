@@ -22,14 +22,14 @@ def ledger(ws, model="toy"):
 
 def test_agreement_latency_and_feedback_of_a_classifier(ws):
     book = ledger(ws)
-    book.record(("1", "2"), "classification", [("a", ["yes", "no"], ["yes", "yes"])], (0.004, 0.006))
-    book.record(
-        ("1", "2"), "classification", [("b", ["no"], ["no"]), ("c", ["yes"], ["yes"])], (0.002, 0.010)
-    )
+    book.record(("1", "2"), "classification", [("a", ["yes", "no"], ["yes", "yes"])], ([0.004], 0.006))
+    both = [("b", ["no"], ["no"]), ("c", ["yes"], ["yes"])]
+    book.record(("1", "2"), "classification", both, ([0.001, 0.001], 0.003))
     (pair,) = book.summary()["pairs"]
     assert (pair["requests"], pair["rows"], pair["agreement"]) == (3, 4, 0.75)
-    assert pair["latency_ms"]["champion"] == {"p50": 3.0, "p95": 3.9, "batches": 2}
-    assert pair["latency_ms"]["challenger"]["p50"] == 8.0
+    # Per request: the champion's 4, 1 and 1 ms; the challenger's 6, then 3 and 3.
+    assert pair["latency_ms"]["champion"] == {"p50": 1.0, "p95": 3.7, "requests": 3}
+    assert pair["latency_ms"]["challenger"] == {"p50": 3.0, "p95": 5.7, "requests": 3}
 
     # "a" was answered yes/no by the champion and yes/yes by the challenger; truth: yes/yes.
     scored = book.feedback("a", ["yes", "yes"])
@@ -42,7 +42,7 @@ def test_agreement_latency_and_feedback_of_a_classifier(ws):
 
 def test_a_regression_differs_by_numbers_and_feedback_is_its_error(ws):
     book = ledger(ws)
-    book.record(("3", "4"), "regression", [("r", [1.0, 2.0], [1.5, 2.0])], (0.001, 0.001))
+    book.record(("3", "4"), "regression", [("r", [1.0, 2.0], [1.5, 2.0])], ([0.001], 0.001))
     (pair,) = book.summary()["pairs"]
     assert pair["mean_abs_difference"] == 0.25 and pair["max_abs_difference"] == 0.5
     assert "agreement" not in pair
@@ -58,7 +58,7 @@ def test_a_regression_differs_by_numbers_and_feedback_is_its_error(ws):
 
 def test_each_pair_of_versions_is_its_own_and_the_latest_comes_first(ws):
     book = ledger(ws)
-    book.record(("1", "2"), "classification", [("a", [0], [0])], (0.001, 0.001))
+    book.record(("1", "2"), "classification", [("a", [0], [0])], ([0.001], 0.001))
     book.missed(("1", "3"), "classification", not_shadowed=2, errors=1)
     first, second = book.summary()["pairs"]
     assert (first["challenger"], first["not_shadowed"], first["errors"], first["rows"]) == ("3", 2, 1, 0)
@@ -70,7 +70,7 @@ def test_saved_comparison_is_what_reports_and_promotions_read(ws):
     with pytest.raises(DataError, match="--shadow challenger"):
         shadow.read_shadow(ws, "toy")
     answers = [(str(i), [i % 2], [0]) for i in range(10)]  # agree on the 5 even rows
-    book.record(("1", "2"), "classification", answers, (0.001, 0.002))
+    book.record(("1", "2"), "classification", answers, ([0.001] * 10, 0.002))
     book.save()
     saved = shadow.read_shadow(ws, "toy")
     assert saved == json.loads(json.dumps(book.summary()))

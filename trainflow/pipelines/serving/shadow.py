@@ -3,10 +3,12 @@ are also given, off the answer's path, to a second version of the same model
 (``trainflow models serve NAME --shadow challenger``).
 
 The challenger runs in a Serve replica of its own (:class:`ShadowServer`), a process
-second in line for the CPU. Each served replica hands it the batches it answered
-(:class:`Shadowing`), without waiting, at most MAX_QUEUED at a time: when the challenger
-falls behind, later batches are not shadowed (and counted), so the answers never wait for
-it. The challenger's replica keeps what the two answers and their model times show, for
+second in line for the CPU. Each served replica gathers the requests it answered and, every
+SEND_EVERY_S seconds, hands them to it in one call (:class:`Shadowing`), which the
+challenger answers in one pass: the answers' path pays for a list append, not a call per
+request. When the challenger falls behind (MAX_SENDING calls unfinished, or MAX_GATHERED
+requests waiting), later requests are not shadowed (and counted), so the answers never wait
+for it. The challenger's replica keeps what the two answers and their model times show, for
 all the served replicas (:class:`ShadowLedger`), and saves it under
 ``TRAINFLOW_HOME/serving/<name>/shadow.json``: ``GET /shadow`` shows it, the
 ``shadow-report`` flow publishes it, and ``trainflow models promote --min-agreement`` or
@@ -15,8 +17,9 @@ all the served replicas (:class:`ShadowLedger`), and saves it under
 
 Per pair of versions (the champion's, the challenger's): the requests and rows compared,
 the share of rows whose classes agree (a classifier) or the mean and largest absolute
-difference (a regression), each model's time per batch (the latest LATENCIES, as p50 and
-p95), the challenger's errors, the batches not shadowed, and the feedback's score.
+difference (a regression), each model's time per request (a pass's time over the requests
+it answered; the latest LATENCIES, as p50 and p95), the challenger's errors, the requests
+not shadowed, and the feedback's score.
 """
 
 from __future__ import annotations
@@ -43,7 +46,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainflow.serving")
 
-MAX_QUEUED = 64  # batches a served replica has handed to the challenger and not seen done
+SEND_EVERY_S = 0.05  # how often a served replica hands its answered requests to the challenger
+MAX_GATHERED = 1024  # requests a served replica holds for the next call
+MAX_SENDING = 4  # a served replica's calls to the challenger not done yet
+MAX_ONGOING = 16  # calls the challenger's replica takes at once, from all the served replicas
 LATENCIES = 2000  # the latest model times kept per model and pair
 REMEMBERED = 10000  # the latest answers that feedback may name
 SAVE_EVERY_S = 2.0
@@ -58,7 +64,7 @@ def _percentiles(values) -> dict[str, float] | None:
     if not values:
         return None
     p50, p95 = np.percentile(np.asarray(values) * 1000.0, [50, 95])
-    return {"p50": round(float(p50), 3), "p95": round(float(p95), 3), "batches": len(values)}
+    return {"p50": round(float(p50), 3), "p95": round(float(p95), 3), "requests": len(values)}
 
 
 class _Pair:
@@ -143,9 +149,10 @@ class ShadowLedger:
         return self.pairs[key]
 
     def record(self, versions: tuple[str, str], task: str, answers: list[tuple[str, list, list]],
-               times: tuple[float, float]) -> None:  # fmt: skip
-        """One batch: per request its answer's id, the champion's and the challenger's
-        predictions; each model's time for the batch."""
+               times: tuple[list[float], float]) -> None:  # fmt: skip
+        """Requests both models answered: per request its answer's id, the champion's and
+        the challenger's predictions; the champion's time per request, for each, and the
+        challenger's, for all."""
         with self._lock:
             self._record(versions, task, answers, times)
 
@@ -157,12 +164,12 @@ class ShadowLedger:
             self.answers[id_] = (versions, a, b)
         while len(self.answers) > REMEMBERED:
             self.answers.popitem(last=False)
-        pair.times["champion"].append(times[0])
-        pair.times["challenger"].append(times[1])
+        pair.times["champion"].extend(times[0])
+        pair.times["challenger"].extend([times[1]] * len(answers))
         self._changed = True
 
     def missed(self, versions: tuple[str, str], task: str, *, errors: int = 0, not_shadowed: int = 0) -> None:
-        """Batches the challenger failed on, or that were not shadowed (it was behind)."""
+        """Requests the challenger failed on, or that were not shadowed (it was behind)."""
         with self._lock:
             pair = self._pair(*versions, task)
             pair.errors += errors
@@ -218,9 +225,9 @@ class ShadowLedger:
             log.warning("cannot save the shadow comparison to %s: %s", self.path, e)
 
 
-@serve.deployment(max_ongoing_requests=MAX_QUEUED)
+@serve.deployment(max_ongoing_requests=MAX_ONGOING)
 class ShadowServer:
-    """The challenger's one replica: answers the batches the served replicas hand it, in
+    """The challenger's one replica: answers the requests the served replicas hand it, in
     a process second in line for the CPU (niceness NICENESS), and keeps the comparison
     (:class:`ShadowLedger`) for all of them."""
 
@@ -256,11 +263,21 @@ class ShadowServer:
             except Exception as e:  # the registry unreachable, a checkpoint refused: keep shadowing
                 log.warning("%s: cannot follow the alias: %s: %s", self.uri, type(e).__name__, e)
 
-    def compare(self, champion: str, task: str, batch: list[Inputs], answers: list[dict], seconds: float,
-                not_shadowed: int = 0) -> None:  # fmt: skip
-        """Answer a batch that the served ``champion`` version answered in ``seconds``,
-        and record the two answers; ``not_shadowed``: the batches the served replica
-        could not hand over since its last."""
+    def compare(self, gathered: list[tuple], not_shadowed: int, latest: tuple[str, str]) -> None:
+        """Answer, in one pass per champion version, the requests a served replica
+        answered: each ``(champion version, task, inputs, (answer id, predictions),
+        champion's seconds)``;
+        record the two answers. ``not_shadowed``: the requests it could not hand over
+        since its last call, counted against ``latest`` (its champion version and task)."""
+        by_version: dict[tuple[str, str], list[tuple]] = {}
+        for one in gathered:
+            by_version.setdefault((one[0], one[1]), []).append(one)
+        for (champion, task), group in by_version.items():
+            self._compare(champion, task, group)
+        if not_shadowed:
+            self.ledger.missed((latest[0], self.served.version), latest[1], not_shadowed=not_shadowed)
+
+    def _compare(self, champion: str, task: str, group: list[tuple]) -> None:
         from trainflow.pipelines.serving.requests import RequestError
         from trainflow.pipelines.serving.served import answer
 
@@ -268,21 +285,17 @@ class ShadowServer:
         versions = (champion, challenger.version)
         start = time.perf_counter()
         try:
-            theirs = answer(challenger, batch)
+            theirs = answer(challenger, [inputs for _, _, inputs, _, _ in group])
         except Exception as e:  # the challenger's fault must not stop the shadowing
-            log.warning("%s: the challenger failed on a batch: %s: %s", self.uri, type(e).__name__, e)
-            theirs = [RequestError(500, "body", str(e))] * len(batch)
-        took = time.perf_counter() - start
-        pairs = [
-            (mine["id"], mine["predictions"], other["predictions"])
-            for mine, other in zip(answers, theirs, strict=True)
-            if isinstance(mine, dict) and isinstance(other, dict)
-        ]
-        if pairs:
-            self.ledger.record(versions, task, pairs, (seconds, took))
-        failed = sum(isinstance(other, RequestError) for other in theirs)
-        if failed or not_shadowed:
-            self.ledger.missed(versions, task, errors=failed, not_shadowed=not_shadowed)
+            log.warning("%s: the challenger failed: %s: %s", self.uri, type(e).__name__, e)
+            theirs = [RequestError(500, "body", str(e))] * len(group)
+        took = (time.perf_counter() - start) / len(group)
+        compared = [(one, other) for one, other in zip(group, theirs, strict=True) if isinstance(other, dict)]
+        if compared:
+            pairs = [(*one[3], other["predictions"]) for one, other in compared]
+            self.ledger.record(versions, task, pairs, ([one[4] for one, _ in compared], took))
+        if len(compared) < len(group):
+            self.ledger.missed(versions, task, errors=len(group) - len(compared))
 
     def summary(self) -> dict[str, Any]:
         return self.ledger.summary()
@@ -292,34 +305,60 @@ class ShadowServer:
 
 
 class Shadowing:
-    """A served replica's side of the shadow: it hands the batches it answered to the
-    challenger's replica (``handle``), at most MAX_QUEUED at once, and never waits: a
-    batch beyond that is counted as not shadowed."""
+    """A served replica's side of the shadow: the requests it answered, gathered and handed
+    to the challenger's replica (``handle``) every SEND_EVERY_S seconds in one call, by a
+    thread of its own; the answers never wait. Requests beyond MAX_GATHERED, or gathered
+    while MAX_SENDING calls are unfinished, are counted as not shadowed."""
 
     def __init__(self, uri: str, handle):
         self.uri, self.handle = uri, handle
-        self._slots = threading.Semaphore(MAX_QUEUED)
+        self._lock = threading.Lock()
+        self._gathered: list[tuple] = []
+        self._missed, self._latest = 0, ("", "")
+        self._slots = threading.Semaphore(MAX_SENDING)
         self._sent: queue.Queue = queue.Queue()
-        self._missed = 0
-        threading.Thread(target=self._settle, name="trainflow-shadow", daemon=True).start()
+        threading.Thread(target=self._send_every, name="trainflow-shadow-send", daemon=True).start()
+        threading.Thread(target=self._settle, name="trainflow-shadow-settle", daemon=True).start()
 
-    def offer(self, champion: Served, batch: list[Inputs], answers: list[dict], seconds: float) -> None:
-        """Hand over a batch that ``champion`` answered in ``seconds``."""
-        if not self._slots.acquire(blocking=False):
-            self._missed += 1
-            return
-        missed, self._missed = self._missed, 0
-        task = champion.predictor.preprocessor.task
-        self._sent.put(self.handle.compare.remote(champion.version, task, batch, answers, seconds, missed))
+    def offer(self, champion: Served, batch: list[Inputs], answers: list, seconds: float) -> None:
+        """Gather a batch that ``champion`` answered in ``seconds``: its answered requests,
+        each with its answer's id and predictions (what the comparison reads of it) and its
+        share of the time."""
+        task, each = champion.predictor.preprocessor.task, seconds / len(batch)
+        answered = [
+            (champion.version, task, inputs, (one["id"], one["predictions"]), each)
+            for inputs, one in zip(batch, answers, strict=True)
+            if isinstance(one, dict)
+        ]
+        with self._lock:
+            self._latest = (champion.version, task)
+            if len(self._gathered) + len(answered) > MAX_GATHERED:
+                self._missed += len(answered)
+            else:
+                self._gathered += answered
+
+    def _send_every(self) -> None:
+        while True:
+            time.sleep(SEND_EVERY_S)
+            with self._lock:
+                if not self._gathered and not self._missed:
+                    continue
+                if not self._slots.acquire(blocking=False):  # the challenger is behind
+                    self._missed += len(self._gathered)
+                    self._gathered = []
+                    continue
+                gathered, missed, self._gathered, self._missed = self._gathered, self._missed, [], 0
+                latest = self._latest
+            self._sent.put(self.handle.compare.remote(gathered, missed, latest))
 
     def _settle(self) -> None:
-        """Frees a slot as each batch handed over is done."""
+        """Frees a slot as each call is done."""
         while True:
             sent = self._sent.get()
             try:
                 sent.result()
             except Exception as e:  # a lost shadow replica: Serve starts another
-                log.warning("%s: a batch was not shadowed: %s: %s", self.uri, type(e).__name__, e)
+                log.warning("%s: requests were not shadowed: %s: %s", self.uri, type(e).__name__, e)
             finally:
                 self._slots.release()
 

@@ -107,7 +107,7 @@ class ModelServer:
         self._sample = RequestSample(samples_folder(self._ws, mv.name))
         self._checked_at: str | None = now()
         self._follow_error: str | None = None
-        # The challenger's replica, handed each answered batch (``--shadow``).
+        # The challenger's replica, handed the requests this one answered (``--shadow``).
         self._shadow = Shadowing(*shadow) if shadow else None
         self._predict_batch.set_max_batch_size(settings.batch_max_rows)
         self._predict_batch.set_batch_wait_timeout_s(settings.batch_wait_s)

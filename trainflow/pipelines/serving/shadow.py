@@ -6,10 +6,10 @@ The challenger runs in a Serve replica of its own (:class:`ShadowServer`), a pro
 second in line for the CPU. Each served replica gathers the requests it answered and, every
 SEND_EVERY_S seconds, hands them to it in one call (:class:`Shadowing`), which the
 challenger answers in one pass: the answers' path pays for a list append, not a call per
-request. When the challenger falls behind (MAX_SENDING calls unfinished, or MAX_GATHERED
-requests waiting), later requests are not shadowed (and counted), so the answers never wait
-for it. The challenger's replica keeps what the two answers and their model times show, for
-all the served replicas (:class:`ShadowLedger`), and saves it under
+request. When the challenger falls behind (MAX_SENDING calls unfinished), a replica goes on
+gathering; beyond MAX_GATHERED requests waiting, later ones are not shadowed (and counted),
+so the answers never wait for it. The challenger's replica keeps what the two answers and
+their model times show, for all the served replicas (:class:`ShadowLedger`), and saves it under
 ``TRAINFLOW_HOME/serving/<name>/shadow.json``: ``GET /shadow`` shows it, the
 ``shadow-report`` flow publishes it, and ``trainflow models promote --min-agreement`` or
 ``--feedback-win`` requires it. Labelled feedback posted to ``/feedback`` (the answer's
@@ -307,8 +307,8 @@ class ShadowServer:
 class Shadowing:
     """A served replica's side of the shadow: the requests it answered, gathered and handed
     to the challenger's replica (``handle``) every SEND_EVERY_S seconds in one call, by a
-    thread of its own; the answers never wait. Requests beyond MAX_GATHERED, or gathered
-    while MAX_SENDING calls are unfinished, are counted as not shadowed."""
+    thread of its own; the answers never wait. While MAX_SENDING calls are unfinished, it
+    goes on gathering; requests beyond MAX_GATHERED are counted as not shadowed."""
 
     def __init__(self, uri: str, handle):
         self.uri, self.handle = uri, handle
@@ -343,9 +343,7 @@ class Shadowing:
             with self._lock:
                 if not self._gathered and not self._missed:
                     continue
-                if not self._slots.acquire(blocking=False):  # the challenger is behind
-                    self._missed += len(self._gathered)
-                    self._gathered = []
+                if not self._slots.acquire(blocking=False):  # the challenger is behind: keep gathering
                     continue
                 gathered, missed, self._gathered, self._missed = self._gathered, self._missed, [], 0
                 latest = self._latest

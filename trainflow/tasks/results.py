@@ -100,7 +100,7 @@ class Drifted(BaseModel):
     summary: str = ""  # the drift in one line
     rows: list[dict[str, Any]] = []  # the table: a row per feature
     reports: list[str] = []  # drift.json and drift.png, logged with the registered version
-    prepared: str = ""  # the prepared splits measured (Prepared.fingerprint)
+    prepared: str = ""  # the prepared splits the drift was computed on (Prepared.fingerprint)
 
     @property
     def retrain(self) -> bool:

@@ -46,6 +46,30 @@ def test_wrong_type_names_the_field_and_value():
         load_config({}, ["train.epochs=many"])
 
 
+def test_a_range_of_workers_is_elastic_and_one_upside_down_is_refused_naming_the_field():
+    scaling = load_config({}, ["scaling.num_workers=[1, 4]"]).scaling
+    assert (scaling.elastic, scaling.min_workers, scaling.max_workers) == (True, 1, 4)
+    assert load_config({"scaling": {"num_workers": 3}}).scaling.elastic is False
+    with pytest.raises(
+        ConfigError, match=r"scaling\.num_workers: .*\[4, 1\]: give a number of workers of at least 1, or"
+    ):
+        load_config({"scaling": {"num_workers": [4, 1]}})
+    with pytest.raises(ConfigError, match=r"sweep\.scaling: .*a trial trains on a fixed number of workers"):
+        load_config({"sweep": {"scaling": {"num_workers": [1, 2]}}})
+
+
+def test_an_elastic_runs_workers_share_the_global_batch_of_its_largest_size():
+    from trainflow.pipelines.training.settings import TrainSettings
+
+    def per_worker(num_workers, workers: int) -> int:
+        raw = {"train": {"batch_size": 64}, "scaling": {"num_workers": num_workers}}
+        settings = TrainSettings(config=load_config(raw), model_spec={}, preprocessor={})
+        return settings.batch_size(workers)
+
+    assert [per_worker([2, 8], n) for n in (2, 4, 8)] == [256, 128, 64]
+    assert per_worker(2, 2) == 64  # a fixed run: per worker as written
+
+
 def test_split_must_leave_training_rows():
     with pytest.raises(ConfigError, match=r"data\.split: .*val \+ test must be below 1"):
         load_config({"data": {"split": {"val": 0.5, "test": 0.5}}})
@@ -153,8 +177,9 @@ def test_a_trial_config_runs_as_is_and_hashes_as_a_plain_config():
 
     dropped = ("sweep", "cache", "drift")
     plain = {k: v for k, v in trial.model_dump(mode="json").items() if k not in dropped}
-    for section, field in HASHED_WHEN_SET:
-        del plain[section][field]
+    for *parents, field in HASHED_WHEN_SET:
+        if parents[0] in plain:  # not the sweep's, dropped whole
+            del plain[parents[0]][field]
     canonical = json.dumps(plain, sort_keys=True, separators=(",", ":")).encode()
     assert trial.config_hash() == hashlib.sha256(canonical).hexdigest()[:12]
     assert cfg.config_hash() != load_config({}).config_hash()

@@ -265,11 +265,12 @@ DATA_PROGRESS_LOGGER = "ray.data._internal.progress"
 STREAMING_EXECUTOR_LOGGER = "ray.data._internal.execution.streaming_executor"
 # Train's "Error in training function" record, with the worker's traceback.
 TRAIN_ERRORS_LOGGER = "ray.train.v2._internal.util"
-# Loggers whose records below ERROR a run keeps off the console: the cleaner's warning
-# when it removes the group of a dead controller (a trial a sweep stopped); the
-# autoscaling coordinator client's traceback when a call misses its timeout on a busy
-# machine (Ray calls it safe to ignore); the backend's warning and traceback when a sweep
-# stops a trial whose workers are gone (Ray calls it expected).
+# Train's controller: a traceback when a worker group is late to start (an elastic shrink).
+TRAIN_CONTROLLER_LOGGER = "ray.train.v2._internal.execution.controller.controller"
+# Loggers whose records below ERROR a run keeps off the console: the cleaner's warning when it removes the
+# group of a dead controller (a trial a sweep stopped); the autoscaling coordinator client's traceback
+# when a call misses its timeout on a busy machine (Ray calls it safe to ignore); the backend's warning
+# and traceback when a sweep stops a trial whose workers are gone (Ray calls it expected).
 ERRORS_ONLY_LOGGERS = (
     PG_CLEANER,
     "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client",

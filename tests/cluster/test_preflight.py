@@ -53,6 +53,14 @@ def test_more_cpus_than_the_cluster_has_fail_with_what_fits(ray_cluster):
         preflight(config(num_workers=int(cpus), resources_per_worker={"CPU": 1}))
 
 
+def test_an_elastic_run_needs_its_min_workers_to_fit_not_its_max():
+    total = {"CPU": 2.0}
+    elastic = ScalingSection(num_workers=(1, 8), resources_per_worker={"CPU": 1})
+    assert fit_scaling(elastic, total) is elastic
+    with pytest.raises(PreflightError, match=r"scaling asks for at least 2 workers x 1 CPU plus 1 CPU"):
+        fit_scaling(ScalingSection(num_workers=(2, 8), resources_per_worker={"CPU": 1}), total)
+
+
 def test_shrink_gives_each_worker_what_fits_and_says_so(ray_cluster, caplog):
     import ray
 

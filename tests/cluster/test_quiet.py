@@ -14,6 +14,7 @@ def test_a_workers_traceback_of_trainflows_own_errors_stays_in_its_log(caplog):
 
     logger = logging.getLogger("ray.train.v2._internal.util")
     logger.addFilter(only := _NoExpectedTrainErrors())
+    logger.addHandler(caplog.handler)  # Ray's loggers may not propagate to the root's
     try:
         for error in (ConfigError("model.kind x:y: importing x failed"), RuntimeError("a bug")):
             try:
@@ -22,8 +23,36 @@ def test_a_workers_traceback_of_trainflows_own_errors_stays_in_its_log(caplog):
                 construct_user_exception_with_traceback(e)
     finally:
         logger.removeFilter(only)
-    logged = [r.getMessage() for r in caplog.records if r.name == logger.name]
+        logger.removeHandler(caplog.handler)
+    logged = [r.getMessage() for r in {id(r): r for r in caplog.records if r.name == logger.name}.values()]
     assert len(logged) == 1 and logged[0].rstrip().endswith("RuntimeError: a bug"), logged
+
+
+def test_a_worker_group_that_did_not_start_in_time_is_one_warning_line(caplog):
+    """An elastic run that shrinks first tries the size it had: Ray Train's controller logs
+    the timeout with a traceback and tries again; the hook keeps one line of it."""
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
+
+    from trainflow import ray_internals
+    from trainflow.cluster.quiet import _StartupTimeoutInOneLine
+
+    logger = logging.getLogger(ray_internals.TRAIN_CONTROLLER_LOGGER)
+    logger.addFilter(only := _StartupTimeoutInOneLine())
+    logger.addHandler(caplog.handler)  # Ray's loggers may not propagate to the root's
+    try:
+        for error in (WorkerGroupStartupTimeoutError(num_workers=2), RuntimeError("a bug")):
+            try:
+                raise error
+            except Exception as e:  # noqa: BLE001
+                logger.exception("Error in control loop iteration: %s", e)
+    finally:
+        logger.removeFilter(only)
+        logger.removeHandler(caplog.handler)
+    timeout, bug = {id(r): r for r in caplog.records if r.name == logger.name}.values()
+    assert (timeout.levelname, timeout.exc_info) == ("WARNING", None)
+    assert timeout.getMessage().startswith("The worker group startup timed out after ")
+    assert timeout.getMessage().endswith("waiting for 2 workers; Ray Train tries again"), timeout.getMessage()
+    assert (bug.levelname, bug.exc_info[0]) == ("ERROR", RuntimeError)
 
 
 def test_workers_know_their_own_cluster_among_several_on_the_machine(ray_cluster):

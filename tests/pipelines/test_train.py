@@ -244,8 +244,8 @@ def test_progress_rows_arrive_in_order_once_each_and_are_deleted_after(ray_clust
     rank0, rank1 = ProgressLog(name, 0), ProgressLog(name, 1)
     rows = []
     with follow_progress(name, rows.append, every_s=0.05) as progress:
-        rank0.started("node-a", 0)
-        rank1.started("node-b", 0)
+        rank0.started("node-a", 0, 2)
+        rank1.started("node-b", 0, 2)
         rank0.add({"epoch": 1, "train_loss": 0.5})
         # Two writers in the same nanosecond: the second takes the next free key.
         same_ns = [ProgressLog(name, 0), ProgressLog(name, 0)]
@@ -260,10 +260,10 @@ def test_progress_rows_arrive_in_order_once_each_and_are_deleted_after(ray_clust
         ("step", 2),
     ]
     # A worker group's start is its rank 0's; every rank's is in the workers.
-    assert rows[0] == {"kind": "start", "rank": 0, "node_id": "node-a", "start_epoch": 0}
+    assert rows[0] == {"kind": "start", "rank": 0, "node_id": "node-a", "start_epoch": 0, "workers": 2}
     assert math.isnan(rows[2]["loss"]) and rows[3]["step"] == 2
     assert [w["rank"] for w in progress.workers] == [0, 1] and progress.nodes == ["node-a", "node-b"]
-    assert progress.starts == [0]
+    assert progress.starts == [0] and progress.sizes == [2]
     assert _internal_kv_list(f"trainflow/progress/{name}/", namespace=PROGRESS_NAMESPACE) == []
 
 

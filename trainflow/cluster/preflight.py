@@ -50,11 +50,12 @@ def fit_scaling(scaling: ScalingSection, total: dict[str, float]) -> ScalingSect
     CPU share each instead (returned; the caller logs it).
     """
     cpus, gpus = total.get("CPU", 0.0), total.get("GPU", 0.0)
-    n = scaling.num_workers
+    n = scaling.min_workers  # an elastic run starts with them, and grows when there is room
+    asked = f"at least {n}" if scaling.elastic else f"{n}"
     cpu_each, gpu_each = worker_resources(scaling)
     if gpu_each and n * gpu_each > gpus:
         raise PreflightError(
-            f"scaling asks for {n} workers x {gpu_each:g} GPU = {n * gpu_each:g} GPUs, "
+            f"scaling asks for {asked} workers x {gpu_each:g} GPU = {n * gpu_each:g} GPUs, "
             f"the Ray cluster has {gpus:g}: set scaling.use_gpu=false, or run on a cluster with GPUs"
         )
     for name, amount in scaling.resources_per_worker.items():
@@ -62,7 +63,7 @@ def fit_scaling(scaling: ScalingSection, total: dict[str, float]) -> ScalingSect
             continue
         if n * amount > total.get(name, 0.0):
             raise PreflightError(
-                f"scaling.resources_per_worker.{name}: {n} workers x {amount:g} = {n * amount:g}, "
+                f"scaling.resources_per_worker.{name}: {asked} workers x {amount:g} = {n * amount:g}, "
                 f"the Ray cluster has {total.get(name, 0.0):g}"
             )
     needed = n * cpu_each + DATA_CPU_RESERVE
@@ -74,7 +75,7 @@ def fit_scaling(scaling: ScalingSection, total: dict[str, float]) -> ScalingSect
             update={"resources_per_worker": {**scaling.resources_per_worker, "CPU": fit}}
         )
     raise PreflightError(
-        f"scaling asks for {n} workers x {cpu_each:g} CPU plus {DATA_CPU_RESERVE:g} CPU for "
+        f"scaling asks for {asked} workers x {cpu_each:g} CPU plus {DATA_CPU_RESERVE:g} CPU for "
         f"Ray Data = {needed:g} CPUs, the Ray cluster has {cpus:g}: set "
         f"scaling.resources_per_worker.CPU to at most {fit:g}, lower scaling.num_workers, "
         "or set scaling.on_cpu_shortage=shrink"
@@ -84,7 +85,7 @@ def fit_scaling(scaling: ScalingSection, total: dict[str, float]) -> ScalingSect
 def _worker_bundles(scaling: ScalingSection) -> list[dict[str, float]]:
     cpu, gpu = worker_resources(scaling)
     bundle = {**scaling.resources_per_worker, "CPU": cpu, **({"GPU": gpu} if gpu else {})}
-    return [bundle] * scaling.num_workers + [{"CPU": DATA_CPU_RESERVE}]
+    return [bundle] * scaling.min_workers + [{"CPU": DATA_CPU_RESERVE}]
 
 
 def preflight(config: PipelineConfig, logger: logging.Logger | logging.LoggerAdapter = log) -> PipelineConfig:
@@ -109,7 +110,7 @@ def preflight(config: PipelineConfig, logger: logging.Logger | logging.LoggerAda
             "running %d workers with %g CPU each (scaling.on_cpu_shortage=shrink)",
             worker_resources(scaling)[0],
             ray.cluster_resources().get("CPU", 0.0),
-            scaling.num_workers,
+            scaling.min_workers,
             fitted.resources_per_worker["CPU"],
         )
         if session is not None:

@@ -97,6 +97,9 @@ def quiet_worker() -> None:
     train_errors = logging.getLogger(ray_internals.TRAIN_ERRORS_LOGGER)
     if not any(isinstance(f, _NoExpectedTrainErrors) for f in train_errors.filters):
         train_errors.addFilter(_NoExpectedTrainErrors())
+    controller = logging.getLogger(ray_internals.TRAIN_CONTROLLER_LOGGER)
+    if not any(isinstance(f, _StartupTimeoutInOneLine) for f in controller.filters):
+        controller.addFilter(_StartupTimeoutInOneLine())
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.")
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
@@ -115,6 +118,21 @@ class _NoExpectedTrainErrors(logging.Filter):
             return True
         last = message.rstrip().rsplit("\n", 1)[-1]
         return not self.EXPECTED.match(last)
+
+
+class _StartupTimeoutInOneLine(logging.Filter):
+    """Ray Train's controller logs a worker group that did not start in time as an error
+    with its traceback, and tries again: what an elastic run does when it shrinks (it
+    first tries the size it had, then the size that fits). Kept as one warning line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if type(error).__name__ == "WorkerGroupStartupTimeoutError":
+            first = str(error).split(". ", 1)[0]
+            record.msg, record.args = f"{first}; Ray Train tries again", None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info = record.exc_text = None
+        return True
 
 
 class _ErrorsOnly(logging.Filter):

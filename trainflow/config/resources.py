@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from trainflow.config.sections import Section
 
@@ -13,11 +13,13 @@ from trainflow.config.sections import Section
 class ScalingSection(Section):
     """The Ray Train workers: how many, what each asks of the cluster, and where they run."""
 
-    num_workers: int = Field(
+    num_workers: int | tuple[int, int] = Field(
         2,
-        ge=1,
         description="Ray Train workers, each training a replica of the model on its own shard of "
-        "the train split (data-parallel, gradients averaged every step).",
+        "the train split (data-parallel, gradients averaged every step). A range [min, max]: "
+        "elastic, the run starts once min workers fit, grows toward max as the cluster gains "
+        "room and shrinks when a worker's node is lost, resuming from its latest checkpoint "
+        "each time.",
     )
     use_gpu: bool = Field(
         False,
@@ -39,12 +41,44 @@ class ScalingSection(Section):
         description="When the workers and Ray Data's CPU do not fit: fail at once with what would "
         "fit, or shrink each worker's CPU to fit (logged as a warning).",
     )
+    resize_check_s: float | None = Field(
+        None,
+        gt=0.0,
+        description="With a range of num_workers: how often Ray Train looks for room to grow the "
+        "running worker group, in seconds; null: Ray Train's default (60).",
+    )
     wait_for_resources_s: float = Field(
         0.0,
         ge=0.0,
         description="On an autoscaling cluster, wait up to this many seconds for the resources to "
         "appear before failing; 0 checks once.",
     )
+
+    @field_validator("num_workers")
+    @classmethod
+    def _a_count_or_a_range(cls, v: int | tuple[int, int]) -> int | tuple[int, int]:
+        low, high = (v, v) if isinstance(v, int) else v
+        if low < 1 or high < low:
+            shown = list(v) if isinstance(v, tuple) else v
+            raise ValueError(
+                f"{shown}: give a number of workers of at least 1, or [min, max] with 1 <= min <= max"
+            )
+        return v
+
+    @property
+    def elastic(self) -> bool:
+        """Whether num_workers is a range, which Ray Train resizes between."""
+        return not isinstance(self.num_workers, int)
+
+    @property
+    def min_workers(self) -> int:
+        """The workers a run starts with at least: what preflight checks fit."""
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[0]
+
+    @property
+    def max_workers(self) -> int:
+        """The workers a run grows to at most."""
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[1]
 
 
 class FailureSection(Section):

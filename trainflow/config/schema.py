@@ -35,8 +35,10 @@ from trainflow.config.training import LOOP_SETTINGS, ModelConfig, TrainConfig
 # writes the cache through.
 CACHE_SCHEMES = ("s3", "gs", "gcs", "abfs", "abfss", "hdfs", "viewfs", "file")
 # Fields a config hash leaves out while they hold their empty default, so that a config
-# that does not use them hashes as it does in a release without them (section, field).
+# that does not use them hashes as it does in a release without them (the keys to each).
 HASHED_WHEN_SET = (
+    ("scaling", "resize_check_s"),
+    ("sweep", "scaling", "resize_check_s"),
     ("train", "loss_args"),
     ("evaluation", "metrics"),
     ("train", "loop"),
@@ -248,9 +250,7 @@ class PipelineConfig(Section):
                 # A config without the section leaves the key out, so that it hashes the
                 # same as a config of a release without it.
                 del data[section]
-        for section, field in HASHED_WHEN_SET:
-            if not data[section][field]:
-                del data[section][field]
+        _drop_unset(data)
         # Where prepared splits are kept changes no result: a config hashes the same wherever
         # its cache is.
         del data["cache"]
@@ -261,10 +261,19 @@ class PipelineConfig(Section):
         ``preprocess``, ``task``): two configs of the same hash prepare the same input the
         same way, so a task tells by it whether prepared data was made by this config."""
         data = self.model_dump(mode="json", include={"data", "preprocess", "task"})
-        for section, field in HASHED_WHEN_SET:
-            if section in data and not data[section][field]:
-                del data[section][field]
+        _drop_unset(data)
         return _short_hash(data)
+
+
+def _drop_unset(data: dict) -> None:
+    """Leave out of a config's JSON each field of :data:`HASHED_WHEN_SET` that holds its
+    empty default, where the config has it."""
+    for *parents, field in HASHED_WHEN_SET:
+        holder = data
+        for key in parents:
+            holder = holder.get(key) if isinstance(holder, dict) else None
+        if isinstance(holder, dict) and field in holder and not holder[field]:
+            del holder[field]
 
 
 def _short_hash(data: dict[str, Any]) -> str:

@@ -152,6 +152,16 @@ class SweepConfig(Section):
     def _dotted(cls, v: Any) -> Any:
         return _flatten_space(v)
 
+    @field_validator("scaling")
+    @classmethod
+    def _fixed_workers(cls, v: ScalingSection) -> ScalingSection:
+        if v.elastic:
+            raise ValueError(
+                f"num_workers {list(v.num_workers)}: a trial trains on a fixed number of workers; "
+                "give sweep.scaling.num_workers a number"
+            )
+        return v
+
     @model_validator(mode="after")
     def _metric_matches_mode(self) -> SweepConfig:
         expected = "min" if self.metric.endswith("loss") else "max"

@@ -151,7 +151,10 @@ class TrainConfig(Section):
         64,
         ge=1,
         description="Rows per optimizer step on each worker: one step of all workers takes "
-        "batch_size x scaling.num_workers rows.",
+        "batch_size x scaling.num_workers rows. With a range of workers, a step takes "
+        "batch_size x the range's max rows at any size, each worker's batch that over the "
+        "workers training, so the learning rate holds as the run resizes; a train.loop reads "
+        "batch_size as written.",
     )
     lr: float = Field(
         1e-3,

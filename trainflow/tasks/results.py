@@ -57,6 +57,7 @@ class Trained(BaseModel):
     # task: [0] ran from scratch; [0, 3] lost a worker and resumed after epoch 3.
     starts: list[int] = []
     nodes: list[str] = []  # the Ray node ids the training workers ran on
+    sizes: list[int] = []  # the workers of each start: an elastic run's resizes
     config_hash: str = ""  # the config it trained with (PipelineConfig.config_hash())
     prepared: str = ""  # the prepared splits it trained on (Prepared.fingerprint)
 

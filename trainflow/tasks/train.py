@@ -11,6 +11,7 @@ from prefect.runtime import flow_run
 from trainflow.cluster.preflight import preflight
 from trainflow.cluster.session import connected
 from trainflow.config import ConfigError, PipelineConfig
+from trainflow.config.resources import ScalingSection
 from trainflow.pipelines.training.run import TrainingDiverged, TrainingResult, run_training
 from trainflow.pipelines.training.runs import RunRecord, recorded_run
 from trainflow.pipelines.training.settings import PreparedSplits
@@ -92,6 +93,7 @@ def _trained(config: PipelineConfig, prepared: Prepared, run_name: str, result: 
         status=result.status,
         starts=result.starts,
         nodes=result.nodes,
+        sizes=result.sizes,
         config_hash=config.config_hash(),
         prepared=prepared.fingerprint,
     )
@@ -116,12 +118,12 @@ def _log_plan(logger, config: PipelineConfig, row: dict[str, Any]) -> None:
     user's loop."""
     s = config.scaling
     logger.info(
-        "training %s (%s)%s for %d epochs on %d workers (%s each), %s; Ray run %s",
+        "training %s (%s)%s for %d epochs on %s workers (%s each), %s; Ray run %s",
         config.model.kind,
         row["parameters"],
         f" with train.loop {row['loop']}" if row.get("loop") else "",
         config.train.epochs,
-        s.num_workers,
+        f"{s.min_workers} to {s.max_workers}" if s.elastic else s.num_workers,
         s.resources_per_worker,
         _describe_splits(row["in_memory"], row["streamed"]),
         row["run_path"],
@@ -140,6 +142,7 @@ def _log_row(logger, config: PipelineConfig, meter: _ProgressMeter):
     """Log each row of the run's progress as it arrives (run_training's ``on_row``)."""
     epochs, metric = config.train.epochs, config.checkpoint.metric
     unranked: list[bool] = []  # a user's loop reported no checkpoint.metric: said once
+    sizes: list[int] = []  # the workers of each start of the worker group
 
     def on_row(row: dict[str, Any]) -> None:
         if row["kind"] == "plan":
@@ -147,8 +150,7 @@ def _log_row(logger, config: PipelineConfig, meter: _ProgressMeter):
             return
         timeline(f"train worker row {row['kind']} epoch {row.get('epoch', row.get('start_epoch'))}")
         if row["kind"] == "start":
-            if row["start_epoch"]:
-                logger.info("resuming from the checkpoint of epoch %d", row["start_epoch"])
+            _log_start(logger, config.scaling, row, sizes)
         elif row["kind"] == "step":
             logger.info("epoch %d step %d  loss %.4f", row["epoch"], row["step"], row["loss"])
         else:
@@ -167,6 +169,23 @@ def _log_row(logger, config: PipelineConfig, meter: _ProgressMeter):
     return on_row
 
 
+def _log_start(logger, scaling: ScalingSection, row: dict[str, Any], sizes: list[int]) -> None:
+    """Log a start of the worker group (its rank 0's row): an elastic run's size, and each
+    resize with its cause and the epoch it resumes after; a restart's resumption."""
+    workers, before = row["workers"], sizes[-1] if sizes else None
+    sizes.append(workers)
+    if before is None and scaling.elastic:
+        logger.info("started with %d workers of %d to %d", workers, scaling.min_workers, scaling.max_workers)
+    if before is not None and workers != before:
+        why = "the cluster has room for more" if workers > before else "a worker or its node was lost"
+        logger.warning(
+            "resized from %d to %d workers (%s); resuming after epoch %d",
+            before, workers, why, row["start_epoch"],
+        )  # fmt: skip
+    elif row["start_epoch"]:
+        logger.info("resuming from the checkpoint of epoch %d", row["start_epoch"])
+
+
 def _describe_splits(in_memory: list[str], streamed: list[str]) -> str:
     """``val in memory, train streamed from Ray Data`` and the like."""
     parts = [f"{' and '.join(in_memory)} in memory"] if in_memory else []
@@ -177,8 +196,10 @@ def _describe_splits(in_memory: list[str], streamed: list[str]) -> str:
 def _log_result(logger, config: PipelineConfig, result: TrainingResult) -> None:
     if result.status == "early_stopped":
         logger.info("stopped early after epoch %d: %s", result.epoch, result.message)
-    logger.info("%d workers trained on %d Ray node(s)", config.scaling.num_workers, len(result.nodes))
-    if len(result.starts) > 1:
+    sizes = sorted(set(result.sizes)) or [config.scaling.min_workers]
+    workers = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]} to {sizes[-1]}"
+    logger.info("%s workers trained on %d Ray node(s)", workers, len(result.nodes))
+    if len(result.starts) > 1 and not config.scaling.elastic:
         logger.warning(
             "the worker group started %d times (a worker or node failed); it resumed after epochs %s",
             len(result.starts),

@@ -93,7 +93,8 @@ def splits_in_memory(config: PipelineConfig, path: str | Path) -> tuple[str, ...
     """The splits of the prepared entry at ``path`` that the workers of ``config`` read once
     into memory (:func:`in_memory_splits`); the rest stream from Ray Data."""
     sizes = {name: split_bytes(join(path, name)) for name in TRAIN_SPLITS}
-    return in_memory_splits(config.train.in_memory, sizes, workers=config.scaling.num_workers)
+    # An elastic run's fewest workers hold the largest share each.
+    return in_memory_splits(config.train.in_memory, sizes, workers=config.scaling.min_workers)
 
 
 def split_inputs(
@@ -257,7 +258,7 @@ def open_splits(
     train = split_source("train", settings.memory_splits, rank, world_size, device)
     val = split_source("val", settings.memory_splits, rank, world_size, device)
     if not isinstance(train, tuple):
-        chunk_rows = stream_chunk_rows(settings.train.batch_size, settings.model_spec["num_features"])
+        chunk_rows = stream_chunk_rows(settings.batch_size(world_size), settings.model_spec["num_features"])
         train = StreamedEpochs(train, chunk_rows, device, device.type == "cuda")
     return train, val
 
@@ -269,10 +270,11 @@ def epoch_batches(
     seed: int,
     settings: TrainSettings,
     device: torch.device,
+    batch_size: int,
 ) -> tuple[Iterable[Batch], Iterable[Batch]]:
-    """Epoch ``epoch``'s train batches, shuffled by a generator seeded with ``seed`` (and
-    augmented, in memory, when the preprocessor augments), and its val batches in order."""
-    batch_size = settings.train.batch_size
+    """Epoch ``epoch``'s batches of ``batch_size`` rows: the train split's, shuffled by a
+    generator seeded with ``seed`` (and augmented, in memory, when the preprocessor
+    augments), and the val split's in order."""
     if isinstance(train, tuple):
         train_batches = tensor_batches(*train, batch_size, torch.Generator().manual_seed(seed))
         train_batches = augmented_batches(train_batches, settings.preprocessor)

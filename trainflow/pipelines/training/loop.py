@@ -433,7 +433,7 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
     # newer folder that Ray's controller never recorded (its driver died first) wins.
     start_epoch, history = parts.resume(_resume_state(ray.train.get_checkpoint(), settings))
     if progress is not None:
-        progress.started(ray.get_runtime_context().get_node_id(), start_epoch)
+        progress.started(ray.get_runtime_context().get_node_id(), start_epoch, ctx.get_world_size())
 
     # Data: the splits in memory_splits are read once, straight from the prepared Parquet,
     # and kept as tensors: Ray Data's split coordinators and a streaming pass per epoch
@@ -445,7 +445,9 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
         # Train, from a seed of the epoch's own: a resumed run draws as one that never stopped.
         this_seed = epoch_seed(cfg.seed, epoch, rank)
         seed_everything(this_seed)
-        train_batches, val_batches = epoch_batches(train, val, epoch, this_seed, settings, parts.device)
+        train_batches, val_batches = epoch_batches(
+            train, val, epoch, this_seed, settings, parts.device, settings.batch_size(ctx.get_world_size())
+        )
         lr = parts.optimizer.param_groups[0]["lr"]
         train_loss = parts.train_on(train_batches, step_logger(progress, cfg.log_every_n_steps, rank, epoch))
         if not math.isfinite(train_loss):  # all-reduced: every worker stops here together

@@ -51,9 +51,11 @@ class ProgressLog:
     def step(self, row: dict[str, Any]) -> None:
         self._put({"kind": "step", **row})
 
-    def started(self, node_id: str, start_epoch: int) -> None:
-        """This worker (re)started on node ``node_id``, after epoch ``start_epoch`` (0: from scratch)."""
-        self._put({"kind": "start", "rank": self.rank, "node_id": node_id, "start_epoch": start_epoch})
+    def started(self, node_id: str, start_epoch: int, workers: int) -> None:
+        """This worker (re)started on node ``node_id``, after epoch ``start_epoch`` (0: from
+        scratch), one of a group of ``workers``."""
+        row = {"kind": "start", "rank": self.rank, "node_id": node_id, "start_epoch": start_epoch}
+        self._put({**row, "workers": workers})
 
     def _put(self, row: dict[str, Any]) -> None:
         value = json.dumps(row)
@@ -118,6 +120,11 @@ class Progress:
     def starts(self) -> list[int]:
         """The epoch each start of the worker group resumed after (0: from scratch)."""
         return [w["start_epoch"] for w in self.workers if w["rank"] == 0]
+
+    @property
+    def sizes(self) -> list[int]:
+        """The workers of each start of the worker group: an elastic run's resizes."""
+        return [w["workers"] for w in self.workers if w["rank"] == 0]
 
     @property
     def nodes(self) -> list[str]:

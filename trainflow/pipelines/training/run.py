@@ -67,9 +67,11 @@ class TrainingResult:
     message: str  # why it stopped early ("" when it completed)
     # The epoch each start of the worker group resumed after, in this call: [0] ran from
     # scratch; [0, 3] lost a worker and resumed after epoch 3. With the node ids the
-    # workers ran on, known when the run was followed (on_row).
+    # workers ran on and each start's workers (an elastic run's sizes), known when the run
+    # was followed (on_row).
     starts: list[int] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
     in_memory: tuple[str, ...] = ()  # the splits the workers held in memory; the rest streamed
 
 
@@ -248,6 +250,7 @@ def training_result(
         message=outcome.message,
         starts=seen.starts,
         nodes=seen.nodes,
+        sizes=seen.sizes,
         in_memory=in_memory,
     )
 
@@ -297,6 +300,7 @@ def loop_training_result(
         message="",
         starts=seen.starts,
         nodes=seen.nodes,
+        sizes=seen.sizes,
     )
 
 
@@ -337,10 +341,11 @@ def build_trainer(
         # Ray's TorchConfig but for TPUs, without torch in the controller.
         torch_config=None if "TPU" in config.scaling.resources_per_worker else ray_internals.torch_config(),
         scaling_config=ScalingConfig(
-            num_workers=config.scaling.num_workers,
+            num_workers=config.scaling.num_workers,  # a (min, max) range: elastic
             use_gpu=config.scaling.use_gpu,
             resources_per_worker=dict(config.scaling.resources_per_worker),
             placement_strategy=config.scaling.placement_strategy,
+            **({"elastic_resize_monitor_interval_s": s} if (s := config.scaling.resize_check_s) else {}),
         ),
         run_config=RunConfig(
             name=run_name,

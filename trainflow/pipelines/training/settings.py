@@ -109,6 +109,15 @@ class TrainSettings:
         """The train section: epochs, batch size, optimizer, schedule, seed and the rest."""
         return self.config.train
 
+    def batch_size(self, workers: int) -> int:
+        """Each worker's batch in a group of ``workers``: ``train.batch_size``; in an
+        elastic run, ``train.batch_size`` x the most workers over ``workers``, so that a
+        step of the group takes the same rows (and an epoch the same steps) at any size."""
+        scaling = self.config.scaling
+        if not scaling.elastic:
+            return self.train.batch_size
+        return max(1, self.train.batch_size * scaling.max_workers // max(workers, 1))
+
 
 def check_plain(value: Any, path: str) -> None:
     """Refuse, naming it by its ``path``, a value that is not plain JSON (str, int, finite

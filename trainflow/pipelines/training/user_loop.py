@@ -99,8 +99,9 @@ def user_loop_per_worker(worker: dict[str, Any]) -> None:
     if worker["progress"]:
         # This worker's (re)start, after the epoch of the checkpoint Ray hands back.
         started = last_epoch(read_history(ray.train.get_checkpoint()))
-        rank = ray.train.get_context().get_world_rank()
-        ProgressLog(worker["progress"], rank).started(ray.get_runtime_context().get_node_id(), started)
+        ctx = ray.train.get_context()
+        node = ray.get_runtime_context().get_node_id()
+        ProgressLog(worker["progress"], ctx.get_world_rank()).started(node, started, ctx.get_world_size())
     fn(worker["config"])
 
 

@@ -1,8 +1,10 @@
-"""An elastic run (``scaling.num_workers: [1, 2]``) on a local multi-node Ray cluster
-(``ray.cluster_utils.Cluster``, in a process of its own, nodes added and removed on
-command): `trainflow run` starts on the head's one training slot, grows to two workers
-when a second node joins, keeps training on one when that node is lost, and registers a
-model as good as a fixed run's.
+"""An elastic run (``scaling.num_workers: [1, 2]``) on a local multi-node Ray cluster: a
+head started by ``ray.cluster_utils.Cluster`` (in a process of its own) and a second node
+that joins with `ray start` and leaves by SIGTERM, as a spot node is reclaimed.
+`trainflow run` starts on the head's one training slot, grows to two workers when the
+second node joins, and keeps training on one when that node is preempted: Ray drains a
+node that gets SIGTERM for preemption, which Ray Train counts apart from failures, so the
+run survives it with ``failure.max_failures: 0``. Its model is as good as a fixed run's.
 
 Each node has one ``trainer`` resource, which every worker asks for, so a node holds one
 worker. Training is paced by a loss of the user's own (``train.loss``) that sleeps a
@@ -22,30 +24,22 @@ import pytest
 import yaml
 
 from tests.e2e.test_cli import session_services
+from tests.e2e.test_cluster import ray_node
 from trainflow.testing import small_config
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 
-# The cluster: a head of 2 CPUs (a worker's half CPU and Ray Data's one) and, on command,
-# a node of 1 CPU; each node one "trainer". Prints its address, then "added" or "removed"
-# for each command it is given on stdin.
-CLUSTER = """
+# The head of the cluster: 2 CPUs (a worker's half CPU and Ray Data's one) and one
+# "trainer". Prints its address, then runs until its stdin closes.
+HEAD = """
 import sys
 from ray.cluster_utils import Cluster
 
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"trainer": 1}})
 print(cluster.address, flush=True)
-nodes = []
-for line in sys.stdin:
-    if line.strip() == "add":
-        nodes.append(cluster.add_node(num_cpus=1, resources={"trainer": 1}))
-        cluster.wait_for_nodes()
-        print("added", flush=True)
-    elif line.strip() == "remove":
-        cluster.remove_node(nodes.pop())
-        print("removed", flush=True)
+sys.stdin.read()
 cluster.shutdown()
 """
 
@@ -80,7 +74,7 @@ def wait_for_line(log: Path, pattern: str, proc: subprocess.Popen, timeout: floa
     raise AssertionError(f"{pattern!r} not in the run's log:\n{log.read_text(errors='replace')[-5000:]}")
 
 
-def test_an_elastic_run_grows_when_a_node_joins_and_trains_on_when_it_is_lost(prefect_harness, tmp_path):
+def test_an_elastic_run_grows_when_a_node_joins_and_trains_on_when_it_is_preempted(prefect_harness, tmp_path):
     token = secrets.token_hex(32)
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_USAGE_STATS_ENABLED": "0"}
     cluster_env = {
@@ -90,28 +84,22 @@ def test_an_elastic_run_grows_when_a_node_joins_and_trains_on_when_it_is_lost(pr
         # this ends that try sooner than Ray's 60 s (read by the controller, on the cluster).
         "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10",
     }
-    cluster = subprocess.Popen(
-        [sys.executable, "-c", CLUSTER],
+    head = subprocess.Popen(
+        [sys.executable, "-c", HEAD],
         env=cluster_env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
     )
-
-    def command(what: str) -> None:
-        cluster.stdin.write(f"{what}\n")
-        cluster.stdin.flush()
-        assert cluster.stdout.readline().strip() == what.replace("add", "added").replace("remove", "removed")
-
     code = tmp_path / "code"
     code.mkdir()
     (code / "paced_loss.py").write_text(PACED_LOSS)
     hold = tmp_path / "hold"
     hold.touch()
     try:
-        address = cluster.stdout.readline().strip()
-        assert address, "the cluster did not start"
+        address = head.stdout.readline().strip()
+        assert address, "the cluster's head did not start"
         env = {
             **{k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")},
             **session_services(ray_address=False),
@@ -146,15 +134,16 @@ def test_an_elastic_run_grows_when_a_node_joins_and_trains_on_when_it_is_lost(pr
                 "resources_per_worker": {"CPU": 0.5, "trainer": 1},
                 "resize_check_s": 1,
             },  # fmt: skip
-            failure={"max_failures": 2},  # the lost node's worker fails the group once
+            failure={"max_failures": 0},  # a preemption is not a failure
         )
+        node_args = [f"--address={address}", "--num-cpus=1", '--resources={"trainer": 1}']
         try:
             wait_for_line(log, r"epoch 1/", elastic)
-            command("add")
-            wait_for_line(log, r"resized from 1 to 2 workers", elastic)
-            wait_for_line(log, r"resized from 1 to 2 workers.*\n(.*\n)*.*epoch \d+/", elastic)
-            command("remove")
-            wait_for_line(log, r"resized from 2 to 1 workers", elastic)
+            with ray_node(node_args, cluster_env, tmp_path / "node.log") as node:
+                wait_for_line(log, r"resized from 1 to 2 workers", elastic)
+                wait_for_line(log, r"resized from 1 to 2 workers.*\n(.*\n)*.*epoch \d+/", elastic)
+                node.terminate()  # SIGTERM, mid-epoch
+                wait_for_line(log, r"resized from 2 to 1 workers", elastic)
             hold.unlink()  # the rest at full speed
             elastic.wait(timeout=600)
         finally:
@@ -184,11 +173,11 @@ def test_an_elastic_run_grows_when_a_node_joins_and_trains_on_when_it_is_lost(pr
         fixed_output = fixed_log.read_text(errors="replace")
         assert fixed.returncode == 0, fixed_output[-5000:]
     finally:
-        cluster.stdin.close()
+        head.stdin.close()
         try:
-            cluster.wait(60)
+            head.wait(60)
         except subprocess.TimeoutExpired:
-            cluster.kill()
+            head.kill()
     accuracy = [
         float(re.search(r"test accuracy ([0-9.]+)", text).group(1)) for text in (output, fixed_output)
     ]

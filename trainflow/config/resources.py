@@ -91,6 +91,13 @@ class FailureSection(Section):
         "resuming from the latest checkpoint; -1: without end, 0: never. A sweep's trials are "
         "not restarted.",
     )
+    max_preemptions: int | None = Field(
+        None,
+        ge=0,
+        description="How many times Ray Train restarts the worker group after a node is preempted "
+        "(drained for preemption, as a node that gets SIGTERM drains itself: a spot reclaim, a "
+        "Kubernetes eviction), counted apart from max_failures; null: without end, 0: never.",
+    )
 
 
 class RayConfig(Section):

@@ -34,10 +34,12 @@ from trainflow.config.training import LOOP_SETTINGS, ModelConfig, TrainConfig
 # The URI schemes of pyarrow's filesystems, which every trainflow process reads and
 # writes the cache through.
 CACHE_SCHEMES = ("s3", "gs", "gcs", "abfs", "abfss", "hdfs", "viewfs", "file")
-# Fields a config hash leaves out while they hold their empty default, so that a config
-# that does not use them hashes as it does in a release without them (the keys to each).
+# Fields a config hash leaves out while they hold their empty default (null, or an empty
+# dict), so that a config that does not use them hashes as it does in a release without
+# them (the keys to each).
 HASHED_WHEN_SET = (
     ("scaling", "resize_check_s"),
+    ("failure", "max_preemptions"),
     ("sweep", "scaling", "resize_check_s"),
     ("train", "loss_args"),
     ("evaluation", "metrics"),
@@ -272,7 +274,7 @@ def _drop_unset(data: dict) -> None:
         holder = data
         for key in parents:
             holder = holder.get(key) if isinstance(holder, dict) else None
-        if isinstance(holder, dict) and field in holder and not holder[field]:
+        if isinstance(holder, dict) and field in holder and holder[field] in (None, {}):
             del holder[field]
 
 

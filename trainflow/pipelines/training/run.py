@@ -355,7 +355,10 @@ def build_trainer(
                 checkpoint_score_attribute=config.checkpoint.metric,
                 checkpoint_score_order=config.checkpoint.mode,
             ),
-            failure_config=FailureConfig(max_failures=config.failure.max_failures),
+            failure_config=FailureConfig(
+                max_failures=config.failure.max_failures,
+                max_preemption_failures=-1 if (p := config.failure.max_preemptions) is None else p,
+            ),
             # Ray Train logs every report and checkpoint at INFO; trainflow logs each epoch.
             logging_config=LoggingConfig(log_level="WARNING"),
             callbacks=list(callbacks),

@@ -155,6 +155,14 @@ def test_sweep_varies_only_model_and_train_fields():
         load_config({"sweep": {"space": {"data.limit": {"choice": [100, 200]}}}})
 
 
+def test_an_optuna_sweep_takes_no_grid_dimension_and_names_it():
+    space = {"train.lr": {"loguniform": [1e-4, 1e-1]}, "train.batch_size": {"grid": [32, 64]}}
+    with pytest.raises(ConfigError, match=r"sweep: .*give train\.batch_size a choice instead of a grid"):
+        load_config({"sweep": {"space": space, "search": "optuna"}})
+    space["train.batch_size"] = {"choice": [32, 64]}
+    assert load_config({"sweep": {"space": space, "search": "optuna"}}).sweep.search == "optuna"
+
+
 def test_sweep_metric_and_mode_agree():
     with pytest.raises(ConfigError, match=r"sweep: .*val_loss is best at its minimum: set mode to min"):
         load_config(sweep(metric="val_loss"))

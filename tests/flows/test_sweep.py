@@ -72,3 +72,33 @@ def test_sweep_stops_weak_trials_reports_a_failed_one_and_registers_the_best(
     console = "".join(capfd.readouterr())
     for noise in ("Configuration for experiment", "View detailed results", "tensorboard", "Traceback"):
         assert noise not in console, console[-3000:]
+
+
+def test_an_optuna_sweep_runs_the_trials_optunas_sampler_suggests_and_registers_the_best(
+    ray_cluster, prefect_harness, trainflow_home, capfd
+):
+    import optuna
+
+    space = {"train.lr": {"loguniform": [0.001, 0.3]}}
+    config = load_config(
+        small_config(
+            data={"limit": 400},
+            sweep={"space": space, "search": "optuna", "trials": 2, "seed": 3, "scheduler": {"kind": "fifo"}},
+        )
+    )
+    state = sweep_pipeline(config=config, return_state=True)
+    assert state.is_completed(), state.message
+    result = state.result()
+    assert [t["status"] for t in result.trials] == ["completed", "completed"]
+
+    # What Optuna's TPE sampler, seeded as the sweep is, suggests for the same space first.
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=3), direction="maximize")
+    lr = optuna.distributions.FloatDistribution(0.001, 0.3, log=True)
+    suggested = [study.ask({"params/train.lr": lr}).params["params/train.lr"] for _ in range(2)]
+    tried = sorted(t["params"]["train.lr"] for t in result.trials)
+    assert tried == pytest.approx(sorted(suggested))
+    assert result.registered.version == "1"
+    # Optuna's own INFO lines (the study it created, each trial it finished) stay off the console.
+    console = "".join(capfd.readouterr())
+    for noise in ("A new study created", "Trial 0 finished", "Traceback"):
+        assert noise not in console, console[-3000:]

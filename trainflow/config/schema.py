@@ -41,6 +41,7 @@ HASHED_WHEN_SET = (
     ("scaling", "resize_check_s"),
     ("failure", "max_preemptions"),
     ("sweep", "scaling", "resize_check_s"),
+    ("sweep", "search"),
     ("train", "loss_args"),
     ("evaluation", "metrics"),
     ("train", "loop"),

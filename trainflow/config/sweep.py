@@ -121,6 +121,12 @@ class SweepConfig(Section):
         '"model.hidden_sizes": {choice: [[32], [128]]}}; nested mappings ({train: {lr: ...}}) say '
         "the same.",
     )
+    search: Literal["optuna"] | None = Field(
+        None,
+        description="How trials are drawn: null, at random from the space (and every grid value "
+        "in turn); optuna, by Optuna's TPE sampler, each trial suggested from the results of "
+        "those before it (no grid dimensions).",
+    )
     trials: int = Field(
         8,
         ge=1,
@@ -161,6 +167,16 @@ class SweepConfig(Section):
                 "give sweep.scaling.num_workers a number"
             )
         return v
+
+    @model_validator(mode="after")
+    def _search_takes_the_space(self) -> SweepConfig:
+        grid = [name for name, dim in self.space.items() if dim.grid is not None]
+        if self.search == "optuna" and grid:
+            raise ValueError(
+                f"search optuna suggests each value, it runs no grid: give {', '.join(grid)} "
+                "a choice instead of a grid, or leave search unset"
+            )
+        return self
 
     @model_validator(mode="after")
     def _metric_matches_mode(self) -> SweepConfig:

@@ -76,9 +76,10 @@ def _swept(name: str, storage: str, outcome: sw.SweepOutcome, prepared: Prepared
 def _log_plan(logger, config: PipelineConfig, name: str, max_concurrent: int, storage: str) -> None:
     s = config.sweep
     logger.info(
-        "sweep %s: %d samples of %s, %d at a time (%d workers x %s each), %s on %s (%s); Ray runs in %s/%s",
+        "sweep %s: %d samples%s of %s, %d at a time (%d workers x %s each), %s on %s (%s); Ray runs in %s/%s",
         name,
         s.trials,
+        " suggested by Optuna (TPE)" if s.search == "optuna" else "",
         ", ".join(f"{path} ({dim.kind})" for path, dim in s.space.items()),
         max_concurrent,
         s.scaling.num_workers,

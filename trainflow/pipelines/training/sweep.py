@@ -254,7 +254,6 @@ def build_tuner(
     worker groups record their placement groups with."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-    from ray.tune.search.basic_variant import BasicVariantGenerator
 
     sweep = config.sweep
     if sweep.scheduler.kind == "asha":
@@ -284,7 +283,7 @@ def build_tuner(
             mode=sweep.mode,
             num_samples=sweep.trials,
             scheduler=scheduler,
-            search_alg=BasicVariantGenerator(random_state=sweep.seed, max_concurrent=max_concurrent),
+            search_alg=search_algorithm(sweep, max_concurrent),
         ),
         run_config=tune.RunConfig(
             name=name,
@@ -295,6 +294,22 @@ def build_tuner(
             callbacks=callbacks,
         ),
     )
+
+
+def search_algorithm(sweep: SweepConfig, max_concurrent: int):
+    """Ray Tune's search algorithm for ``sweep.search``, at most ``max_concurrent`` trials at
+    once: random and grid sampling, or Optuna's TPE sampler, seeded by ``sweep.seed``."""
+    if sweep.search == "optuna":
+        import optuna
+        from ray.tune.search import ConcurrencyLimiter
+        from ray.tune.search.optuna import OptunaSearch
+
+        # Optuna logs each study and trial at INFO on its own handler; trainflow logs the trials.
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        return ConcurrencyLimiter(OptunaSearch(seed=sweep.seed), max_concurrent=max_concurrent)
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    return BasicVariantGenerator(random_state=sweep.seed, max_concurrent=max_concurrent)
 
 
 def summarize(config: PipelineConfig, grid) -> list[TrialSummary]:

@@ -61,6 +61,19 @@ def test_an_elastic_run_needs_its_min_workers_to_fit_not_its_max():
         fit_scaling(ScalingSection(num_workers=(2, 8), resources_per_worker={"CPU": 1}), total)
 
 
+def test_an_elastic_run_on_a_local_cluster_grows_only_as_far_as_ray_data_keeps_a_cpu(ray_cluster, caplog):
+    import ray
+
+    cpus = ray.cluster_resources()["CPU"]
+    fits = int((cpus - 1) / 0.5)  # half-CPU workers beside Ray Data's CPU
+    with caplog.at_level(logging.WARNING, logger="trainflow"):
+        scaling = preflight(config(num_workers=(1, fits + 5), resources_per_worker={"CPU": 0.5})).scaling
+    assert scaling.num_workers == (1, fits)
+    assert f"this local Ray cluster holds {fits} workers beside Ray Data's CPU" in caplog.text
+    within = config(num_workers=(1, fits), resources_per_worker={"CPU": 0.5})
+    assert preflight(within).scaling.num_workers == (1, fits)
+
+
 def test_shrink_gives_each_worker_what_fits_and_says_so(ray_cluster, caplog):
     import ray
 

@@ -10,7 +10,7 @@ import time
 
 from trainflow import ray_internals
 from trainflow.cluster.checks import PreflightError, check_cluster
-from trainflow.cluster.session import current_session, ray_address
+from trainflow.cluster.session import current_session, ray_address, started_local_cluster
 from trainflow.config import PipelineConfig, ScalingSection, SweepConfig
 
 log = logging.getLogger("trainflow")
@@ -82,6 +82,30 @@ def fit_scaling(scaling: ScalingSection, total: dict[str, float]) -> ScalingSect
     )
 
 
+def _say_once(key: tuple[str, str], logger, message: str, *args) -> None:
+    """Log a warning once per session (every time without one)."""
+    session = current_session()
+    if session is None or key not in session.verified:
+        logger.warning(message, *args)
+        if session is not None:
+            session.verified.add(key)
+
+
+def _grow_within(scaling: ScalingSection, total: dict[str, float]) -> ScalingSection:
+    """An elastic ``scaling`` whose most workers fit beside Ray Data's CPU on a cluster that
+    no autoscaler grows (``total``): Ray Train grows the group into every free CPU, and a
+    streamed split's reads then wait forever for one."""
+    cpu_each, gpu_each = worker_resources(scaling)
+    room = [(total.get("CPU", 0.0) - DATA_CPU_RESERVE) / cpu_each if cpu_each else math.inf]
+    room += [total.get("GPU", 0.0) / gpu_each] if gpu_each else []
+    custom = {k: v for k, v in scaling.resources_per_worker.items() if k not in ("CPU", "GPU") and v}
+    room += [total.get(k, 0.0) / v for k, v in custom.items()]
+    most = max(scaling.min_workers, min(scaling.max_workers, math.floor(min(room) + 1e-9)))
+    if most == scaling.max_workers:
+        return scaling
+    return scaling.model_copy(update={"num_workers": (scaling.min_workers, most)})
+
+
 def _worker_bundles(scaling: ScalingSection) -> list[dict[str, float]]:
     cpu, gpu = worker_resources(scaling)
     bundle = {**scaling.resources_per_worker, "CPU": cpu, **({"GPU": gpu} if gpu else {})}
@@ -102,10 +126,10 @@ def preflight(config: PipelineConfig, logger: logging.Logger | logging.LoggerAda
 
     scaling = config.scaling
     fitted = _fitted_scaling(scaling, logger)
-    session = current_session()
-    said = ("shrunk", scaling.model_dump_json())
-    if fitted is not scaling and (session is None or said not in session.verified):
-        logger.warning(
+    if fitted is not scaling:
+        _say_once(
+            ("shrunk", scaling.model_dump_json()),
+            logger,
             "scaling.resources_per_worker.CPU %g leaves Ray Data no CPU on this cluster (%g CPUs): "
             "running %d workers with %g CPU each (scaling.on_cpu_shortage=shrink)",
             worker_resources(scaling)[0],
@@ -113,8 +137,17 @@ def preflight(config: PipelineConfig, logger: logging.Logger | logging.LoggerAda
             scaling.min_workers,
             fitted.resources_per_worker["CPU"],
         )
-        if session is not None:
-            session.verified.add(said)
+    if fitted.elastic and started_local_cluster():
+        grown = _grow_within(fitted, ray.cluster_resources())
+        if grown is not fitted:
+            _say_once(
+                ("grown within", scaling.model_dump_json()),
+                logger,
+                "scaling.num_workers %s: this local Ray cluster holds %d workers beside Ray Data's "
+                "CPU; the run grows to %d at most",
+                list(scaling.num_workers), grown.max_workers, grown.max_workers,
+            )  # fmt: skip
+        fitted = grown
     check_cluster(config, logger)
     return config.model_copy(update={"scaling": fitted})
 

@@ -6,7 +6,8 @@ import logging
 
 def test_a_workers_traceback_of_trainflows_own_errors_stays_in_its_log(caplog):
     """Ray Train logs each failed training function's traceback in the worker; the driver
-    reports a ConfigError or DataError in one line, so the worker's hook drops those."""
+    reports a ConfigError or DataError in one line, and a lost peer's collateral error as
+    the group's restart, so the worker's hook drops those."""
     from ray.train.v2._internal.util import construct_user_exception_with_traceback
 
     from trainflow.cluster.quiet import _NoExpectedTrainErrors
@@ -16,7 +17,11 @@ def test_a_workers_traceback_of_trainflows_own_errors_stays_in_its_log(caplog):
     logger.addFilter(only := _NoExpectedTrainErrors())
     logger.addHandler(caplog.handler)  # Ray's loggers may not propagate to the root's
     try:
-        for error in (ConfigError("model.kind x:y: importing x failed"), RuntimeError("a bug")):
+        lost_peer = RuntimeError(
+            "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
+            "[127.0.0.1]:8942: Connection reset by peer. This is typically caused by a remote worker"
+        )
+        for error in (ConfigError("model.kind x:y: importing x failed"), lost_peer, RuntimeError("a bug")):
             try:
                 raise error
             except Exception as e:  # noqa: BLE001

@@ -152,7 +152,7 @@ def test_an_elastic_run_grows_when_a_node_joins_and_trains_on_when_it_is_preempt
         output = log.read_text(errors="replace")
         assert elastic.returncode == 0, output[-5000:]
         assert "Traceback" not in output
-        assert "started with 1 workers of 1 to 2" in output
+        assert "started with 1 of 1 to 2 workers" in output
         assert re.search(
             r"resized from 1 to 2 workers \(the cluster has room for more\); resuming after epoch \d+", output
         )

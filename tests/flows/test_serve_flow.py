@@ -25,6 +25,9 @@ def test_the_serving_flow_answers_while_it_runs_and_stops(
 ):
     from ray import serve
 
+    # A Serve that a test before left on the session's cluster keeps its own port, and the
+    # flow's would be ignored: start from none, as the serving tests do (tests/web.py).
+    serve.shutdown()
     pre = Preprocessor(["a", "b"], "label", ["no", "yes"], scaler="none")
     register(workspace(), make_checkpoint(tmp_path / "c1", pre=pre), 0.8)  # toy v1, champion
     port = _free_port()

@@ -76,7 +76,8 @@ def quiet_worker() -> None:
     (:func:`~trainflow.ray_internals.answer_cleaner_from_gcs`), and keeps the driver's
     console to what a user acts on: the records of Ray's loggers that
     :mod:`trainflow.ray_internals` lists (use 8), the traceback of trainflow's own
-    one-line errors, which the driver reports (:class:`_NoExpectedTrainErrors`), and the
+    one-line errors, which the driver reports, and of a lost peer's collateral error
+    (:class:`_NoExpectedTrainErrors`), and the
     deprecation and tensor warnings that Ray's own internals trip.
     """
     import warnings
@@ -107,17 +108,21 @@ def quiet_worker() -> None:
 class _NoExpectedTrainErrors(logging.Filter):
     """Drops Ray Train's "Error in training function" record of trainflow's ConfigError or
     DataError (a model module the workers cannot import, say): the driver reports it in one
-    line (``run_training``), and the traceback stays in the worker's log."""
+    line (``run_training``), and the traceback stays in the worker's log. Also a collective
+    call's error when its peer is gone: the other workers of a group whose worker or node
+    was lost (a preempted node) fail so, Ray Train restarts the group, and the driver logs
+    the resumption."""
 
     # The traceback's last line: the error's qualified class name and message.
     EXPECTED = re.compile(r"trainflow(\.\w+)*\.(ConfigError|DataError): ")
+    LOST_PEER = re.compile(r"RuntimeError: .*\b(gloo|NCCL|nccl)\b.*Connection (reset|closed) by peer")
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         if not message.startswith("Error in training function"):
             return True
         last = message.rstrip().rsplit("\n", 1)[-1]
-        return not self.EXPECTED.match(last)
+        return not (self.EXPECTED.match(last) or self.LOST_PEER.match(last))
 
 
 class _StartupTimeoutInOneLine(logging.Filter):

@@ -175,7 +175,7 @@ def _log_start(logger, scaling: ScalingSection, row: dict[str, Any], sizes: list
     workers, before = row["workers"], sizes[-1] if sizes else None
     sizes.append(workers)
     if before is None and scaling.elastic:
-        logger.info("started with %d workers of %d to %d", workers, scaling.min_workers, scaling.max_workers)
+        logger.info("started with %d of %d to %d workers", workers, scaling.min_workers, scaling.max_workers)
     if before is not None and workers != before:
         why = "the cluster has room for more" if workers > before else "a worker or its node was lost"
         logger.warning(

@@ -17,6 +17,8 @@ from trainflow.ray_internals import worker_output_shown
 
 _interrupted = threading.Event()  # a Ctrl-C that sigint_stops_the_run's handler took
 _deferring = 0  # > 0 inside interrupts_deferred()
+# Told at once, from a thread, of each SIGTERM or SIGHUP that reaches a stop_on_signals block.
+stop_signal_listeners: list[threading.Event] = []
 
 
 def on_sigint(signum, frame) -> None:
@@ -131,7 +133,8 @@ def stop_on_signals() -> Iterator[None]:
 
 class _SigintWatch:
     """A thread reading the signal numbers Python writes to ``read`` (its wakeup fd): on
-    a SIGINT, ``seen`` is set and the workers' output leaves the console."""
+    a SIGINT, ``seen`` is set and the workers' output leaves the console; on a SIGTERM or
+    SIGHUP, each event of :data:`stop_signal_listeners` is set."""
 
     def __init__(self, read: int) -> None:
         self.seen = threading.Event()
@@ -160,6 +163,9 @@ class _SigintWatch:
         if signal.SIGINT in signals:
             self.seen.set()
             worker_output_shown(False)
+        if signal.SIGTERM in signals or signal.SIGHUP in signals:
+            for listener in list(stop_signal_listeners):
+                listener.set()
 
     def stop(self) -> None:
         """Ends the thread (once), then takes what it had not read."""

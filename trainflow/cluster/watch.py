@@ -8,8 +8,9 @@ import os
 import signal
 import sys
 import threading
+import time
 
-from trainflow import ray_internals
+from trainflow import ray_internals, signals
 
 # The processes of a local cluster whose end ends the run: the GCS and the raylet however
 # they exit (the cluster is gone); Ray's log monitor when a stop signal killed it, which
@@ -37,17 +38,28 @@ class ClusterWatch:
     def __init__(self, processes: dict) -> None:
         self.processes = processes
         self._stopped = threading.Event()
+        self._signalled = threading.Event()
+        signals.stop_signal_listeners.append(self._signalled)
         threading.Thread(target=self._watch, name="trainflow-cluster-watch", daemon=True).start()
 
     def _watch(self) -> None:
-        # Often: the sooner, the fewer lines the dying cluster sends the console first.
-        while not self._stopped.wait(0.05):
+        # Often: the sooner, the fewer lines the dying cluster sends the console first. For
+        # a while after a stop signal reached this process, far more often: when the whole
+        # process group got it, Ray ends this process (exit code 1, nothing said) as soon as
+        # its raylet's object store is gone, which can be a tenth of a second later.
+        fast_until = 0.0
+        while not self._stopped.is_set():
+            if self._signalled.wait(0.002 if time.monotonic() < fast_until else 0.05):
+                self._signalled.clear()
+                fast_until = time.monotonic() + 2
             ended = cluster_ended(self.processes)
             if ended is not None and not self._stopped.is_set():
                 end_with_the_cluster(*ended)
 
     def stop(self) -> None:
         self._stopped.set()
+        if self._signalled in signals.stop_signal_listeners:
+            signals.stop_signal_listeners.remove(self._signalled)
 
 
 def watch_local_cluster() -> ClusterWatch | None:

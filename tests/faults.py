@@ -85,3 +85,28 @@ def fail_at_epoch2(epoch, metrics, rank):
     if epoch == 2 and rank == 0 and _first_time():
         _collected(epoch)
         raise RuntimeError("fault drill: the train task fails once after epoch 2")
+
+
+class KillRank0AtCall:
+    """A loss (``train.loss: tests.faults:KillRank0AtCall``, ``train.loss_args: {at: N}``):
+    cross entropy, but rank 0's worker is SIGKILLed at its N-th call in training (not in
+    validation), once per run. Rank 0 calls it once per step, so N = steps per epoch +
+    k + 1 strikes in epoch 2 right after its step k, whose ``checkpoint.every_n_steps``
+    save (every k steps) rank 0 wrote before it took the next step."""
+
+    def __init__(self, at: int):
+        self.at, self.calls = at, 0
+
+    def __call__(self, outputs, targets):
+        import ray.train
+        import torch.nn.functional as F
+
+        self.calls += outputs.requires_grad
+        if (
+            self.calls == self.at
+            and outputs.requires_grad
+            and ray.train.get_context().get_world_rank() == 0
+            and _first_time()
+        ):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return F.cross_entropy(outputs, targets)

@@ -163,6 +163,47 @@ def test_an_optuna_sweep_takes_no_grid_dimension_and_names_it():
     assert load_config({"sweep": {"space": space, "search": "optuna"}}).sweep.search == "optuna"
 
 
+_LR = {"train.lr": {"loguniform": [1e-4, 1e-1]}}
+
+
+@pytest.mark.parametrize(
+    ("sweep", "train", "expected"),
+    [
+        ({"search": "optuna"}, {}, r"sweep: scheduler pbt draws each trial's next hyperparameters itself"),
+        ({"trials": 1}, {}, r"sweep: scheduler pbt trains a population: give trials 2 or more"),
+        (
+            {"space": {"model.hidden_sizes": {"choice": [[8], [16]]}}},
+            {},
+            r"sweep\.space\.model\.hidden_sizes: scheduler pbt hands a trial another trial's weights",
+        ),
+        ({"space": {"train.epochs": {"choice": [4, 8]}}}, {}, r"sweep\.space\.train\.epochs: scheduler pbt"),
+        ({}, {"loop": "mine:fit"}, r"sweep\.scheduler\.kind: pbt .* train\.loop mine:fit is your own"),
+        (
+            {},
+            {"epochs": 2},
+            r"sweep\.scheduler\.perturbation_interval: 2 epochs is not below train\.epochs 2",
+        ),
+        (
+            {"scheduler": {"kind": "pb2"}, "space": {"train.batch_size": {"choice": [16, 32]}}},
+            {},
+            r"sweep: scheduler pb2 chooses numbers within bounds: give train\.batch_size a uniform",
+        ),
+    ],
+)
+def test_a_population_sweep_refuses_what_it_cannot_hand_on_in_one_line(sweep, train, expected):
+    section = {"space": _LR, "trials": 4, "scheduler": {"kind": "pbt"}, **sweep}
+    with pytest.raises(ConfigError, match=expected):
+        load_config({"train": {"epochs": 8, **train}, "sweep": section})
+
+
+def test_a_population_sweep_counts_each_grid_value_as_a_trial():
+    sweep = {"space": {"train.lr": {"grid": [0.1, 0.01]}}, "trials": 1, "scheduler": {"kind": "pb2"}}
+    with pytest.raises(ConfigError, match="pb2 chooses numbers within bounds: give train.lr"):
+        load_config({"sweep": sweep})
+    sweep["scheduler"]["kind"] = "pbt"
+    assert load_config({"sweep": sweep}).sweep.population == 2
+
+
 def test_sweep_metric_and_mode_agree():
     with pytest.raises(ConfigError, match=r"sweep: .*val_loss is best at its minimum: set mode to min"):
         load_config(sweep(metric="val_loss"))
@@ -337,3 +378,16 @@ def test_an_unknown_key_in_an_optional_section_lists_that_sections_keys():
         ConfigError, match=r"sweep\.space\.train\.lr\.bogus: unknown key; valid keys here: choice"
     ):
         load_config({"sweep": {"space": {"train.lr": {"choice": [0.1], "bogus": 1}}}})
+
+
+def test_each_field_hashed_unless_default_holds_that_default_in_the_schema():
+    from trainflow.config.schema import HASHED_UNLESS_DEFAULT
+
+    config = load_config({"sweep": {"space": {"train.lr": {"loguniform": [1e-4, 1e-1]}}}})
+    for path, default in HASHED_UNLESS_DEFAULT.items():
+        value = config
+        for key in path:
+            value = getattr(value, key)
+        assert value == default, path
+    changed = load_config({"sweep": {"space": config.sweep.space, "scheduler": {"synch": True}}})
+    assert changed.config_hash() != config.config_hash()

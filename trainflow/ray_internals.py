@@ -81,9 +81,8 @@ def _kv(name: str) -> Callable | None:
         log.warning(
             "Ray %s has no ray.experimental.internal_kv._internal_kv_%s: training progress is not "
             "logged per epoch, and a sweep leaves stopped trials' placement groups to Ray's cleaner",
-            ray.__version__,
-            name,
-        )
+            ray.__version__, name,
+        )  # fmt: skip
     return function
 
 
@@ -97,20 +96,17 @@ def kv_put(key: str, value: str | bytes, namespace: str, overwrite: bool = True)
 
 
 def kv_get(key: bytes | str, namespace: str) -> bytes | None:
-    get = _kv("get")
-    return get(key, namespace=namespace) if get else None
+    return get(key, namespace=namespace) if (get := _kv("get")) else None
 
 
 def kv_list(prefix: str, namespace: str) -> list[bytes]:
     """The keys that start with ``prefix``."""
-    keys = _kv("list")
-    return list(keys(prefix, namespace=namespace)) if keys else []
+    return list(keys(prefix, namespace=namespace)) if (keys := _kv("list")) else []
 
 
 def kv_delete_prefix(prefix: str, namespace: str) -> None:
     """Delete every key that starts with ``prefix``."""
-    delete = _kv("del")
-    if delete:
+    if delete := _kv("del"):
         delete(prefix, del_by_prefix=True, namespace=namespace)
 
 
@@ -270,11 +266,14 @@ TRAIN_CONTROLLER_LOGGER = "ray.train.v2._internal.execution.controller.controlle
 # Loggers whose records below ERROR a run keeps off the console: the cleaner's warning when it removes the
 # group of a dead controller (a trial a sweep stopped); the autoscaling coordinator client's traceback
 # when a call misses its timeout on a busy machine (Ray calls it safe to ignore); the backend's warning
-# and traceback when a sweep stops a trial whose workers are gone (Ray calls it expected).
+# and traceback when a sweep stops a trial whose workers are gone (Ray calls it expected); a PBT trial's
+# line for each checkpoint it hands Tune and each it is restored from (the sweep logs the exploits).
 ERRORS_ONLY_LOGGERS = (
     PG_CLEANER,
     "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client",
     "ray.train.v2._internal.callbacks.backend_setup",
+    "ray.train._internal.storage",
+    "ray.tune.trainable.trainable",
 )
 
 

@@ -6,8 +6,11 @@ import logging
 
 def test_a_workers_traceback_of_trainflows_own_errors_stays_in_its_log(caplog):
     """Ray Train logs each failed training function's traceback in the worker; the driver
-    reports a ConfigError or DataError in one line, and a lost peer's collateral error as
-    the group's restart, so the worker's hook drops those."""
+    reports a ConfigError or DataError in one line, a lost peer's collateral error as the
+    group's restart, and a run whose controller was ended from above (a paused PBT trial)
+    as what ended it, so the worker's hook drops those."""
+    from ray.core.generated.common_pb2 import ActorDiedErrorContext
+    from ray.exceptions import ActorDiedError
     from ray.train.v2._internal.util import construct_user_exception_with_traceback
 
     from trainflow.cluster.quiet import _NoExpectedTrainErrors
@@ -21,7 +24,24 @@ def test_a_workers_traceback_of_trainflows_own_errors_stays_in_its_log(caplog):
             "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
             "[127.0.0.1]:8942: Connection reset by peer. This is typically caused by a remote worker"
         )
-        for error in (ConfigError("model.kind x:y: importing x failed"), lost_peer, RuntimeError("a bug")):
+        # What a worker's report raises when its run's controller, and so the run's
+        # synchronization actor, was killed with the trial that owned it.
+        controller_gone = ActorDiedError(
+            ActorDiedErrorContext(
+                class_name="SynchronizationActor", actor_id=bytes(16), pid=7540, node_ip_address="192.0.2.2",
+                reason=ActorDiedErrorContext.OWNER_DIED,
+                error_message="The actor is dead because its owner has died. Owner Id: a3 Owner Ip address: "
+                "192.0.2.2 Owner worker exit type: INTENDED_SYSTEM_EXIT Worker exit detail: Owner's worker "
+                "process has crashed.",
+            )
+        )  # fmt: skip
+        errors = (
+            ConfigError("model.kind x:y: importing x failed"),
+            lost_peer,
+            controller_gone,
+            RuntimeError("a bug"),
+        )
+        for error in errors:
             try:
                 raise error
             except Exception as e:  # noqa: BLE001

@@ -260,7 +260,8 @@ def test_progress_rows_arrive_in_order_once_each_and_are_deleted_after(ray_clust
         ("step", 2),
     ]
     # A worker group's start is its rank 0's; every rank's is in the workers.
-    assert rows[0] == {"kind": "start", "rank": 0, "node_id": "node-a", "start_epoch": 0, "workers": 2}
+    row = {"kind": "start", "rank": 0, "node_id": "node-a", "start_epoch": 0, "workers": 2, "start_step": 0}
+    assert rows[0] == row
     assert math.isnan(rows[2]["loss"]) and rows[3]["step"] == 2
     assert [w["rank"] for w in progress.workers] == [0, 1] and progress.nodes == ["node-a", "node-b"]
     assert progress.starts == [0] and progress.sizes == [2]
@@ -531,3 +532,45 @@ def test_balanced_class_weights_are_scikit_learns_from_the_prepared_train_labels
     expected = compute_class_weight("balanced", classes=np.arange(3), y=labels) * 3 / 4
     np.testing.assert_allclose(weights[:3], expected)
     assert weights[3] == 0.0
+
+
+def test_a_run_saved_every_n_steps_resumes_at_the_step_it_lost_not_the_epochs_start(splits, tmp_path):
+    # Without dropout, whose masks a resumed epoch draws anew: the rest is the same run.
+    model = {"kind": "mlp", "hidden_sizes": [32], "dropout": 0.0}
+    train = {"epochs": 3, "optimizer": "sgd", "lr": 0.05, "deterministic": True}
+
+    def run(name, checkpoint=None, **more):
+        rows = []
+        config = small_config(model=model, train={**train, **more}, scaling={"num_workers": 2})
+        if checkpoint:
+            config["checkpoint"] = checkpoint
+        result = run_training(
+            load_config(config), splits, run_name=name, storage=str(tmp_path), on_row=rows.append
+        )
+        return result, rows
+
+    # Fresh names: a fault drill strikes once per run name.
+    straight, rows = run(f"straight-{uuid.uuid4().hex[:8]}", log_every_n_steps=1)
+    steps = sum(r["kind"] == "step" and r["epoch"] == 1 for r in rows)
+    assert steps >= 4, rows
+
+    # Saved every 2 steps; rank 0 killed right after epoch 2's save at step 2.
+    every = 2
+    killed_name = f"killed-{uuid.uuid4().hex[:8]}"
+    killed, rows = run(
+        killed_name,
+        {"every_n_steps": every},
+        loss="tests.faults:KillRank0AtCall",
+        loss_args={"at": steps + every + 1},
+    )
+    assert killed.status == "completed"
+    starts = [(r["start_epoch"], r["start_step"]) for r in rows if r["kind"] == "start"]
+    assert starts == [(0, 0), (1, every)], starts
+    # The epochs after the save are those of the run that never stopped.
+    by_epoch = {r["epoch"]: r for r in killed.history}
+    for r in straight.history:
+        for key in ("val_loss", "val_accuracy", "lr"):
+            assert by_epoch[r["epoch"]][key] == pytest.approx(r[key], rel=1e-5), (r["epoch"], key)
+    # One save kept at a time, in the run's own folder.
+    saves = sorted(p.name for p in (tmp_path / killed_name / "steps").iterdir())
+    assert len(saves) == 1 and saves[0].startswith("epoch-2-step-"), saves

@@ -111,18 +111,22 @@ class _NoExpectedTrainErrors(logging.Filter):
     line (``run_training``), and the traceback stays in the worker's log. Also a collective
     call's error when its peer is gone: the other workers of a group whose worker or node
     was lost (a preempted node) fail so, Ray Train restarts the group, and the driver logs
-    the resumption."""
+    the resumption. And a report's wait on its run's synchronization actor when the run's
+    controller is gone, so the actor with it: the run was ended from above (a sweep's trial
+    that Tune stopped or PBT paused), which the driver reports."""
 
     # The traceback's last line: the error's qualified class name and message.
     EXPECTED = re.compile(r"trainflow(\.\w+)*\.(ConfigError|DataError): ")
     LOST_PEER = re.compile(r"RuntimeError: .*\b(gloo|NCCL|nccl)\b.*Connection (reset|closed) by peer")
+    OWNER_GONE = "The actor is dead because its owner has died."
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         if not message.startswith("Error in training function"):
             return True
         last = message.rstrip().rsplit("\n", 1)[-1]
-        return not (self.EXPECTED.match(last) or self.LOST_PEER.match(last))
+        controller_gone = last.startswith(self.OWNER_GONE) and "class_name: SynchronizationActor" in message
+        return not (self.EXPECTED.match(last) or self.LOST_PEER.match(last) or controller_gone)
 
 
 class _StartupTimeoutInOneLine(logging.Filter):

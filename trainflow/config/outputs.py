@@ -33,6 +33,15 @@ class CheckpointSection(Section):
         description="The metric's better direction: max for an accuracy, min for a loss (a metric "
         "of your own: its mode).",
     )
+    every_n_steps: int | None = Field(
+        None,
+        ge=1,
+        description="Within an epoch, every N steps, the model and the train state with the step "
+        "reached are saved to the run's folder (the last save only), so that a run that resumes "
+        "(a lost worker or node, a retry, --resume) goes on from that step, not the epoch's "
+        "start; for long epochs. Not ranked or registered: only the epochs' checkpoints are. "
+        "null: at the end of each epoch only.",
+    )
 
 
 class MetricConfig(Section):

@@ -47,7 +47,16 @@ HASHED_WHEN_SET = (
     ("train", "loop"),
     ("train", "loop_config"),
     ("preprocess", "transform"),
+    ("checkpoint", "every_n_steps"),
 )
+
+# Fields added with a default of their own, which a config hash leaves out while they hold
+# it (the key path to each, and that default).
+HASHED_UNLESS_DEFAULT = {
+    ("sweep", "scheduler", "perturbation_interval"): 2,
+    ("sweep", "scheduler", "quantile_fraction"): 0.25,
+    ("sweep", "scheduler", "synch"): False,
+}
 
 # Top-level sections a config hash leaves out while they are null (unset).
 OPTIONAL_SECTIONS = ("sweep", "drift")
@@ -224,6 +233,11 @@ class PipelineConfig(Section):
             if train.loop_config:
                 raise ValueError("train.loop_config: settings for train.loop, which is not set")
             return self
+        if self.checkpoint.every_n_steps is not None:
+            raise ValueError(
+                f"checkpoint.every_n_steps: trainflow's own loop saves mid-epoch, and train.loop "
+                f"{train.loop} replaces that loop; report checkpoints from your loop as often as it needs"
+            )
         applies = (*LOOP_SETTINGS, "loop", "loop_config")
         for name, field in TrainConfig.model_fields.items():
             if name not in applies and getattr(train, name) != field.get_default(call_default_factory=True):
@@ -270,12 +284,15 @@ class PipelineConfig(Section):
 
 def _drop_unset(data: dict) -> None:
     """Leave out of a config's JSON each field of :data:`HASHED_WHEN_SET` that holds its
-    empty default, where the config has it."""
-    for *parents, field in HASHED_WHEN_SET:
+    empty default and each of :data:`HASHED_UNLESS_DEFAULT` that holds its default, where
+    the config has it."""
+    unset = [(path, (None, {})) for path in HASHED_WHEN_SET]
+    unset += [(path, (default,)) for path, default in HASHED_UNLESS_DEFAULT.items()]
+    for (*parents, field), defaults in unset:
         holder = data
         for key in parents:
             holder = holder.get(key) if isinstance(holder, dict) else None
-        if isinstance(holder, dict) and field in holder and holder[field] in (None, {}):
+        if isinstance(holder, dict) and field in holder and holder[field] in defaults:
             del holder[field]
 
 

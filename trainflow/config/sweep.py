@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -75,13 +76,21 @@ class Dimension(Section):
         return [low, 0.63 * low + 0.37 * high, high]
 
 
-class SweepScheduler(Section):
-    """Which trials Ray Tune stops before their last epoch."""
+# Schedulers that train a population: a weak trial goes on from a strong one's checkpoint.
+POPULATION_SCHEDULERS = ("pbt", "pb2")
 
-    kind: Literal["asha", "fifo"] = Field(
+
+class SweepScheduler(Section):
+    """Which trials Ray Tune stops before their last epoch, or, with a population
+    scheduler, which go on from a stronger trial's checkpoint with new hyperparameters."""
+
+    kind: Literal["asha", "fifo", "pbt", "pb2"] = Field(
         "asha",
         description="asha: stop trials whose metric trails the others' at the same epoch; fifo: run "
-        "all to the end.",
+        "all to the end; pbt: Population Based Training, every perturbation_interval epochs a "
+        "trial in the bottom quantile_fraction goes on from a top trial's checkpoint with its "
+        "hyperparameters perturbed (x0.8 or x1.2) or drawn again from the space; pb2: the same, "
+        "the new hyperparameters chosen by a Gaussian-process bandit within the space's bounds.",
     )
     grace_period: int = Field(
         1, ge=1, description="asha: every trial trains at least this many epochs before it may be stopped."
@@ -91,6 +100,23 @@ class SweepScheduler(Section):
         gt=1.0,
         description="asha: at each rung (epochs grace_period, then times reduction_factor) only the "
         "best 1/reduction_factor of the trials go on.",
+    )
+    perturbation_interval: int = Field(
+        2,
+        ge=1,
+        description="pbt, pb2: epochs between two looks at a trial's rank; below train.epochs.",
+    )
+    quantile_fraction: float = Field(
+        0.25,
+        gt=0.0,
+        le=0.5,
+        description="pbt, pb2: the share of trials in the bottom (replaced) and top (copied) quantiles.",
+    )
+    synch: bool = Field(
+        False,
+        description="pbt, pb2: every trial waits at each interval for the slowest to reach it, "
+        "then all are ranked at once (reproducible, slower); false: each trial is ranked against "
+        "the others' latest results as it reaches the interval.",
     )
 
 
@@ -175,6 +201,30 @@ class SweepConfig(Section):
             raise ValueError(
                 f"search optuna suggests each value, it runs no grid: give {', '.join(grid)} "
                 "a choice instead of a grid, or leave search unset"
+            )
+        return self
+
+    @property
+    def population(self) -> int:
+        """How many trials the sweep runs: each sample runs every grid value."""
+        return self.trials * math.prod(len(dim.grid) for dim in self.space.values() if dim.grid is not None)
+
+    @model_validator(mode="after")
+    def _population_takes_the_space(self) -> SweepConfig:
+        kind = self.scheduler.kind
+        if kind not in POPULATION_SCHEDULERS:
+            return self
+        if self.search is not None:
+            raise ValueError(
+                f"scheduler {kind} draws each trial's next hyperparameters itself: leave search unset"
+            )
+        if self.population < 2:
+            raise ValueError(f"scheduler {kind} trains a population: give trials 2 or more")
+        discrete = [name for name, dim in self.space.items() if dim.kind in ("choice", "grid")]
+        if kind == "pb2" and discrete:
+            raise ValueError(
+                f"scheduler pb2 chooses numbers within bounds: give {', '.join(discrete)} a uniform, "
+                "loguniform or randint, or use scheduler pbt"
             )
         return self
 

@@ -12,7 +12,7 @@ from trainflow.config.errors import ConfigError, validation_message
 from trainflow.config.overrides import at_path, merge
 from trainflow.config.schema import PipelineConfig, validate_config
 from trainflow.config.sections import section_type
-from trainflow.config.sweep import SWEEPABLE_SECTIONS
+from trainflow.config.sweep import POPULATION_SCHEDULERS, SWEEPABLE_SECTIONS
 
 
 def check_sweep_space(config: PipelineConfig) -> None:
@@ -50,6 +50,36 @@ def check_sweep_space(config: PipelineConfig) -> None:
                 raise ConfigError(
                     f"invalid config: {field}: {dim.kind} value {value!r} does not fit: {reason}"
                 ) from None
+    check_population(config)
+
+
+def check_population(config: PipelineConfig) -> None:
+    """A population scheduler (pbt, pb2) hands a trial another's checkpoint: the space holds
+    train.* fields only (another model's weights would not load), not train.epochs (every
+    trial trains to the same end), trainflow's own loop resumes the checkpoint, and a
+    perturbation comes before the last epoch; else ConfigError naming the field."""
+    sweep = config.sweep
+    kind = sweep.scheduler.kind
+    if kind not in POPULATION_SCHEDULERS:
+        return
+    for path in sweep.space:
+        if not path.startswith("train.") or path == "train.epochs":
+            raise ConfigError(
+                f"invalid config: sweep.space.{path}: scheduler {kind} hands a trial another trial's "
+                "weights mid-run, so only train.* fields other than train.epochs may vary"
+            )
+    if config.train.loop:
+        raise ConfigError(
+            f"invalid config: sweep.scheduler.kind: {kind} resumes trials from each other's "
+            f"checkpoints, which trainflow's own loop does; train.loop {config.train.loop} is "
+            "your own: use asha or fifo"
+        )
+    if sweep.scheduler.perturbation_interval >= config.train.epochs:
+        raise ConfigError(
+            f"invalid config: sweep.scheduler.perturbation_interval: "
+            f"{sweep.scheduler.perturbation_interval} epochs is not below train.epochs "
+            f"{config.train.epochs}, so no trial would be perturbed: lower it or train longer"
+        )
 
 
 def trial_config(config: PipelineConfig, params: Mapping[str, Any]) -> PipelineConfig:

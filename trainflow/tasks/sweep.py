@@ -53,7 +53,8 @@ def _swept(name: str, storage: str, outcome: sw.SweepOutcome, prepared: Prepared
     """The sweep's result for the flow: every trial, and the best as a training run."""
     best = outcome.best
     trained = Trained(
-        run_name=sw.trial_run(best.trial_id),
+        # A PBT trial's best checkpoint may be of the run it went on in after an exploit.
+        run_name=Path(best.run_path).name if best.run_path else sw.trial_run(best.trial_id),
         run_path=best.run_path,
         best_checkpoint=best.best_checkpoint,
         best_metrics=outcome.best_metrics,
@@ -84,12 +85,22 @@ def _log_plan(logger, config: PipelineConfig, name: str, max_concurrent: int, st
         max_concurrent,
         s.scaling.num_workers,
         s.scaling.resources_per_worker,
-        s.scheduler.kind.upper(),
+        _scheduler_words(s),
         s.metric,
         s.mode,
         storage,
         name,
     )
+
+
+def _scheduler_words(s) -> str:
+    scheduler = s.scheduler
+    if scheduler.kind in ("pbt", "pb2"):
+        return (
+            f"{scheduler.kind.upper()} every {scheduler.perturbation_interval} epochs (bottom "
+            f"{scheduler.quantile_fraction:g} goes on from top {scheduler.quantile_fraction:g})"
+        )
+    return scheduler.kind.upper()
 
 
 def _publish_trials(logger, config: PipelineConfig, name: str):
@@ -134,6 +145,14 @@ def _log_event(logger):
         trial = event["trial_id"]
         if event["kind"] == "start":
             logger.info("trial %s started: %s", trial, render.trial_params(event["params"]))
+        elif event["kind"] == "resume":
+            logger.info("trial %s resumes after epoch %d", trial, event["epoch"])
+        elif event["kind"] == "exploit":
+            epochs[trial] = int(event["epoch"])
+            logger.info(
+                "trial %s goes on from trial %s's checkpoint after epoch %d: %s",
+                trial, event["source"], event["epoch"], render.trial_params(event["params"]),
+            )  # fmt: skip
         elif event["kind"] == "epoch":
             epochs[trial] = int(event.get("epoch", epochs.get(trial, 0) + 1))
             logger.info("trial %s epoch %d  %s", trial, epochs[trial], render.epoch_metrics(event))

@@ -176,14 +176,15 @@ def _log_start(logger, scaling: ScalingSection, row: dict[str, Any], sizes: list
     sizes.append(workers)
     if before is None and scaling.elastic:
         logger.info("started with %d of %d to %d workers", workers, scaling.min_workers, scaling.max_workers)
+    epoch, step = row["start_epoch"], row.get("start_step", 0)
+    where = f"at step {step} of epoch {epoch + 1}" if step else f"after epoch {epoch}"
     if before is not None and workers != before:
         why = "the cluster has room for more" if workers > before else "a worker or its node was lost"
-        logger.warning(
-            "resized from %d to %d workers (%s); resuming after epoch %d",
-            before, workers, why, row["start_epoch"],
-        )  # fmt: skip
-    elif row["start_epoch"]:
-        logger.info("resuming from the checkpoint of epoch %d", row["start_epoch"])
+        logger.warning("resized from %d to %d workers (%s); resuming %s", before, workers, why, where)
+    elif step:
+        logger.info("resuming from the save at step %d of epoch %d", step, epoch + 1)
+    elif epoch:
+        logger.info("resuming from the checkpoint of epoch %d", epoch)
 
 
 def _describe_splits(in_memory: list[str], streamed: list[str]) -> str:

@@ -9,13 +9,12 @@ validates and reports the epoch's metrics with a checkpoint from rank 0.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import tempfile
 from collections.abc import Callable, Iterable
-from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,11 +24,12 @@ from torch import nn
 from trainflow.pipelines.data.preprocess import LABEL
 from trainflow.pipelines.metrics import load_metrics
 from trainflow.pipelines.models.build import initial_model
-from trainflow.pipelines.models.checkpoint import METRICS, MODEL, TRAIN_STATE, save_checkpoint
+from trainflow.pipelines.models.checkpoint import save_checkpoint
 from trainflow.pipelines.training.inputs import Batch, epoch_batches, model_input, open_splits
 from trainflow.pipelines.training.losses import make_loss, on_device
 from trainflow.pipelines.training.placements import record_placement
 from trainflow.pipelines.training.progress import ProgressLog
+from trainflow.pipelines.training.resume import StepSaver, resume_state, same_start
 from trainflow.pipelines.training.settings import SETTINGS, Outcome
 from trainflow.pipelines.training.val_metrics import ValidationMetrics
 
@@ -227,27 +227,6 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") else model
 
 
-def _load_training_state(folder: Path) -> tuple[dict, dict]:
-    """A checkpoint folder's train state (optimizer, scheduler, scaler, early stopping,
-    epoch, history) and model weights."""
-    state = torch.load(folder / TRAIN_STATE, map_location="cpu", weights_only=True)
-    return state, torch.load(folder / MODEL, map_location="cpu", weights_only=True)
-
-
-def _resume_state(checkpoint, settings: TrainSettings) -> tuple[dict, dict] | None:
-    """The state to resume from: Ray's latest checkpoint, or ``settings.resume_from`` when
-    that folder is of a later epoch and loads (a killed run's last write may be partial)."""
-    # Ray's checkpoint opened once: on a URI storage, each as_directory() downloads it.
-    with checkpoint.as_directory() if checkpoint is not None else nullcontext() as folder:
-        ray_epoch = json.loads((Path(folder) / METRICS).read_text())["epoch"] if folder else -1
-        if settings.resume_from and settings.resume_from_epoch > ray_epoch:
-            try:
-                return _load_training_state(Path(settings.resume_from))
-            except Exception:  # partly written: Ray's own checkpoint, which was completed
-                pass
-        return _load_training_state(Path(folder)) if folder else None
-
-
 @dataclass
 class TrainingParts:
     """What one worker trains with, built once from the settings: the model (wrapped for
@@ -323,33 +302,58 @@ class TrainingParts:
             "history": json.dumps(history),
         }
 
-    def resume(self, state: tuple[dict, dict] | None) -> tuple[int, list[dict[str, float]]]:
-        """Load a checkpoint's train state and model weights (:func:`_resume_state`); return
-        the epoch it ends after and the metrics of the epochs so far (0 and [] without one)."""
+    def resume(self, state: tuple[dict, dict] | None) -> tuple[int, int, list[dict[str, float]]]:
+        """Load a checkpoint's train state and model weights (:func:`.resume.resume_state`);
+        return the epochs it ends after, the steps of the next it trained (a mid-epoch
+        save's), and the metrics of the epochs so far (0, 0 and [] without one)."""
         if state is None:
-            return 0, []
+            return 0, 0, []
         train_state, model_state = state
         _unwrap(self.model).load_state_dict(model_state)
+        # The optimizer's moments and the schedule's place come from the checkpoint, its
+        # hyperparameters from this run's config (a PBT trial goes on from another's
+        # checkpoint with its own learning rate and weight decay).
+        configured = [
+            {k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups
+        ]
         self.optimizer.load_state_dict(train_state["optimizer"])
         self.scheduler.load_state_dict(train_state["scheduler"])
+        for group, settings, factor in zip(
+            self.optimizer.param_groups, configured, self.scheduler.lr_lambdas, strict=True
+        ):
+            group.update(settings, lr=settings["initial_lr"] * factor(self.scheduler.last_epoch))
+        self.scheduler.base_lrs = [settings["initial_lr"] for settings in configured]
         self.precision.scaler.load_state_dict(train_state["scaler"])
         if self.stopping is not None and train_state["early_stopping"]:
             self.stopping.load_state_dict(json.loads(train_state["early_stopping"]))
-        return train_state["epoch"], json.loads(train_state["history"])
+        return train_state["epoch"], train_state.get("step", 0), json.loads(train_state["history"])
 
 
-def step_logger(
-    progress: ProgressLog | None, log_every: int | None, rank: int, epoch: int
+def step_hooks(
+    progress: ProgressLog | None,
+    settings: TrainSettings,
+    rank: int,
+    epoch: int,
+    parts: TrainingParts,
+    history: list[dict[str, float]],
+    skip: int,
 ) -> Callable[[int, float], None] | None:
-    """What :func:`train_epoch` calls after each step of epoch ``epoch``: rank 0 writes
-    every ``log_every``-th step's loss to ``progress``. None when there is no such row to
-    write (no ``train.log_every_n_steps``, another rank, nobody following)."""
-    if not (log_every and rank == 0 and progress is not None):
+    """What :func:`train_epoch` calls after each step of epoch ``epoch`` (0-based), on rank
+    0: every ``train.log_every_n_steps``-th step's loss to ``progress``, and every
+    ``checkpoint.every_n_steps``-th step's state to the run's folder (:class:`.resume.StepSaver`).
+    ``skip``: the steps of the epoch trained before a resume. None when there is nothing
+    to do (neither set, another rank, nobody following)."""
+    log_every, save_every = settings.train.log_every_n_steps, settings.config.checkpoint.every_n_steps
+    logs = bool(log_every and progress is not None)
+    saver = StepSaver(settings.step_folder, save_every, parts, epoch, history, skip) if save_every else None
+    if rank != 0 or not (logs or saver):
         return None
 
     def on_step(step: int, loss: float) -> None:
-        if step % log_every == 0:
-            progress.step({"epoch": epoch + 1, "step": step, "loss": loss})
+        if logs and (step + skip) % log_every == 0:
+            progress.step({"epoch": epoch + 1, "step": step + skip, "loss": loss})
+        if saver is not None:
+            saver(step, loss)
 
     return on_step
 
@@ -406,6 +410,26 @@ def early_stopped(stopping: EarlyStopping, epoch: int) -> Outcome:
     )
 
 
+def resumed(
+    parts: TrainingParts, settings: TrainSettings, progress: ProgressLog | None
+) -> tuple[int, int, list[dict[str, float]]]:
+    """``parts`` resumed from the newest state, the same on every worker: Ray's latest
+    checkpoint (after a lost worker, or when the same run name is fitted again: a Prefect
+    retry of the train task, `--resume`), a newer folder that Ray's controller never
+    recorded (its driver died first), or a mid-epoch save (:func:`.resume.resume_state`).
+    The epochs and steps it ends after and the history so far, as the start row says."""
+    import ray
+    import ray.train
+
+    epoch, step, history = parts.resume(resume_state(ray.train.get_checkpoint(), settings))
+    if settings.step_folder:
+        same_start(epoch, step)
+    if progress is not None:
+        workers = ray.train.get_context().get_world_size()
+        progress.started(ray.get_runtime_context().get_node_id(), epoch, workers, step)
+    return epoch, step, history
+
+
 def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
     """Runs on every Ray Train worker, with its settings under ``loop_config["settings"]``.
 
@@ -428,12 +452,8 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
     if settings.placements and rank == 0:
         record_placement(settings.placements, ctx.get_experiment_name())
 
-    # Resume: Ray hands back the latest checkpoint after a worker failure or when the
-    # same run name is fitted again (a Prefect retry of the train task, `--resume`); a
-    # newer folder that Ray's controller never recorded (its driver died first) wins.
-    start_epoch, history = parts.resume(_resume_state(ray.train.get_checkpoint(), settings))
-    if progress is not None:
-        progress.started(ray.get_runtime_context().get_node_id(), start_epoch, ctx.get_world_size())
+    # Resume after a lost worker, a retry of the task or `--resume` (:func:`resumed`).
+    start_epoch, skip, history = resumed(parts, settings, progress)
 
     # Data: the splits in memory_splits are read once, straight from the prepared Parquet,
     # and kept as tensors: Ray Data's split coordinators and a streaming pass per epoch
@@ -449,7 +469,10 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
             train, val, epoch, this_seed, settings, parts.device, settings.batch_size(ctx.get_world_size())
         )
         lr = parts.optimizer.param_groups[0]["lr"]
-        train_loss = parts.train_on(train_batches, step_logger(progress, cfg.log_every_n_steps, rank, epoch))
+        # After a mid-epoch save, the steps it trained are drawn and passed over.
+        train_batches = itertools.islice(train_batches, skip, None) if skip else train_batches
+        on_step = step_hooks(progress, settings, rank, epoch, parts, history, skip)
+        train_loss, skip = parts.train_on(train_batches, on_step), 0
         if not math.isfinite(train_loss):  # all-reduced: every worker stops here together
             return diverged(train_loss, epoch + 1, cfg.lr)
 

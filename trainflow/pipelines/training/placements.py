@@ -41,13 +41,17 @@ class PlacementTracker:
         self.prefix = f"{PREFIX}{name}/"
 
     def groups(self, run: str = "") -> list[str]:
-        """The hex ids of the groups recorded for the Ray Train run ``run`` ("" : every run)."""
-        prefix = f"{self.prefix}{run}/" if run else self.prefix
-        keys = ray_internals.kv_list(prefix, NAMESPACE)
-        return sorted({key.decode().rsplit("/", 1)[1] for key in keys})
+        """The hex ids of the groups recorded for the Ray Train run ``run`` and the runs
+        named ``run-<more>`` (a trial's runs after a PBT exploit); "": every run."""
+        keys = [key.decode() for key in ray_internals.kv_list(f"{self.prefix}{run}", NAMESPACE)]
+        names = [key.removeprefix(self.prefix).rsplit("/", 1) for key in keys]
+        return sorted(
+            {group for name, group in names if not run or name == run or name.startswith(f"{run}-")}
+        )
 
     def release(self, run: str) -> None:
-        """Remove the groups of the Ray Train run ``run`` that still hold resources."""
+        """Remove the groups of the Ray Train run ``run`` (and ``run-<more>``) that still
+        hold resources."""
         self._remove(self.groups(run))
 
     def close(self) -> None:

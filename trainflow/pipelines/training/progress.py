@@ -51,11 +51,12 @@ class ProgressLog:
     def step(self, row: dict[str, Any]) -> None:
         self._put({"kind": "step", **row})
 
-    def started(self, node_id: str, start_epoch: int, workers: int) -> None:
+    def started(self, node_id: str, start_epoch: int, workers: int, start_step: int = 0) -> None:
         """This worker (re)started on node ``node_id``, after epoch ``start_epoch`` (0: from
-        scratch), one of a group of ``workers``."""
+        scratch) and ``start_step`` steps of the next (a mid-epoch save), one of a group of
+        ``workers``."""
         row = {"kind": "start", "rank": self.rank, "node_id": node_id, "start_epoch": start_epoch}
-        self._put({**row, "workers": workers})
+        self._put({**row, "workers": workers, "start_step": start_step})
 
     def _put(self, row: dict[str, Any]) -> None:
         value = json.dumps(row)

@@ -27,6 +27,7 @@ from trainflow.pipelines.models.checkpoint import METRICS, read_json
 from trainflow.pipelines.training.inputs import TRAIN_SPLITS, split_inputs, splits_in_memory
 from trainflow.pipelines.training.loop import train_loop_per_worker
 from trainflow.pipelines.training.progress import Progress, clear_progress, follow_progress
+from trainflow.pipelines.training.resume import step_folder
 from trainflow.pipelines.training.runs import local_checkpoint, newest_checkpoint
 from trainflow.pipelines.training.settings import (
     SETTINGS,
@@ -100,6 +101,7 @@ def run_training(
     on_row: Callable[[dict[str, Any]], None] | None = None,
     callbacks: Sequence[Any] = (),
     placements: str | None = None,
+    start_from: tuple[str, int] | None = None,
 ) -> TrainingResult:
     """Train ``config``'s model on the prepared splits, as the Ray Train run ``run_name``
     under ``storage``, and return its best checkpoint.
@@ -110,15 +112,19 @@ def run_training(
     thread with each row the workers write (``start``, ``epoch``, ``step``: see
     progress.ProgressLog). Without ``on_row`` the workers write no rows, and the result
     has no ``starts`` and ``nodes``.
-    ``callbacks``: Ray Train callbacks, such as Ray Tune's TuneReportCallback in a sweep;
-    ``placements``: the PlacementTracker the worker groups record themselves in.
+    ``callbacks``: Ray Train callbacks, such as the one a sweep's trial reports to Tune by;
+    ``placements``: the PlacementTracker the worker groups record themselves in;
+    ``start_from``: a checkpoint folder of another run and its epoch, which a run with no
+    later checkpoint of its own goes on from (its weights, optimizer state and history; the
+    hyperparameters are ``config``'s), as a PBT trial does from a stronger trial's.
 
     Raises TrainingDiverged when the loss became NaN or infinite.
     """
     # The trainer's inputs: the workers' settings and the streamed splits' Datasets.
     settings, datasets, in_memory = trainer_inputs(
-        config, prepared, run_name=run_name, storage=storage, follow=on_row is not None, placements=placements
-    )
+        config, prepared, run_name=run_name, storage=storage, follow=on_row is not None,
+        placements=placements, start_from=start_from,
+    )  # fmt: skip
     trainer = build_trainer(settings, datasets, run_name=run_name, storage_path=storage, callbacks=callbacks)
     if on_row is not None:
         on_row(plan_row(settings, in_memory, redacted(join(storage, run_name))))
@@ -153,6 +159,7 @@ def trainer_inputs(
     storage: str,
     follow: bool,
     placements: str | None,
+    start_from: tuple[str, int] | None = None,
 ) -> tuple[TrainSettings, dict[str, ray.data.Dataset] | None, tuple[str, ...]]:
     """What the trainer of a run of ``config`` on ``prepared`` is given: the workers'
     settings and a Dataset for each streamed split (None when none streams); with the
@@ -179,9 +186,26 @@ def trainer_inputs(
         ),
         progress=progress,
         placements=placements,
-        resume_from=newest_checkpoint(storage, run_name),
+        resume_from=max(
+            filter(None, (newest_checkpoint(storage, run_name), start_from)), key=lambda c: c[1], default=None
+        ),
+        step_folder=steps_of(config, storage, run_name),
     )
     return settings, datasets, in_memory
+
+
+def steps_of(config: PipelineConfig, storage: str, run_name: str) -> str | None:
+    """The folder of the run's mid-epoch saves when ``checkpoint.every_n_steps`` is set;
+    ConfigError on a storage bucket, where they have no folder."""
+    if config.checkpoint.every_n_steps is None:
+        return None
+    folder = step_folder(storage, run_name)
+    if folder is None:
+        raise ConfigError(
+            f"checkpoint.every_n_steps keeps its saves in the run's folder, and storage {redacted(storage)} "
+            "is a bucket: use a folder every node sees (a shared mount), or leave every_n_steps unset"
+        )
+    return folder
 
 
 def new_progress_name(run_name: str) -> str:

@@ -54,6 +54,9 @@ class TrainSettings:
     # (runs.newest_checkpoint). The loop resumes from whichever is newer.
     resume_from: str | None = None
     resume_from_epoch: int = 0
+    # Where rank 0 saves the state every checkpoint.every_n_steps steps (resume.StepSaver);
+    # None when the option is unset.
+    step_folder: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("model_spec", "preprocessor", "memory_splits", "class_weights"):
@@ -72,6 +75,7 @@ class TrainSettings:
         progress: str | None = None,
         placements: str | None = None,
         resume_from: tuple[str, int] | None = None,
+        step_folder: str | None = None,
     ) -> TrainSettings:
         """The settings of a run of ``config`` on data of ``num_features`` inputs and
         ``num_outputs`` outputs (its classes, or 1 for a regression); a model that does not
@@ -102,6 +106,7 @@ class TrainSettings:
             placements=placements,
             resume_from=resume_from[0] if resume_from else None,
             resume_from_epoch=resume_from[1] if resume_from else 0,
+            step_folder=step_folder,
         )
 
     @property

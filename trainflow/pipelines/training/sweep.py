@@ -1,19 +1,24 @@
-"""A hyperparameter sweep on Ray Tune: many TorchTrainer runs, weak ones stopped early.
+"""A hyperparameter sweep on Ray Tune: many TorchTrainer runs, weak ones stopped early,
+or trained as a population that copies its best (PBT, PB2).
 
 Each trial is a function trainable that runs one training (:func:`run_training`, as the
 train step does) for its sampled config (``Tuner(trainer)`` does not work with Ray
-Train V2) and forwards every epoch's report to Tune through ``TuneReportCallback``, so
-ASHA can stop it. The trial actor itself holds no CPU: the trainer's workers ask for
+Train V2) and reports every epoch to Tune (:mod:`.trial_reports`), so ASHA can stop it
+and PBT can copy it. The trial actor itself holds no CPU: the trainer's workers ask for
 what ``sweep.scaling`` says. :func:`run_sweep` returns one plain :class:`TrialSummary`
 per trial and the best trial's config and checkpoint.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
+import random
 import re
+import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -22,14 +27,18 @@ from typing import Any
 
 from trainflow.cluster.quiet import configure_ray_data
 from trainflow.config import FailureSection, PipelineConfig, SweepConfig, trial_config
+from trainflow.config.sweep import POPULATION_SCHEDULERS
 from trainflow.files import replacing_file
 from trainflow.pipelines.training.placements import PlacementTracker
 from trainflow.pipelines.training.run import checkpoint_metrics, run_training
 from trainflow.pipelines.training.settings import PreparedSplits
+from trainflow.pipelines.training.trial_reports import (
+    CHECKPOINT_PATH,
+    exploited_checkpoint,
+    report_to_tune,
+)
 from trainflow.signals import stop_on_signals
 
-# What a trial's report row holds besides the metrics (set by TuneReportCallback).
-CHECKPOINT_PATH = "checkpoint_path"
 HISTORY_KEYS = ("epoch", "train_loss", "val_loss", "val_accuracy", "lr")
 
 
@@ -57,15 +66,16 @@ class TrialSummary:
         return asdict(self)
 
 
-def search_space(sweep: SweepConfig) -> dict[str, Any]:
-    """Ray Tune's search space from the config's dimensions, keyed by dotted field."""
+def search_space(sweep: SweepConfig, grid_as_choice: bool = False) -> dict[str, Any]:
+    """Ray Tune's search space from the config's dimensions, keyed by dotted field;
+    ``grid_as_choice``: a grid's values as a choice (what PBT draws mutations from)."""
     from ray import tune
 
     def domain(dim):
         if dim.choice is not None:
             return tune.choice(dim.choice)
         if dim.grid is not None:
-            return tune.grid_search(dim.grid)
+            return tune.choice(dim.grid) if grid_as_choice else tune.grid_search(dim.grid)
         if dim.uniform is not None:
             return tune.uniform(*dim.uniform)
         if dim.loguniform is not None:
@@ -88,15 +98,18 @@ def run_trial(
     prepared: PreparedSplits,
     storage: str,
     placements: str,
+    population: bool = False,
 ) -> None:
     """One trial, run by Ray Tune in its own actor: :func:`run_training` of the sampled config.
 
-    Every epoch's report reaches Tune (and ASHA) through TuneReportCallback; a diverged
-    loss fails the trial with its message. Its worker groups record their placement
-    groups with the PlacementTracker ``placements``.
+    Every epoch's report reaches Tune (and its scheduler) from this thread
+    (:func:`.trial_reports.report_to_tune`); a diverged loss fails the trial with its
+    message. Its worker groups record their placement groups with the PlacementTracker
+    ``placements``. Under a population scheduler (``population``: pbt, pb2) each epoch's
+    checkpoint goes to Tune too, and a trial that Tune hands another's checkpoint (an
+    exploit) goes on from it, in a Ray Train run of its own named after that checkpoint.
     """
     import ray.tune
-    from ray.tune.integration.ray_train import TuneReportCallback
 
     configure_ray_data()  # this trial's actor runs the trainer's Dataset executions
     config = trial_config(PipelineConfig.model_validate(base), tune_config["params"])
@@ -104,33 +117,58 @@ def run_trial(
     # placement group, and a controller that outlived it would restart them in a new one
     # that nothing removes. A worker that fails fails its trial, which the sweep reports.
     config = config.model_copy(update={"failure": FailureSection(max_failures=0)})
-    run_training(
-        config,
-        prepared,
-        run_name=trial_run(ray.tune.get_context().get_trial_id()),
-        storage=storage,
-        callbacks=[TuneReportCallback()],
-        placements=placements,
+    trial_id = ray.tune.get_context().get_trial_id()
+    train = functools.partial(
+        run_training, config, prepared, storage=storage, placements=placements, run_name=trial_run(trial_id)
     )
+    start = exploited_checkpoint(ray.tune.get_checkpoint()) if population else None
+    if start is not None:
+        train = functools.partial(train, run_name=trial_run(trial_id, start), start_from=start)
+    report_to_tune(train, checkpoints=population)
 
 
-def trial_run(trial_id: str) -> str:
-    """The name of a trial's Ray Train run."""
-    return f"trial-{trial_id}"
+def trial_run(trial_id: str, start: tuple[str, int] | None = None) -> str:
+    """The name of a trial's Ray Train run; with ``start`` (a checkpoint folder of another
+    trial and its epoch), the run that goes on from it."""
+    if start is None:
+        return f"trial-{trial_id}"
+    # Unique: a run of the same name would resume from its own latest checkpoint instead.
+    return f"trial-{trial_id}-from-{_trial_id_in(start[0])}-epoch-{start[1]}-{uuid.uuid4().hex[:6]}"
 
 
 def trial_events(on_event: Callable[[dict[str, Any]], None], release: Callable[[str], None]):
     """A Ray Tune callback that hands each trial's start, epochs and end to ``on_event``,
-    and releases an ended trial's training workers' resources (``release`` of its Ray
-    Train run's name)."""
+    and releases an ended or restarted trial's training workers' resources (``release`` of
+    its Ray Train runs' name); a trial restarted from another's checkpoint (a PBT exploit)
+    is an ``exploit`` event, with the trial and epoch it goes on from."""
     from ray.tune import Callback
 
     class TrialEvents(Callback):
+        def __init__(self) -> None:
+            self.paused: set[str] = set()
+            self.rows: dict[str, list[dict[str, Any]]] = {}  # each trial's reports, in order
+
+        def on_step_end(self, iteration, trials, **info):
+            # PBT pauses a trial by killing its actor, and its trainer with it: the group
+            # of the trainer's workers is released for the trials that run meanwhile.
+            for trial in trials:
+                if trial.status == trial.PAUSED and trial.trial_id not in self.paused:
+                    self.paused.add(trial.trial_id)
+                    release(trial_run(trial.trial_id))
+
         def on_trial_start(self, iteration, trials, trial, **info):
-            on_event({"kind": "start", "trial_id": trial.trial_id, "params": trial.config["params"]})
+            self.paused.discard(trial.trial_id)
+            event = {"kind": "start", "trial_id": trial.trial_id, "params": trial.config["params"]}
+            if (start := exploited_checkpoint(trial.checkpoint)) is not None:
+                source = _trial_id_in(start[0])  # the trial itself: paused to wait for the others
+                kind = "resume" if source == trial.trial_id else "exploit"
+                event.update(kind=kind, source=source, epoch=start[1])
+            on_event(event)
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            on_event({"kind": "epoch", "trial_id": trial.trial_id, **_row(result)})
+            row = _row(result)
+            self.rows.setdefault(trial.trial_id, []).append(row)
+            on_event({"kind": "epoch", "trial_id": trial.trial_id, **row})
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             release(trial_run(trial.trial_id))
@@ -144,7 +182,7 @@ def trial_events(on_event: Callable[[dict[str, Any]], None], release: Callable[[
 
 
 def _row(result: dict[str, Any]) -> dict[str, Any]:
-    return {k: result[k] for k in HISTORY_KEYS if k in result}
+    return {k: result[k] for k in (*HISTORY_KEYS, CHECKPOINT_PATH) if k in result}
 
 
 def _error_line(error_file: str | None) -> str:
@@ -192,14 +230,14 @@ def run_sweep(
             name=name,
             storage_path=storage_path,
             max_concurrent=max_concurrent,
-            callbacks=[trial_events(on_event, placements.release)],
+            callbacks=[events := trial_events(on_event, placements.release)],
             placements=placements.name,
         )
-        with stop_on_signals(), _tune_console_quiet():
+        with stop_on_signals(), _tune_console_quiet(), _seeded(config.sweep.seed):
             grid = tuner.fit()
     finally:
         placements.close()
-    trials = summarize(config, grid)
+    trials = summarize(config, grid, events.rows)
     on_trials(trials)
     best = best_trial(config, trials)
     best_config = trial_config(config, best.params)
@@ -211,6 +249,18 @@ def run_sweep(
         f"{best.best_epoch}) of sweep {name}.\nTrain it again with: trainflow run {path}",
     )
     return SweepOutcome(trials, best, best_config, path, checkpoint_metrics(best.best_checkpoint))
+
+
+@contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    """Python's ``random`` seeded while the sweep runs, as PBT draws from it: which top
+    trial a weak one copies, and how it perturbs the hyperparameters."""
+    before = random.getstate()
+    random.seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(before)
 
 
 # Tune's choice of console output: its output engine ("1", the default) or the legacy reporter.
@@ -231,7 +281,10 @@ def _tune_console_quiet() -> Iterator[None]:
     os.environ[_TUNE_NEW_OUTPUT] = "0"
     tune_log.setLevel(logging.ERROR)
     try:
-        yield
+        with warnings.catch_warnings():
+            # Tune's advice for PBT: reused actors would keep a paused trial's trainer alive.
+            warnings.filterwarnings("ignore", message="Consider boosting PBT performance")
+            yield
     finally:
         tune_log.setLevel(before[1])
         if before[0] is None:
@@ -253,25 +306,16 @@ def build_tuner(
     """The Tuner for ``config.sweep``; ``placements`` names the PlacementTracker the trials'
     worker groups record their placement groups with."""
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     sweep = config.sweep
-    if sweep.scheduler.kind == "asha":
-        last = max_epochs(config)
-        scheduler = ASHAScheduler(
-            time_attr="training_iteration",  # one report per epoch
-            max_t=last,
-            grace_period=min(sweep.scheduler.grace_period, last),
-            reduction_factor=sweep.scheduler.reduction_factor,
-        )
-    else:
-        scheduler = FIFOScheduler()
+    population = sweep.scheduler.kind in POPULATION_SCHEDULERS
     trainable = tune.with_parameters(
         run_trial,
         base=config.model_dump(mode="json"),
         prepared=prepared,
         storage=f"{storage_path}/{name}",
         placements=placements,
+        population=population,
     )
     return tune.Tuner(
         # The trial actor only waits on its trainer; the trainer's workers hold the CPUs.
@@ -282,8 +326,10 @@ def build_tuner(
             metric=sweep.metric,
             mode=sweep.mode,
             num_samples=sweep.trials,
-            scheduler=scheduler,
+            scheduler=trial_scheduler(config),
             search_alg=search_algorithm(sweep, max_concurrent),
+            # A trial PBT pauses ends with its actor, and its trainer's with it.
+            reuse_actors=False,
         ),
         run_config=tune.RunConfig(
             name=name,
@@ -292,7 +338,42 @@ def build_tuner(
             failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
             verbose=0,  # trainflow logs each trial's epochs itself
             callbacks=callbacks,
+            # A trial's last epoch ends it before PBT ranks it: an exploit there trains nothing.
+            stop={"epoch": config.train.epochs} if population else None,
         ),
+    )
+
+
+def trial_scheduler(config: PipelineConfig):
+    """Ray Tune's trial scheduler for ``config.sweep.scheduler``. ASHA counts epochs as
+    Tune's iterations; PBT and PB2 count the ``epoch`` each row reports, which a trial that
+    goes on from another's checkpoint continues."""
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
+    from ray.tune.schedulers.pb2 import PB2
+
+    sweep, chosen = config.sweep, config.sweep.scheduler
+    if chosen.kind == "asha":
+        last = max_epochs(config)
+        return ASHAScheduler(
+            time_attr="training_iteration",  # one report per epoch
+            max_t=last,
+            grace_period=min(chosen.grace_period, last),
+            reduction_factor=chosen.reduction_factor,
+        )
+    if chosen.kind == "fifo":
+        return FIFOScheduler()
+    common = {
+        "time_attr": "epoch",
+        "perturbation_interval": chosen.perturbation_interval,
+        "quantile_fraction": chosen.quantile_fraction,
+        "synch": chosen.synch,
+        "log_config": False,  # the sweep's log says each exploit
+    }
+    if chosen.kind == "pb2":
+        bounds = {path: list(dim.bounds) for path, dim in sweep.space.items()}
+        return PB2(hyperparam_bounds={"params": bounds}, **common)
+    return PopulationBasedTraining(
+        hyperparam_mutations={"params": search_space(sweep, grid_as_choice=True)}, **common
     )
 
 
@@ -312,25 +393,29 @@ def search_algorithm(sweep: SweepConfig, max_concurrent: int):
     return BasicVariantGenerator(random_state=sweep.seed, max_concurrent=max_concurrent)
 
 
-def summarize(config: PipelineConfig, grid) -> list[TrialSummary]:
-    """One summary per trial of a finished Tuner's ResultGrid, in trial order."""
+def summarize(
+    config: PipelineConfig, grid, reported: dict[str, list[dict[str, Any]]] | None = None
+) -> list[TrialSummary]:
+    """One summary per trial of a finished Tuner's ResultGrid, in trial order; each trial's
+    rows are those ``reported`` as they came (:func:`trial_events`' ``rows``), else those
+    Tune's ResultGrid kept (which, for a trial PBT paused, holds only those since)."""
     sweep = config.sweep
     better = max if sweep.mode == "max" else min
     summaries = []
     for result in grid:
         params = result.config["params"]
+        trial_id = _trial_id(result)
         frame = result.metrics_dataframe
-        rows = [] if frame is None else frame.to_dict("records")
+        rows = (reported or {}).get(trial_id) or ([] if frame is None else frame.to_dict("records"))
         rows = [r for r in rows if sweep.metric in r and not _missing(r[sweep.metric])]
         asked = int(params.get("train.epochs", config.train.epochs))
         best_row = better(rows, key=lambda r: r[sweep.metric]) if rows else None
         if result.error is not None:
             status = "failed"
-        elif len(rows) < asked:
+        elif not rows or rows[-1]["epoch"] < asked:  # a PBT trial counts on from another's epochs
             status = "stopped early"
         else:
             status = "completed"
-        trial_id = _trial_id(result)
         summaries.append(
             TrialSummary(
                 trial_id=trial_id,
@@ -356,10 +441,17 @@ def _trial_id(result) -> str:
     trial_id = (result.metrics or {}).get("trial_id")
     if trial_id:
         return str(trial_id)
-    # A trial that failed before its first report: Tune's name for its folder holds its id
-    # (run_trial_af7a9_00003_3_train_lr=...).
-    found = re.search(r"_([0-9a-f]+_\d{5})_", Path(result.path).name) if result.path else None
-    return found[1] if found else "?"
+    # A trial that failed before its first report.
+    return _trial_id_in(result.path) if result.path else "?"
+
+
+def _trial_id_in(path: str) -> str:
+    """The id of the trial whose folder holds ``path``: Tune names a trial's folder after it
+    (run_trial_af7a9_00003_3_train_lr=...)."""
+    for part in reversed(Path(path).parts):
+        if found := re.match(r"run_trial_([0-9a-f]+_\d{5})_", part):
+            return found[1]
+    return "?"
 
 
 def _missing(value: Any) -> bool:

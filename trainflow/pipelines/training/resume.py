@@ -1,0 +1,131 @@
+"""Where a training resumes from: Ray Train's latest checkpoint, a newer checkpoint folder
+that Ray's controller never recorded, or the state saved mid-epoch.
+
+``checkpoint.every_n_steps``: every N steps of an epoch, rank 0 writes the model's weights
+and the train state, with the step it reached, to the run's folder (:class:`StepSaver`),
+so that a run that resumes (a lost worker, a preempted node, a retry, ``--resume``) goes
+on from that step, its batches the ones it would have drawn, instead of the epoch's start.
+This is not a Ray Train checkpoint: Ray ranks and keeps those by an epoch's metrics, and
+a report mid-epoch would count as an epoch for Tune and for the progress the driver
+follows. One folder per save, ``<run>/steps/epoch-<E>-step-<S>`` (E: the epochs completed
+before it), written whole under a temporary name and renamed; the save before it is then
+deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from contextlib import nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainflow.pipelines.models.checkpoint import METRICS, MODEL, TRAIN_STATE
+
+if TYPE_CHECKING:
+    from trainflow.pipelines.training.settings import TrainSettings
+
+STEPS = "steps"  # the folder of a run's mid-epoch saves
+_SAVED = re.compile(r"epoch-(\d+)-step-(\d+)")
+
+
+def step_folder(storage: str, run_name: str) -> str | None:
+    """Where the run ``run_name`` keeps its mid-epoch saves: ``<storage>/<run>/steps`` on a
+    storage folder (local, or a mount every node shares); None on a bucket."""
+    if "://" in storage and not storage.startswith("file://"):
+        return None
+    return str(Path(storage.removeprefix("file://")) / run_name / STEPS)
+
+
+def load_training_state(folder: Path) -> tuple[dict, dict]:
+    """A checkpoint folder's train state (optimizer, scheduler, scaler, early stopping,
+    epoch, history; ``step`` for a mid-epoch save) and model weights."""
+    state = torch.load(folder / TRAIN_STATE, map_location="cpu", weights_only=True)
+    return state, torch.load(folder / MODEL, map_location="cpu", weights_only=True)
+
+
+def resume_state(checkpoint, settings: TrainSettings) -> tuple[dict, dict] | None:
+    """The state to resume from: Ray's latest checkpoint; ``settings.resume_from`` when that
+    folder is of a later epoch and loads (a killed run's last write may be partial); the
+    newest mid-epoch save when it is later still (its train state's ``step`` says how many
+    of its epoch's steps it trained)."""
+    # Ray's checkpoint opened once: on a URI storage, each as_directory() downloads it.
+    with checkpoint.as_directory() if checkpoint is not None else nullcontext() as folder:
+        ray_epoch = json.loads((Path(folder) / METRICS).read_text())["epoch"] if folder else -1
+        found = [(ray_epoch, Path(folder))] if folder else []
+        if settings.resume_from:
+            found.append((settings.resume_from_epoch, Path(settings.resume_from)))
+        saved = newest_step_save(settings.step_folder) if settings.step_folder else None
+        if saved is not None:
+            found.append((saved[0] + 0.5, saved[1]))  # its epoch's start, and some steps
+        for _, path in sorted(found, key=lambda f: f[0], reverse=True):
+            try:
+                return load_training_state(path)
+            except Exception:  # partly written: the next newest, which was completed
+                continue
+        return None
+
+
+def newest_step_save(folder: str) -> tuple[int, Path] | None:
+    """The epochs completed before the newest mid-epoch save in ``folder``, and its path."""
+    root = Path(folder)
+    saves = (
+        [(m[1], m[2], p) for p in root.iterdir() if (m := _SAVED.fullmatch(p.name))] if root.is_dir() else []
+    )
+    if not saves:
+        return None
+    epoch, _, path = max(saves, key=lambda s: (int(s[0]), int(s[1])))
+    return int(epoch), path
+
+
+class StepSaver:
+    """What rank 0 calls after each step of epoch ``epoch`` (0-based: the epochs completed
+    before it) when ``checkpoint.every_n_steps`` is set: every ``every``-th step, the
+    model's weights and ``parts``' train state with the step, saved to ``folder``.
+    ``skip``: the steps of this epoch trained before the run resumed."""
+
+    def __init__(
+        self, folder: str, every: int, parts, epoch: int, history: list[dict[str, float]], skip: int
+    ):
+        self.folder, self.every, self.parts = Path(folder), every, parts
+        self.epoch, self.history, self.skip = epoch, history, skip
+
+    def __call__(self, step: int, loss: float) -> None:
+        step += self.skip
+        if step % self.every:
+            return
+        name = f"epoch-{self.epoch}-step-{step}"
+        tmp = self.folder / f".{name}.{uuid.uuid4().hex[:8]}"
+        tmp.mkdir(parents=True)
+        model = self.parts.model
+        torch.save((model.module if hasattr(model, "module") else model).state_dict(), tmp / MODEL)
+        state: dict[str, Any] = {**self.parts.train_state(self.epoch, self.history), "step": step}
+        torch.save(state, tmp / TRAIN_STATE)
+        os.replace(tmp, self.folder / name)
+        for old in self.folder.iterdir():
+            if old.name != name:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def same_start(epoch: int, step: int) -> None:
+    """Every worker resumes at the same epoch and step, or a RuntimeError says why not:
+    workers that read different saves would wait for each other at different steps."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    mine = torch.tensor([epoch, step], dtype=torch.int64)
+    low, high = mine.clone(), mine.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    if not torch.equal(low, high):
+        raise RuntimeError(
+            f"the workers found different states to resume from (epoch and step from {low.tolist()} "
+            f"to {high.tolist()}): checkpoint.every_n_steps keeps its saves in the run's folder, "
+            "which every node must see (a shared mount)"
+        )

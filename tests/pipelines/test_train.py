@@ -368,6 +368,21 @@ def test_split_inputs_hands_trainer_a_dataset_only_for_streamed_splits(prepared)
         inputs.split_inputs(prepared.path, in_memory=("test",))
 
 
+def test_a_streamed_split_lists_its_files_once_not_at_every_epoch(prepared):
+    """Each epoch executes a streamed split anew: read with Ray Data's first Parquet
+    datasource, its footers are read once when the Dataset is made, and an execution runs
+    only the read tasks (Ray 2.60's default datasource lists the files, on actors it starts
+    for it, at every execution). The caller's DataContext is left as it was."""
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    before = context.use_datasource_v2
+    dataset = prepared.dataset("train")
+    assert context.use_datasource_v2 == before
+    stats = dataset.materialize().stats()  # what one epoch executes
+    assert "ReadParquet" in stats and "ListFiles" not in stats, stats
+
+
 def test_streamed_epochs_give_every_row_once_each_epoch_with_the_next_started_early(ray_cluster):
     import ray.data
 

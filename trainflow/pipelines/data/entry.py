@@ -81,11 +81,23 @@ class PreparedEntry:
 def split_dataset(location: str) -> ray.data.Dataset:
     """One prepared split as a lazy Ray Dataset (``features``, ``label``): what training
     streams and batch evaluation reads. The filesystem is resolved here and handed to
-    Ray Data, so a URI's options (its query) reach every reader."""
+    Ray Data, so a URI's options (its query) reach every reader.
+
+    Read with Ray Data's first Parquet datasource (``DataContext.use_datasource_v2``
+    off for this call): the second, Ray 2.60's default, lists the files' footers on
+    actors it starts at every execution, and a streamed train split executes anew every
+    epoch, so each epoch started new worker processes whose start-up took the CPU that
+    training needed (benchmarks/results.md, training throughput). The first reads the
+    footers once, here, and an epoch starts only its read tasks."""
     import ray.data
 
     fs, path = filesystem(location)
-    return ray.data.read_parquet(path, filesystem=fs)
+    context = ray.data.DataContext.get_current()
+    before, context.use_datasource_v2 = context.use_datasource_v2, False
+    try:
+        return ray.data.read_parquet(path, filesystem=fs)
+    finally:
+        context.use_datasource_v2 = before
 
 
 def code_version() -> str:

@@ -345,7 +345,11 @@ def step_hooks(
     to do (neither set, another rank, nobody following)."""
     log_every, save_every = settings.train.log_every_n_steps, settings.config.checkpoint.every_n_steps
     logs = bool(log_every and progress is not None)
-    saver = StepSaver(settings.step_folder, save_every, parts, epoch, history, skip) if save_every else None
+    saver = (
+        StepSaver(settings.step_folder, save_every, parts, epoch, history, skip)
+        if save_every and settings.step_folder
+        else None
+    )
     if rank != 0 or not (logs or saver):
         return None
 

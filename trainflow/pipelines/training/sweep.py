@@ -140,7 +140,8 @@ def trial_events(on_event: Callable[[dict[str, Any]], None], release: Callable[[
     """A Ray Tune callback that hands each trial's start, epochs and end to ``on_event``,
     and releases an ended or restarted trial's training workers' resources (``release`` of
     its Ray Train runs' name); a trial restarted from another's checkpoint (a PBT exploit)
-    is an ``exploit`` event, with the trial and epoch it goes on from."""
+    is an ``exploit`` event, with the trial and epoch it goes on from. Its ``rows`` keep
+    each trial's reports as they came, for :func:`summarize`."""
     from ray.tune import Callback
 
     class TrialEvents(Callback):

@@ -61,7 +61,7 @@ def test_from_a_ctrl_c_on_the_workers_output_stays_off_the_console_until_the_nex
     arrived: list[str] = []
     got = threading.Condition()
 
-    def receive(data) -> None:  # after Ray's own handler, which prints
+    def receive(data) -> None:  # registered after Ray's own handler, which prints
         with got:
             arrived.extend(data["lines"])
             got.notify_all()
@@ -101,8 +101,13 @@ def test_from_a_ctrl_c_on_the_workers_output_stays_off_the_console_until_the_nex
         with stop_on_signals():
             ray.get(prints.remote("worker line of the next call", "", str(stopped)))
             wait_for("worker line of the next call")
-        shown = capfd.readouterr()
-        assert "worker line of the next call" in shown.out + shown.err
+        # Ray's handler, shown again, now runs after this test's: await its print.
+        printed, deadline = "", time.monotonic() + 30
+        while "worker line of the next call" not in printed and time.monotonic() < deadline:
+            shown = capfd.readouterr()
+            printed += shown.out + shown.err
+            time.sleep(0.02)
+        assert "worker line of the next call" in printed
     finally:
         dispatcher.remove_handler("test-receive")
 

@@ -104,58 +104,6 @@ def test_an_optuna_sweep_runs_the_trials_optunas_sampler_suggests_and_registers_
         assert noise not in console, console[-3000:]
 
 
-def test_pbt_hands_the_weak_trial_the_strong_ones_checkpoint_and_it_trains_on_from_there(
-    ray_cluster, prefect_harness, trainflow_home, capfd, caplog
-):
-    # Two trials, both ranked at epoch 2 (synch): the one whose lr barely moves its weights
-    # is the bottom half, and goes on from the top trial's epoch-2 checkpoint with that
-    # trial's lr perturbed. Its next epoch is epoch 3, scoring as the top trial's weights
-    # do, not as its own.
-    config = load_config(
-        small_config(
-            data={"limit": 600},
-            train={"epochs": 4, "optimizer": "sgd"},
-            sweep={
-                "space": {"train.lr": {"grid": [0.05, 1e-5]}},
-                "trials": 1,
-                "max_concurrent": 2,
-                "scheduler": {
-                    "kind": "pbt",
-                    "perturbation_interval": 2,
-                    "quantile_fraction": 0.5,
-                    "synch": True,
-                },
-            },
-        )
-    )
-    state = sweep_pipeline(config=config, return_state=True)
-    assert state.is_completed(), state.message
-    result = state.result()
-    # The weak trial is the one that scored lower at epoch 2; the lr it ends with is the
-    # strong one's, perturbed, so the trials are told apart by their history.
-    at = {t["trial_id"]: {int(row["epoch"]): row for row in t["history"]} for t in result.trials}
-    weak, strong = sorted(result.trials, key=lambda t: at[t["trial_id"]][2]["val_accuracy"])
-    weak_rows, strong_rows = at[weak["trial_id"]], at[strong["trial_id"]]
-    assert strong_rows[2]["val_accuracy"] > weak_rows[2]["val_accuracy"] + 0.3, (strong_rows, weak_rows)
-
-    # Exploited: epochs 1-2 its own, then 3-4 from the strong trial's weights.
-    assert [int(r["epoch"]) for r in weak["history"]] == [1, 2, 3, 4]
-    assert weak_rows[3]["val_accuracy"] > weak_rows[2]["val_accuracy"] + 0.3
-    assert weak_rows[3]["val_accuracy"] >= strong_rows[2]["val_accuracy"] - 0.05
-    # Its lr is the strong trial's times 0.8 or 1.2, or drawn again from the space.
-    assert min(abs(weak["params"]["train.lr"] - lr) for lr in (0.04, 0.06, 0.05, 1e-5)) < 1e-9
-    assert weak["status"] == strong["status"] == "completed"
-
-    # Said in the flow's log, nothing of Tune's own on the console, and the best registered.
-    said = caplog.text
-    exploit = f"trial {weak['trial_id']} goes on from trial {strong['trial_id']}'s checkpoint after epoch 2"
-    assert exploit in said and f"trial {strong['trial_id']} resumes after epoch 2" in said
-    console = "".join(capfd.readouterr())
-    for noise in ("Traceback", "Checkpoint successfully created", "Restored on", "Consider boosting PBT"):
-        assert noise not in console, console[-3000:]
-    assert result.registered.version == "1"
-
-
 def test_pb2_takes_the_spaces_bounds_and_pbt_its_dimensions_as_mutations():
     from ray.tune.schedulers import PopulationBasedTraining
     from ray.tune.schedulers.pb2 import PB2

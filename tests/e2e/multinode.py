@@ -1,0 +1,125 @@
+"""A local multi-node Ray cluster for tests that move nodes under a run: a head started by
+``ray.cluster_utils.Cluster`` in a process of its own (so the test process keeps the
+session's cluster), with token auth, and `trainflow` commands pointed at it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from tests.e2e.test_cli import session_services
+from trainflow.testing import small_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Prints the head's address, then runs until its stdin closes.
+HEAD = """
+import json
+import sys
+from ray.cluster_utils import Cluster
+
+cluster = Cluster(initialize_head=True, head_node_args=json.loads(sys.argv[1]))
+print(cluster.address, flush=True)
+sys.stdin.read()
+cluster.shutdown()
+"""
+
+
+@dataclass
+class LocalCluster:
+    address: str
+    env: dict[str, str]  # for `ray start` on a node that joins: the cluster's token included
+    auth: dict[str, str]
+
+    def node_args(self, num_cpus: int, resources: dict[str, float]) -> list[str]:
+        """`ray start` arguments for a node that joins this cluster."""
+        return [f"--address={self.address}", f"--num-cpus={num_cpus}", f"--resources={json.dumps(resources)}"]
+
+
+@contextmanager
+def local_cluster(num_cpus: int, resources: dict[str, float], **env: str) -> Iterator[LocalCluster]:
+    """A head node of ``num_cpus`` CPUs and ``resources``, with token auth on; ``env``: more
+    variables for the cluster's processes (those Ray reads on the cluster)."""
+    auth = {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    cluster_env = {
+        **{k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")},
+        **auth,
+        **env,
+    }
+    head_args = json.dumps({"num_cpus": num_cpus, "resources": resources})
+    head = subprocess.Popen(
+        [sys.executable, "-c", HEAD, head_args],
+        env=cluster_env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        address = head.stdout.readline().strip()
+        assert address, "the cluster's head did not start"
+        yield LocalCluster(address, cluster_env, auth)
+    finally:
+        head.stdin.close()
+        try:
+            head.wait(60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+
+
+def trainflow_command(
+    cluster: LocalCluster,
+    tmp_path: Path,
+    command: str,
+    name: str,
+    log: Path,
+    code: Path | None = None,
+    **sections,
+) -> subprocess.Popen:
+    """`trainflow COMMAND` on a small config named ``name`` (``sections`` over
+    ``trainflow.testing.small_config``, 400 rows) against ``cluster`` and the session's
+    Prefect server, its output in ``log``; ``code``: a folder of the user's own modules."""
+    sections.setdefault("data", {"limit": 400})
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(yaml.safe_dump(small_config(name=name, **sections)))
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")},
+        **session_services(ray_address=False),
+        **cluster.auth,
+        "RAY_ADDRESS": cluster.address,
+        "TRAINFLOW_HOME": str(tmp_path / "home"),
+    }
+    if code is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "trainflow.cli", command, str(config)],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+def wait_for_line(log: Path, pattern: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    """Until ``pattern`` is in ``log``; fails with the log's end if ``proc`` ends first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if re.search(pattern, log.read_text(errors="replace")):
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"{pattern!r} not in the run's log:\n{log.read_text(errors='replace')[-5000:]}")

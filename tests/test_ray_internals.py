@@ -220,6 +220,34 @@ def test_workers_output_leaves_the_console_and_comes_back(ray_cluster):
     assert printing() == shown
 
 
+def test_rays_noise_from_a_worker_stays_off_the_console_and_its_other_lines_reach_it(ray_cluster, capfd):
+    """Ray's printing handler, wrapped once, drops a worker's :data:`WORKER_NOISE` lines
+    and prints the rest; the handler's data still carries its lines as a list."""
+    import ray
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    ray_internals.drop_worker_noise()
+    ray_internals.drop_worker_noise()  # once is enough
+    printing = [handler for name, handler in dispatcher.handlers if name == "ray_print_logs"]
+    assert len(printing) == 1 and callable(printing[0].unfiltered), dispatcher.handlers
+
+    marker = uuid.uuid4().hex
+
+    @ray.remote(num_cpus=0)
+    def say() -> None:
+        print(f"[E core_worker.cc:2465] Actor {ray_internals.WORKER_NOISE[0]} {marker}", file=sys.stderr)
+        print(f"worker line {marker}", file=sys.stderr, flush=True)
+
+    ray.get(say.remote())
+    console = ""
+    deadline = time.monotonic() + 120
+    while f"worker line {marker}" not in console and time.monotonic() < deadline:
+        console += "".join(capfd.readouterr())
+        time.sleep(0.1)
+    assert f"worker line {marker}" in console
+    assert ray_internals.WORKER_NOISE[0] not in console, console
+
+
 # 6. A local cluster's resources, before it starts.
 
 

@@ -23,9 +23,9 @@ it does; Ray's private names; why no public API does it; what happens where Ray 
    ``ray._private.worker._global_node``. Nothing public says whether this process
    started its cluster, or which processes are its. Moved: no watch, and a cluster
    killed under a run makes Ray wait 60 s.
-5. The workers' output on the driver's console, hidden and shown
-   (:func:`worker_output_shown`). ``ray._private.ray_logging.global_worker_stdstream_dispatcher``.
-   ``log_to_driver`` is fixed at ``ray.init``. Moved: the output stays shown.
+5. The workers' output on the driver's console, hidden and shown (:func:`worker_output_shown`),
+   Ray's noise dropped (:func:`drop_worker_noise`). ``ray._private.ray_logging``'s stdstream
+   dispatcher. ``log_to_driver``, set at ``ray.init``, filters nothing. Moved: Ray's output.
 6. The resources a local cluster would have, before it starts
    (:func:`local_cluster_resources`). ``ray._private.resource_and_label_spec``.
    ``ray.cluster_resources()`` needs a running cluster. Moved: the check waits for
@@ -113,14 +113,12 @@ def kv_delete_prefix(prefix: str, namespace: str) -> None:
 # 2 and 3. Train's placement-group cleaner, answered by the GCS.
 #
 # Ray Train V2 starts a placement-group cleaner (a detached actor) beside every run's
-# controller: once the controller is dead, it removes the run's placement group. It asks
-# whether the controller lives through the state API, at the address the cluster's GCS
-# publishes for its dashboard. A cluster started without the dashboard (trainflow's)
-# still publishes the default 127.0.0.1:8265 there, where nothing of its own listens, so
-# the cleaner asks whichever cluster on the machine holds that port. One that never heard
-# of the controller answers "no such actor", and the cleaner removes a live run's
-# placement group: its workers die, or the controller cannot register its group. The GCS
-# knows its own cluster's actors, with or without the dashboard.
+# controller, to remove the run's placement group once the controller is dead. It asks
+# the state API, at the dashboard address the GCS publishes: a cluster without the
+# dashboard (trainflow's) still publishes 127.0.0.1:8265, so the cleaner asks whichever
+# cluster holds that port, and one that never heard of the controller answers "no such
+# actor": the cleaner removes a live run's group, and its workers die. The GCS knows
+# its own cluster's actors, with or without the dashboard.
 PG_CLEANER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
 
 
@@ -140,9 +138,8 @@ def actor_alive(actor_id: str, timeout: float | None = None) -> bool:
 
 
 class _CleanerFromGcs(importlib.abc.MetaPathFinder):
-    """Gives the cleaner's module :func:`actor_alive` as its liveness check when a worker
-    imports it (the cleaner's own actor), without importing it into every worker (it
-    brings Ray Data)."""
+    """Gives the cleaner's module :func:`actor_alive` as its liveness check when a worker (the
+    cleaner's own actor) imports it, without importing it into every worker (it brings Ray Data)."""
 
     def find_spec(self, name, path, target=None):
         if name != PG_CLEANER:
@@ -203,15 +200,24 @@ def session_logs() -> str:
 
 # 5. The workers' output on this driver's console.
 
+# What a worker prints that no user acts on: Ray core's ERROR line at the start of Ray
+# Train's preemption watcher, on every run on a cluster (ray issue 53727).
+WORKER_NOISE = ("has constructor arguments in the object store and max_restarts > 0",)
 _hidden_worker_output: list = []  # Ray's console handler, while taken away
+
+
+def _dispatcher():
+    try:
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+    except Exception:  # noqa: BLE001 - Ray's internals moved: the output stays as Ray prints it
+        return None
+    return dispatcher
 
 
 def worker_output_shown(shown: bool) -> None:
     """Show or hide, on this driver's console, what the cluster's workers print (Ray's
     ``log_to_driver``, whose handler is taken away and put back)."""
-    try:
-        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
-    except Exception:  # noqa: BLE001 - Ray's internals moved: its output stays shown
+    if (dispatcher := _dispatcher()) is None:
         return
     with dispatcher._lock:
         if shown and _hidden_worker_output:
@@ -220,6 +226,28 @@ def worker_output_shown(shown: bool) -> None:
         elif not shown:
             _hidden_worker_output.extend(pair for pair in dispatcher.handlers if pair[0] == "ray_print_logs")
             dispatcher.handlers = [pair for pair in dispatcher.handlers if pair[0] != "ray_print_logs"]
+
+
+def drop_worker_noise() -> None:
+    """Keep the lines of :data:`WORKER_NOISE` off this driver's console: Ray's printing
+    handler (``log_to_driver``), wrapped. Idempotent."""
+    if (dispatcher := _dispatcher()) is None:
+        return
+    with dispatcher._lock:
+        dispatcher.handlers = [(name, _without_noise(name, handler)) for name, handler in dispatcher.handlers]
+
+
+def _without_noise(name: str, handler: Callable) -> Callable:
+    if name != "ray_print_logs" or hasattr(handler, "unfiltered"):
+        return handler
+
+    def print_logs(data: dict) -> None:
+        lines = [line for line in data.get("lines", ()) if not any(noise in line for noise in WORKER_NOISE)]
+        if lines:
+            handler({**data, "lines": lines})
+
+    print_logs.unfiltered = handler
+    return print_logs
 
 
 # 6. A local cluster's resources, before it starts.
@@ -263,11 +291,10 @@ STREAMING_EXECUTOR_LOGGER = "ray.data._internal.execution.streaming_executor"
 TRAIN_ERRORS_LOGGER = "ray.train.v2._internal.util"
 # Train's controller: a traceback when a worker group is late to start (an elastic shrink).
 TRAIN_CONTROLLER_LOGGER = "ray.train.v2._internal.execution.controller.controller"
-# Loggers whose records below ERROR a run keeps off the console: the cleaner's warning when it removes the
-# group of a dead controller (a trial a sweep stopped); the autoscaling coordinator client's traceback
-# when a call misses its timeout on a busy machine (Ray calls it safe to ignore); the backend's warning
-# and traceback when a sweep stops a trial whose workers are gone (Ray calls it expected); a PBT trial's
-# line for each checkpoint it hands Tune and each it is restored from (the sweep logs the exploits).
+# Loggers whose records below ERROR a run keeps off the console: the cleaner's warning when it removes a
+# dead controller's group (a trial a sweep stopped); the autoscaling coordinator client's traceback when a
+# call misses its timeout on a busy machine, and the backend's when a sweep stops a trial whose workers are
+# gone (Ray calls both safe); a PBT trial's line for each checkpoint it hands Tune or is restored from.
 ERRORS_ONLY_LOGGERS = (
     PG_CLEANER,
     "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client",
@@ -306,18 +333,13 @@ def _training_class(name: str) -> type:
 
 
 def trainer_class(fixed_cluster: Callable[[], bool]) -> type:
-    """TorchTrainer, less two of the helper processes Ray Train starts for a run that
-    does not need them:
-
-    - the dataset manager, started for every run: an actor whose process imports Ray
-      Data, pandas and pyarrow to shard the trainer's Datasets. A run whose splits all
-      sit in the workers' memory gives it none, so it starts none;
-    - when ``fixed_cluster()`` (a local cluster this process started, which no autoscaler
-      grows) and no Datasets share the cluster, the autoscaling coordinator: Ray Train's
-      fixed scaling policy asks it for the workers' resources on behalf of an autoscaler
-      (:class:`FixedClusterPolicy`).
-
-    Where Ray moved either, TorchTrainer itself: every run keeps both."""
+    """TorchTrainer, less two helper processes Ray Train starts for every run: the
+    dataset manager (an actor that imports Ray Data, pandas and pyarrow to shard the
+    trainer's Datasets), for a run whose splits all sit in the workers' memory; and, when
+    ``fixed_cluster()`` (a local cluster this process started, which no autoscaler
+    grows) and no Datasets share the cluster, the autoscaling coordinator, which Ray
+    Train's fixed scaling policy asks for the workers' resources on an autoscaler's
+    behalf (:class:`FixedClusterPolicy`). Where Ray moved either, TorchTrainer itself."""
     from ray.train.torch import TorchTrainer
 
     try:
@@ -438,21 +460,13 @@ def _backend_start(self, worker_group, backend_config) -> None:
     backend = process_group_backend(backend_config.backend, worker_group.get_resources_per_worker())
     address, port = worker_group.execute_single(0, get_address_and_port)
     worker_group.execute(_set_master, address=address, port=port)
-    worker_group.execute(_set_distributed_env_vars)
+    worker_group.execute(_torch, "_set_torch_distributed_env_vars")
     size = len(worker_group)
-    setups = [
-        worker_group.execute_single_async(
-            rank,
-            _setup_process_group,
-            backend=backend,
-            world_rank=rank,
-            world_size=size,
-            init_method="env://",
-            timeout_s=backend_config.timeout_s,
-        )  # fmt: skip
-        for rank in range(size)
-    ]
-    ray.get(setups)
+    setup = dict(backend=backend, world_size=size, init_method="env://", timeout_s=backend_config.timeout_s)
+    call = worker_group.execute_single_async
+    ray.get(
+        [call(rank, _torch, "_setup_torch_process_group", world_rank=rank, **setup) for rank in range(size)]
+    )
 
 
 def _backend_shutdown(self, worker_group, backend_config) -> None:
@@ -460,15 +474,13 @@ def _backend_shutdown(self, worker_group, backend_config) -> None:
     import ray
     from ray._private import ray_constants
     from ray.exceptions import GetTimeoutError
-    from ray.train.constants import (
-        DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
-        TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
-    )
+    from ray.train.constants import DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S as DEFAULT_TIMEOUT
+    from ray.train.constants import TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S as TIMEOUT
 
-    futures = worker_group.execute_async(_shutdown_torch, destroy_process_group=len(worker_group) > 1)
-    timeout_s = ray_constants.env_integer(
-        TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S, DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S
+    futures = worker_group.execute_async(
+        _torch, "_shutdown_torch", destroy_process_group=len(worker_group) > 1
     )
+    timeout_s = ray_constants.env_integer(TIMEOUT, DEFAULT_TIMEOUT)
     try:
         ray.get(futures, timeout=timeout_s)
     except GetTimeoutError:  # the workers are being stopped either way
@@ -481,19 +493,8 @@ def _set_master(address: str, port: int) -> None:
     os.environ["MASTER_PORT"] = str(port)
 
 
-def _set_distributed_env_vars() -> None:
-    from ray.train.torch.config import _set_torch_distributed_env_vars
+def _torch(name: str, **kwargs) -> None:
+    """``ray.train.torch.config.<name>(**kwargs)``: one of Ray's torch backend steps."""
+    import ray.train.torch.config
 
-    _set_torch_distributed_env_vars()
-
-
-def _setup_process_group(**kwargs) -> None:
-    from ray.train.torch.config import _setup_torch_process_group
-
-    _setup_torch_process_group(**kwargs)
-
-
-def _shutdown_torch(destroy_process_group: bool) -> None:
-    from ray.train.torch.config import _shutdown_torch
-
-    _shutdown_torch(destroy_process_group=destroy_process_group)
+    getattr(ray.train.torch.config, name)(**kwargs)

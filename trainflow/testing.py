@@ -51,6 +51,7 @@ def ray_cluster() -> Iterator[None]:
 
     from trainflow.cluster.quiet import LOCAL_CLUSTER_ENV, configure_ray_data, quiet_token_auth_notice
     from trainflow.cluster.session import ray_init_kwargs
+    from trainflow.ray_internals import drop_worker_noise
 
     if ray.is_initialized():
         yield
@@ -62,6 +63,7 @@ def ray_cluster() -> Iterator[None]:
     quiet_token_auth_notice()
     # Always a cluster of the session's own, never one that `ray start` left running.
     ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), **ray_init_kwargs())
+    drop_worker_noise()
     configure_ray_data()
     yield
     ray.shutdown()

@@ -26,6 +26,7 @@ from trainflow.cluster.watch import (
     watch_local_cluster,
 )
 from trainflow.config import PipelineConfig
+from trainflow.ray_internals import drop_worker_noise
 from trainflow.timeline import timeline
 
 log = logging.getLogger("trainflow")
@@ -119,6 +120,7 @@ def connect(
     # whichever cluster `ray start` last left on this machine: a cluster is only ever
     # shared when the config or RAY_ADDRESS says so.
     ray.init(address=address or "local", **ray_init_kwargs(py_modules))
+    drop_worker_noise()
     _session = Session(address=address, watch=None if address else watch_local_cluster())
     configure_ray_data()
     if warm:

@@ -29,7 +29,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n $(WORKERS) --maxprocesses=4 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Every benchmark section, then benchmarks/results.md; a subset: make bench SECTIONS="ingest training".
-# ROUNDS: the overhead section's alternating rounds; overhead also runs its --phases section.
+# ROUNDS: the overhead section's alternating rounds; overhead also runs its --phases section,
+# and scaling its --stream section.
 SECTIONS ?= overhead ingest training resnet scaling large_prepare image_memory batch_predict serve gpu sweep
 
 bench: $(STAMP)
@@ -39,6 +40,9 @@ bench: $(STAMP)
 		if [ $$s = overhead ]; then \
 			$(BIN)/python benchmarks/overhead.py --rounds $(or $(ROUNDS),3) || exit 1; \
 			$(BIN)/python benchmarks/overhead.py --phases || exit 1; \
+		elif [ $$s = scaling ]; then \
+			$(BIN)/python benchmarks/scaling.py || exit 1; \
+			$(BIN)/python benchmarks/scaling.py --stream || exit 1; \
 		else $(BIN)/python benchmarks/$$s.py || exit 1; fi; \
 	done
 	$(BIN)/python benchmarks/report.py

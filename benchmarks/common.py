@@ -128,13 +128,18 @@ def start_ray(num_cpus: int = 2, object_store_mb: int | None = None, **extra) ->
     """A local Ray cluster of this process's own, set up as trainflow sets up its own."""
     import ray
 
-    from trainflow.cluster.quiet import configure_ray_data
+    from trainflow.cluster.quiet import LOCAL_CLUSTER_ENV, configure_ray_data, quiet_token_auth_notice
     from trainflow.cluster.session import ray_init_kwargs
+    from trainflow.ray_internals import drop_worker_noise
 
+    for key, value in LOCAL_CLUSTER_ENV.items():
+        os.environ.setdefault(key, value)
+    quiet_token_auth_notice()
     kwargs = ray_init_kwargs()
     if object_store_mb:
         kwargs["object_store_memory"] = object_store_mb << 20
     ray.init(address="local", num_cpus=num_cpus, **kwargs, **extra)
+    drop_worker_noise()
     configure_ray_data()
 
 
@@ -298,7 +303,11 @@ EPOCH_LOG = "TRAINFLOW_BENCH_EPOCH_LOG"
 
 
 def epoch_done(epoch: int, metrics: dict, rank: int) -> None:
+    """A Ray Train worker's epoch end, written to the file EPOCH_LOG names: its time, the
+    worker's threads and CPU seconds, its device and torch.distributed's backend."""
+    import ray.train.torch
     import torch
+    import torch.distributed as dist
 
     row = {
         "epoch": epoch,
@@ -307,6 +316,8 @@ def epoch_done(epoch: int, metrics: dict, rank: int) -> None:
         "threads": torch.get_num_threads(),
         "nice": os.nice(0),  # Ray starts its workers at a niceness of its own
         "cpu": time.process_time(),  # the worker process's CPU seconds so far: robust to others' load
+        "device": str(ray.train.torch.get_device()),
+        "backend": dist.get_backend() if dist.is_available() and dist.is_initialized() else None,
     }
     with open(os.environ[EPOCH_LOG], "a") as f:
         f.write(json.dumps(row) + "\n")

@@ -23,6 +23,7 @@ SECTIONS = (
     "training",
     "resnet",
     "scaling",
+    "scaling_streamed",
     "large_prepare",
     "engine",
     "image_memory",
@@ -33,7 +34,10 @@ SECTIONS = (
     "suite",
 )
 # The script of each section, for results written before each JSON recorded its command.
-SCRIPTS = {s: f"benchmarks/{s}.py" for s in SECTIONS} | {"overhead_phases": "benchmarks/overhead.py --phases"}
+SCRIPTS = {s: f"benchmarks/{s}.py" for s in SECTIONS} | {
+    "overhead_phases": "benchmarks/overhead.py --phases",
+    "scaling_streamed": "benchmarks/scaling.py --stream",
+}
 
 
 ANALYSIS = HERE / "analysis"

@@ -79,7 +79,26 @@ def test_gpu_section_runs_or_says_why_it_was_skipped(tmp_path: Path):
         assert "no CUDA device" in doc["reason"]
         assert "Skipped" in (tmp_path / "gpu.md").read_text()
     else:
-        assert doc["trainflow_images_per_s"] > 0 and doc["plain_images_per_s"] > 0
+        assert doc["loop"]["trainflow_images_per_s"] > 0 and doc["loop"]["plain_images_per_s"] > 0
+        for run in doc["ray_train"]["runs"]:
+            assert run["device"].startswith("cuda") and run["backend"] == "nccl", run
+
+
+@pytest.mark.slow  # a benchmark script in a process of its own, with Ray (and torch)
+def test_the_gpu_script_runs_each_of_its_paths_on_the_cpu_where_there_is_no_gpu(tmp_path: Path):
+    """``gpu.py --cpu-check``: the loop alone and the three Ray Train paths (trainflow's loop
+    on in-memory and streamed splits, a train.loop of the user's own) run on one CPU worker
+    with gloo, each against its plain PyTorch loop; figures for no GPU."""
+    doc = run_script("gpu", "--cpu-check", results=tmp_path)
+
+    assert doc["cpu_check"] is True and doc["skipped"] is False
+    assert doc["loop"]["trainflow_images_per_s"] > 0 and doc["loop"]["plain_images_per_s"] > 0
+    runs = doc["ray_train"]["runs"]
+    assert [r["baseline"] for r in runs] == ["on_device", "pinned_loader", "pinned_loader"]
+    for run in runs:
+        assert run["device"] == "cpu" and run["backend"] == "gloo", run
+        assert run["images_per_s"] > 0 and run["baseline_images_per_s"] > 0 and run["ratio"] > 0, run
+    assert "CPU check" in (tmp_path / "gpu.md").read_text()
 
 
 @pytest.mark.slow  # a benchmark script in a process of its own, with Ray (and torch)

@@ -222,11 +222,11 @@ def test_a_trial_config_runs_as_is_and_hashes_as_a_plain_config():
     # drift section, nor the newer fields that hold their empty default).
     import hashlib
 
-    from trainflow.config.schema import HASHED_WHEN_SET
+    from trainflow.config.schema import HASHED_UNLESS_DEFAULT, HASHED_WHEN_SET
 
     dropped = ("sweep", "cache", "drift")
     plain = {k: v for k, v in trial.model_dump(mode="json").items() if k not in dropped}
-    for *parents, field in HASHED_WHEN_SET:
+    for *parents, field in [*HASHED_WHEN_SET, *HASHED_UNLESS_DEFAULT]:
         if parents[0] in plain:  # not the sweep's, dropped whole
             del plain[parents[0]][field]
     canonical = json.dumps(plain, sort_keys=True, separators=(",", ":")).encode()

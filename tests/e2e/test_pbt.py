@@ -56,6 +56,8 @@ def test_pbt_across_nodes_hands_the_weak_trial_the_strong_ones_checkpoint(prefec
             pbt = trainflow_command(
                 cluster, tmp_path, "sweep", "pbt", log, code=code,
                 data={"limit": 600},
+                # Asked of Ray Train on a cluster that warns of preemptions (none comes).
+                checkpoint={"preemption_check_steps": 5},
                 train={"epochs": 4, "optimizer": "sgd", "loss": "node_loss:NodeLoss",
                        "loss_args": {"nodes": str(nodes)}},
                 sweep={

@@ -42,6 +42,16 @@ class CheckpointSection(Section):
         "start; for long epochs. Not ranked or registered: only the epochs' checkpoints are. "
         "null: at the end of each epoch only.",
     )
+    preemption_check_steps: int = Field(
+        20,
+        ge=0,
+        description="On a Ray cluster that warns of preemptions (a spot node being reclaimed, a node "
+        "drained), every N steps trainflow's loop asks Ray Train whether a node of the run is being "
+        "preempted (ray.train.get_preemption_info); when one is, rank 0 saves the model and train "
+        "state with the step reached, as every_n_steps does, and the run goes on from that step when "
+        "Ray Train restarts it. Needs storage to be a folder. 0: never ask. trainflow's own local "
+        "clusters warn of none, and their runs never ask.",
+    )
 
 
 class MetricConfig(Section):

@@ -56,6 +56,7 @@ HASHED_UNLESS_DEFAULT = {
     ("sweep", "scheduler", "perturbation_interval"): 2,
     ("sweep", "scheduler", "quantile_fraction"): 0.25,
     ("sweep", "scheduler", "synch"): False,
+    ("checkpoint", "preemption_check_steps"): 20,
 }
 
 # Top-level sections a config hash leaves out while they are null (unset).

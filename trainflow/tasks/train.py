@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prefect import get_run_logger
@@ -143,6 +144,7 @@ def _log_row(logger, config: PipelineConfig, meter: _ProgressMeter):
     epochs, metric = config.train.epochs, config.checkpoint.metric
     unranked: list[bool] = []  # a user's loop reported no checkpoint.metric: said once
     sizes: list[int] = []  # the workers of each start of the worker group
+    preempted: list[dict[str, Any]] = []  # a node's preemption announced since the group's last start
 
     def on_row(row: dict[str, Any]) -> None:
         if row["kind"] == "plan":
@@ -150,7 +152,10 @@ def _log_row(logger, config: PipelineConfig, meter: _ProgressMeter):
             return
         timeline(f"train worker row {row['kind']} epoch {row.get('epoch', row.get('start_epoch'))}")
         if row["kind"] == "start":
-            _log_start(logger, config.scaling, row, sizes)
+            _log_start(logger, config.scaling, row, sizes, preempted)
+        elif row["kind"] == "preempting":
+            preempted.append(row)
+            _log_preempting(logger, row)
         elif row["kind"] == "step":
             logger.info("epoch %d step %d  loss %.4f", row["epoch"], row["step"], row["loss"])
         else:
@@ -169,17 +174,32 @@ def _log_row(logger, config: PipelineConfig, meter: _ProgressMeter):
     return on_row
 
 
-def _log_start(logger, scaling: ScalingSection, row: dict[str, Any], sizes: list[int]) -> None:
+def _log_preempting(logger, row: dict[str, Any]) -> None:
+    """Ray Train warned that nodes of the run are being preempted, and rank 0 saved."""
+    deadline = row["deadline_ms"]
+    gone = f" (gone in {max(0, deadline / 1000 - time.time()):.0f} s)" if deadline else ""
+    logger.warning(
+        "Ray node(s) %s being preempted%s: saved the state at step %d of epoch %d, which the run goes "
+        "on from when Ray Train restarts it",
+        ", ".join(node[:12] for node in row["nodes"]), gone, row["step"], row["epoch"],
+    )  # fmt: skip
+
+
+def _log_start(
+    logger, scaling: ScalingSection, row: dict[str, Any], sizes: list[int], preempted: list[dict[str, Any]]
+) -> None:
     """Log a start of the worker group (its rank 0's row): an elastic run's size, and each
     resize with its cause and the epoch it resumes after; a restart's resumption."""
     workers, before = row["workers"], sizes[-1] if sizes else None
     sizes.append(workers)
+    lost = "a node was preempted" if preempted else "a worker or its node was lost"
+    preempted.clear()
     if before is None and scaling.elastic:
         logger.info("started with %d of %d to %d workers", workers, scaling.min_workers, scaling.max_workers)
     epoch, step = row["start_epoch"], row.get("start_step", 0)
     where = f"at step {step} of epoch {epoch + 1}" if step else f"after epoch {epoch}"
     if before is not None and workers != before:
-        why = "the cluster has room for more" if workers > before else "a worker or its node was lost"
+        why = "the cluster has room for more" if workers > before else lost
         logger.warning("resized from %d to %d workers (%s); resuming %s", before, workers, why, where)
     elif step:
         logger.info("resuming from the save at step %d of epoch %d", step, epoch + 1)
@@ -202,7 +222,8 @@ def _log_result(logger, config: PipelineConfig, result: TrainingResult) -> None:
     logger.info("%s workers trained on %d Ray node(s)", workers, len(result.nodes))
     if len(result.starts) > 1 and not config.scaling.elastic:
         logger.warning(
-            "the worker group started %d times (a worker or node failed); it resumed after epochs %s",
+            "the worker group started %d times (a worker or node failed or was preempted); it resumed "
+            "after epochs %s",
             len(result.starts),
             result.starts[1:],
         )

@@ -29,7 +29,7 @@ from trainflow.pipelines.training.inputs import Batch, epoch_batches, model_inpu
 from trainflow.pipelines.training.losses import make_loss, on_device
 from trainflow.pipelines.training.placements import record_placement
 from trainflow.pipelines.training.progress import ProgressLog
-from trainflow.pipelines.training.resume import StepSaver, resume_state, same_start
+from trainflow.pipelines.training.resume import resume_state, same_start, step_hooks
 from trainflow.pipelines.training.settings import SETTINGS, Outcome
 from trainflow.pipelines.training.val_metrics import ValidationMetrics
 
@@ -327,39 +327,6 @@ class TrainingParts:
         if self.stopping is not None and train_state["early_stopping"]:
             self.stopping.load_state_dict(json.loads(train_state["early_stopping"]))
         return train_state["epoch"], train_state.get("step", 0), json.loads(train_state["history"])
-
-
-def step_hooks(
-    progress: ProgressLog | None,
-    settings: TrainSettings,
-    rank: int,
-    epoch: int,
-    parts: TrainingParts,
-    history: list[dict[str, float]],
-    skip: int,
-) -> Callable[[int, float], None] | None:
-    """What :func:`train_epoch` calls after each step of epoch ``epoch`` (0-based), on rank
-    0: every ``train.log_every_n_steps``-th step's loss to ``progress``, and every
-    ``checkpoint.every_n_steps``-th step's state to the run's folder (:class:`.resume.StepSaver`).
-    ``skip``: the steps of the epoch trained before a resume. None when there is nothing
-    to do (neither set, another rank, nobody following)."""
-    log_every, save_every = settings.train.log_every_n_steps, settings.config.checkpoint.every_n_steps
-    logs = bool(log_every and progress is not None)
-    saver = (
-        StepSaver(settings.step_folder, save_every, parts, epoch, history, skip)
-        if save_every and settings.step_folder
-        else None
-    )
-    if rank != 0 or not (logs or saver):
-        return None
-
-    def on_step(step: int, loss: float) -> None:
-        if logs and (step + skip) % log_every == 0:
-            progress.step({"epoch": epoch + 1, "step": step + skip, "loss": loss})
-        if saver is not None:
-            saver(step, loss)
-
-    return on_step
 
 
 def report_epoch(

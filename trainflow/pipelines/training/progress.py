@@ -51,6 +51,13 @@ class ProgressLog:
     def step(self, row: dict[str, Any]) -> None:
         self._put({"kind": "step", **row})
 
+    def preempting(self, nodes: list[str], deadline_ms: int | None, epoch: int, step: int) -> None:
+        """Ray Train warned that ``nodes`` are being preempted (gone at ``deadline_ms``, when
+        known); the state after ``step`` steps of epoch ``epoch`` (1-based) is saved."""
+        self._put(
+            {"kind": "preempting", "nodes": nodes, "deadline_ms": deadline_ms, "epoch": epoch, "step": step}
+        )
+
     def started(self, node_id: str, start_epoch: int, workers: int, start_step: int = 0) -> None:
         """This worker (re)started on node ``node_id``, after epoch ``start_epoch`` (0: from
         scratch) and ``start_step`` steps of the next (a mid-epoch save), one of a group of

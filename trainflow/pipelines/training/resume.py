@@ -10,6 +10,13 @@ a report mid-epoch would count as an epoch for Tune and for the progress the dri
 follows. One folder per save, ``<run>/steps/epoch-<E>-step-<S>`` (E: the epochs completed
 before it), written whole under a temporary name and renamed; the save before it is then
 deleted.
+
+``checkpoint.preemption_check_steps``: on a cluster that warns of preemptions (a spot
+node reclaimed, a node drained), every N steps the workers ask Ray Train whether a node
+of the run is being preempted (``ray.train.get_preemption_info``, which every worker
+calls at the same steps); the first time one is, rank 0 makes the same save at once
+(:class:`PreemptionWatch`), and tells the driver. Ray Train restarts the run once the
+node is gone or its deadline passes, and the run goes on from that step.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +36,7 @@ import torch
 from trainflow.pipelines.models.checkpoint import METRICS, MODEL, TRAIN_STATE
 
 if TYPE_CHECKING:
+    from trainflow.pipelines.training.progress import ProgressLog
     from trainflow.pipelines.training.settings import TrainSettings
 
 STEPS = "steps"  # the folder of a run's mid-epoch saves
@@ -84,21 +93,14 @@ def newest_step_save(folder: str) -> tuple[int, Path] | None:
 
 
 class StepSaver:
-    """What rank 0 calls after each step of epoch ``epoch`` (0-based: the epochs completed
-    before it) when ``checkpoint.every_n_steps`` is set: every ``every``-th step, the
-    model's weights and ``parts``' train state with the step, saved to ``folder``.
-    ``skip``: the steps of this epoch trained before the run resumed."""
+    """Rank 0's saves within epoch ``epoch`` (0-based: the epochs completed before it): the
+    model's weights and ``parts``' train state with the step reached, to ``folder``."""
 
-    def __init__(
-        self, folder: str, every: int, parts, epoch: int, history: list[dict[str, float]], skip: int
-    ):
-        self.folder, self.every, self.parts = Path(folder), every, parts
-        self.epoch, self.history, self.skip = epoch, history, skip
+    def __init__(self, folder: str, parts, epoch: int, history: list[dict[str, float]]):
+        self.folder, self.parts, self.epoch, self.history = Path(folder), parts, epoch, history
 
-    def __call__(self, step: int, loss: float) -> None:
-        step += self.skip
-        if step % self.every:
-            return
+    def save(self, step: int) -> None:
+        """The state after ``step`` steps of the epoch, written whole; the save before it deleted."""
         name = f"epoch-{self.epoch}-step-{step}"
         tmp = self.folder / f".{name}.{uuid.uuid4().hex[:8]}"
         tmp.mkdir(parents=True)
@@ -110,6 +112,72 @@ class StepSaver:
         for old in self.folder.iterdir():
             if old.name != name:
                 shutil.rmtree(old, ignore_errors=True)
+
+
+class PreemptionWatch:
+    """Every ``every``-th step, ask Ray Train whether a node of the run is being preempted
+    (on every worker at the same steps: the call waits for them all); its
+    ``PreemptionInfo`` the first time one is, None otherwise."""
+
+    def __init__(self, every: int):
+        self.every, self.seen = every, False
+
+    def __call__(self, step: int):
+        import ray.train
+
+        if self.seen or step % self.every:
+            return None
+        info = ray.train.get_preemption_info()
+        self.seen = info is not None
+        return info
+
+
+def preemption_checks(settings: TrainSettings) -> int:
+    """Every how many steps the workers ask whether a node is being preempted: 0 where no
+    save could follow (no folder for it) or the cluster warns of none (Ray Train's
+    preemption watcher off, as on trainflow's own local clusters)."""
+    every = settings.config.checkpoint.preemption_check_steps
+    watched = os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1").lower() not in ("0", "false")
+    return every if settings.step_folder and watched else 0
+
+
+def step_hooks(
+    progress: ProgressLog | None,
+    settings: TrainSettings,
+    rank: int,
+    epoch: int,
+    parts,
+    history: list[dict[str, float]],
+    skip: int,
+) -> Callable[[int, float], None] | None:
+    """What ``train_epoch`` calls after each step of epoch ``epoch`` (0-based): on rank 0,
+    every ``train.log_every_n_steps``-th step's loss to ``progress`` and every
+    ``checkpoint.every_n_steps``-th step's state to the run's folder (:class:`StepSaver`);
+    on every worker, the preemption checks (:class:`PreemptionWatch`), rank 0 saving the
+    state at once when a node is being preempted. ``skip``: the steps of the epoch trained
+    before a resume. None when there is nothing to do."""
+    log_every, save_every = settings.train.log_every_n_steps, settings.config.checkpoint.every_n_steps
+    logs = bool(log_every and progress is not None) and rank == 0
+    saver = (
+        StepSaver(settings.step_folder, parts, epoch, history) if settings.step_folder and rank == 0 else None
+    )
+    save_every = save_every if saver is not None else None
+    watch = PreemptionWatch(every) if (every := preemption_checks(settings)) else None
+    if not (logs or save_every or watch):
+        return None
+
+    def on_step(step: int, loss: float) -> None:
+        step += skip
+        if logs and step % log_every == 0:
+            progress.step({"epoch": epoch + 1, "step": step, "loss": loss})
+        if save_every and step % save_every == 0:
+            saver.save(step)
+        if watch is not None and (info := watch(step)) is not None and saver is not None:
+            saver.save(step)
+            if progress is not None:
+                progress.preempting(info.preempted_node_ids, info.deadline_ms, epoch + 1, step)
+
+    return on_step
 
 
 def same_start(epoch: int, step: int) -> None:

@@ -195,12 +195,13 @@ def trainer_inputs(
 
 
 def steps_of(config: PipelineConfig, storage: str, run_name: str) -> str | None:
-    """The folder of the run's mid-epoch saves when ``checkpoint.every_n_steps`` is set;
-    ConfigError on a storage bucket, where they have no folder."""
-    if config.checkpoint.every_n_steps is None:
+    """The folder of the run's mid-epoch saves (``checkpoint.every_n_steps``, and the save
+    when a node is being preempted); None when neither can save, or on a storage bucket,
+    where they have no folder: ConfigError there when every_n_steps is set."""
+    if config.checkpoint.every_n_steps is None and not config.checkpoint.preemption_check_steps:
         return None
     folder = step_folder(storage, run_name)
-    if folder is None:
+    if folder is None and config.checkpoint.every_n_steps is not None:
         raise ConfigError(
             f"checkpoint.every_n_steps keeps its saves in the run's folder, and storage {redacted(storage)} "
             "is a bucket: use a folder every node sees (a shared mount), or leave every_n_steps unset"

@@ -54,8 +54,8 @@ class TrainSettings:
     # (runs.newest_checkpoint). The loop resumes from whichever is newer.
     resume_from: str | None = None
     resume_from_epoch: int = 0
-    # Where rank 0 saves the state every checkpoint.every_n_steps steps (resume.StepSaver);
-    # None when the option is unset.
+    # Where rank 0 saves the state mid-epoch (resume.StepSaver): every
+    # checkpoint.every_n_steps steps, and when a node is being preempted; None: no saves.
     step_folder: str | None = None
 
     def __post_init__(self) -> None:

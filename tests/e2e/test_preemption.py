@@ -92,7 +92,7 @@ def test_a_node_preempted_with_notice_is_saved_from_mid_epoch_and_the_run_goes_o
                     run.kill()
     output = log.read_text(errors="replace")
     assert run.returncode == 0, output[-5000:]
-    saved = re.search(rf"Ray node\(s\) {node_a[:12]} being preempted \(gone in \d+ s\): saved the state at "
+    saved = re.search(rf"Ray node {node_a[:12]} is being preempted \(gone in \d+ s\): saved the state at "
                       r"step (\d+) of epoch 2", output)  # fmt: skip
     assert saved, output[-5000:]
     # The save's step is the one the run went on from, on the other node.

@@ -178,10 +178,12 @@ def _log_preempting(logger, row: dict[str, Any]) -> None:
     """Ray Train warned that nodes of the run are being preempted, and rank 0 saved."""
     deadline = row["deadline_ms"]
     gone = f" (gone in {max(0, deadline / 1000 - time.time()):.0f} s)" if deadline else ""
+    nodes = ", ".join(node[:12] for node in row["nodes"])
+    which = f"Ray nodes {nodes} are" if len(row["nodes"]) > 1 else f"Ray node {nodes} is"
     logger.warning(
-        "Ray node(s) %s being preempted%s: saved the state at step %d of epoch %d, which the run goes "
-        "on from when Ray Train restarts it",
-        ", ".join(node[:12] for node in row["nodes"]), gone, row["step"], row["epoch"],
+        "%s being preempted%s: saved the state at step %d of epoch %d, which the run goes on from "
+        "when Ray Train restarts it",
+        which, gone, row["step"], row["epoch"],
     )  # fmt: skip
 
 

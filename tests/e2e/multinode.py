@@ -123,3 +123,8 @@ def wait_for_line(log: Path, pattern: str, proc: subprocess.Popen, timeout: floa
             break
         time.sleep(0.2)
     raise AssertionError(f"{pattern!r} not in the run's log:\n{log.read_text(errors='replace')[-5000:]}")
+
+
+def wait_for_node(log: Path, node: subprocess.Popen, timeout: float = 300) -> None:
+    """Until the `ray start` node whose output is ``log`` has joined the cluster."""
+    wait_for_line(log, r"Ray runtime started", node, timeout)

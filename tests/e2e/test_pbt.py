@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from tests.e2e.multinode import local_cluster, trainflow_command
+from tests.e2e.multinode import local_cluster, trainflow_command, wait_for_node
 from tests.e2e.test_cluster import ray_node
 
 pytestmark = pytest.mark.slow
@@ -51,7 +51,8 @@ def test_pbt_across_nodes_hands_the_weak_trial_the_strong_ones_checkpoint(prefec
     nodes.mkdir()
     (code / "node_loss.py").write_text(NODE_LOSS)
     with local_cluster(2, {"trainer": 1}) as cluster:
-        with ray_node(cluster.node_args(1, {"trainer": 1}), cluster.env, tmp_path / "node.log"):
+        with ray_node(cluster.node_args(1, {"trainer": 1}), cluster.env, tmp_path / "node.log") as node:
+            wait_for_node(tmp_path / "node.log", node)  # both trials fit before the sweep starts
             log = tmp_path / "pbt.log"
             pbt = trainflow_command(
                 cluster, tmp_path, "sweep", "pbt", log, code=code,

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from tests.e2e.multinode import local_cluster, trainflow_command, wait_for_line
+from tests.e2e.multinode import local_cluster, trainflow_command, wait_for_line, wait_for_node
 from tests.e2e.test_cluster import ray_node
 
 pytestmark = pytest.mark.slow
@@ -63,7 +63,8 @@ def test_a_node_preempted_with_notice_is_saved_from_mid_epoch_and_the_run_goes_o
     # preemption watcher polls each second instead of every 5.
     with local_cluster(2, {}, RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S="1") as cluster:
         slot = cluster.node_args(1, {"trainer": 1})
-        with ray_node(slot, cluster.env, tmp_path / "a.log"):
+        with ray_node(slot, cluster.env, tmp_path / "a.log") as node:
+            wait_for_node(tmp_path / "a.log", node)  # the run's preflight finds its slot
             log = tmp_path / "run.log"
             run = trainflow_command(
                 cluster, tmp_path, "run", "preempted", log, code=code,
@@ -82,7 +83,8 @@ def test_a_node_preempted_with_notice_is_saved_from_mid_epoch_and_the_run_goes_o
                     "--reason-message=spot instance reclaimed", "--deadline-remaining-seconds=6",
                 ]  # fmt: skip
                 subprocess.run(drain, env=cluster.env, check=True, capture_output=True, timeout=120)
-                with ray_node(slot, cluster.env, tmp_path / "b.log"):
+                with ray_node(slot, cluster.env, tmp_path / "b.log") as node_b:
+                    wait_for_node(tmp_path / "b.log", node_b)
                     wait_for_line(log, r"being preempted.*saved the state at step \d+ of epoch 2", run)
                     wait_for_line(log, r"resuming from the save at step \d+ of epoch 2", run)
                     hold.unlink()  # the rest at full speed

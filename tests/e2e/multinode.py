@@ -19,9 +19,13 @@ from pathlib import Path
 import yaml
 
 from tests.e2e.test_cli import session_services
+from trainflow.cluster.quiet import LOCAL_CLUSTER_ENV
 from trainflow.testing import small_config
 
 REPO = Path(__file__).resolve().parents[2]
+# Not inherited from this process: what trainflow gives its own local clusters (the
+# session's sets them here), which a cluster started elsewhere does not have.
+NOT_INHERITED = ("RAY_ADDRESS", "PYTHONPATH", "MLFLOW_TRACKING_URI", *LOCAL_CLUSTER_ENV)
 
 # Prints the head's address, then runs until its stdin closes.
 HEAD = """
@@ -57,7 +61,7 @@ def local_cluster(num_cpus: int, resources: dict[str, float], **env: str) -> Ite
         "RAY_USAGE_STATS_ENABLED": "0",
     }
     cluster_env = {
-        **{k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")},
+        **{k: v for k, v in os.environ.items() if k not in NOT_INHERITED},
         **auth,
         **env,
     }
@@ -98,14 +102,14 @@ def trainflow_command(
     config = tmp_path / f"{name}.yaml"
     config.write_text(yaml.safe_dump(small_config(name=name, **sections)))
     env = {
-        **{k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")},
+        **{k: v for k, v in os.environ.items() if k not in NOT_INHERITED},
         **session_services(ray_address=False),
         **cluster.auth,
         "RAY_ADDRESS": cluster.address,
         "TRAINFLOW_HOME": str(tmp_path / "home"),
     }
-    if code is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))
+    if path := os.pathsep.join(filter(None, [code and str(code), os.environ.get("PYTHONPATH")])):
+        env["PYTHONPATH"] = path
     with log.open("w") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "trainflow.cli", command, str(config)],

@@ -124,10 +124,15 @@ class PreemptionWatch:
 
     def __call__(self, step: int):
         import ray.train
+        from ray.exceptions import RayActorError
 
         if self.seen or step % self.every:
             return None
-        info = ray.train.get_preemption_info()
+        try:
+            info = ray.train.get_preemption_info()
+        except RayActorError:  # the run is being stopped (a sweep's trial paused or ended)
+            self.seen = True
+            return None
         self.seen = info is not None
         return info
 

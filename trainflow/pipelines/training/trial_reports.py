@@ -88,6 +88,7 @@ def _forward_reports(rows):
     """A Ray Train callback that puts each report's metrics (rank 0's, as Ray Tune's
     TuneReportCallback forwards them) and its checkpoint's path into ``rows``; it runs in
     Ray Train's controller."""
+    from ray.exceptions import RayActorError
     from ray.train.v2.api.callback import UserCallback
 
     class ForwardReports(UserCallback):
@@ -95,6 +96,9 @@ def _forward_reports(rows):
             row = dict(metrics[0])
             if checkpoint is not None:
                 row[CHECKPOINT_PATH] = checkpoint.path
-            rows.put(row)
+            try:
+                rows.put(row)
+            except RayActorError:  # Tune ended the trial (a PBT pause or exploit): nobody reads
+                pass
 
     return ForwardReports()

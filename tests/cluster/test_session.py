@@ -1,4 +1,14 @@
-"""A run's Ray session: the worker processes it starts ahead of its first tasks."""
+"""A run's Ray session: the worker processes it starts ahead of its first tasks, and the
+priority of its workers."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from trainflow.cluster.quiet import LOCAL_CLUSTER_ENV
 
 
 def test_warm_workers_start_one_per_cpu_with_the_preprocessing_code_imported(ray_cluster):
@@ -10,3 +20,54 @@ def test_warm_workers_start_one_per_cpu_with_the_preprocessing_code_imported(ray
     assert len(refs) == min(int(ray.cluster_resources()["CPU"]), 8)
     ray.get(refs, timeout=60)  # a worker that cannot import trainflow.pipelines.data.prepare fails here
     assert len(warm_workers(["trainflow.pipelines.data.prepare"], most=1)) == 1
+
+
+# A driver of its own, started at a niceness above the test's: the cluster it starts is
+# the driver's, and its workers take the driver's priority, not Ray's lower one.
+NICE_DRIVER = """\
+import json, os
+import ray
+from trainflow.cluster.session import connect, shutdown
+from trainflow.config import PipelineConfig
+
+connect(PipelineConfig.model_validate({}))
+
+
+@ray.remote(num_cpus=0)
+def niceness():
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
+@ray.remote(num_cpus=0)
+class Worker:
+    def niceness(self):
+        return os.getpriority(os.PRIO_PROCESS, 0)
+
+
+print("ANSWER " + json.dumps({
+    "driver": os.getpriority(os.PRIO_PROCESS, 0),
+    "task": ray.get(niceness.remote()),
+    "actor": ray.get(Worker.remote().niceness.remote()),
+}), flush=True)
+shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_the_workers_of_a_local_cluster_run_at_the_drivers_priority(tmp_path):
+    # The session's cluster settings stay out: the driver's connect() gives its own.
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and k not in LOCAL_CLUSTER_ENV}
+    done = subprocess.run(
+        [sys.executable, "-c", NICE_DRIVER],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: os.nice(3),
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("ANSWER ")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-5000:]
+    answer = json.loads(lines[0].removeprefix("ANSWER "))
+    driver = os.getpriority(os.PRIO_PROCESS, 0) + 3
+    assert answer == {"driver": min(driver, 19), "task": min(driver, 19), "actor": min(driver, 19)}

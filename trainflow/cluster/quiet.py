@@ -41,6 +41,12 @@ LOCAL_CLUSTER_ENV = {
     # small input is prepared in the driver. Each is a process that imports Ray; a task
     # that needs a worker starts one.
     "RAY_prestart_worker_first_driver": "0",
+    # Ray starts its workers 15 steps below the process that started the cluster in CPU
+    # priority, so any ordinary process on the machine (an editor, another flow, a test
+    # runner) takes the CPU from training first. A run's workers are the run's own work:
+    # they keep the driver's priority, as Ray's job manager gives a job's driver. A cluster
+    # of the user's own keeps Ray's setting (docs/guides/clusters.md).
+    "RAY_worker_niceness": "0",
 }
 
 

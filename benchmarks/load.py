@@ -6,9 +6,9 @@ idle one. Whole commands, alternating (idle, loaded, idle, loaded ...):
     python benchmarks/load.py --ray-default      # also one loaded run at Ray's own worker niceness
 
 The load is two busy processes (`python -c 'while True: pass'`, at this process's
-priority, as an editor, a browser or another flow would be), started before a loaded run
-and ended after it. Each row is one command in a fresh TRAINFLOW_HOME, run as
-benchmarks/overhead.py runs its rows:
+priority, as a test runner, a build or another flow would be) in the command's own
+session, started with it and ended after it (see BESIDE). Each row is one command in a
+fresh TRAINFLOW_HOME, run as benchmarks/overhead.py runs its rows:
 - trainflow: `trainflow run --set train.epochs=N`; its train step is read from the
   summary's `steps` line;
 - plain_torch: benchmarks/plain_torch.py, one process, no Ray: what a fair share of the
@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-import subprocess
 import sys
-from contextlib import contextmanager
 
 from common import add_results_arg, ratio, write_section
 from overhead import commands, run_once
@@ -37,16 +35,20 @@ BUSY = 2  # busy processes beside a loaded run: one per core on the 2-core machi
 STEPS = re.compile(r"^steps\s+(.*)$", re.M)
 
 
-@contextmanager
-def busy_processes(count: int):
-    """``count`` processes that spin on a CPU each until the block ends."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+# A loaded run: the command beside ``argv[1]`` processes that spin until it ends, all in
+# one session. Linux's scheduler shares the CPU fairly between sessions first (autogroup,
+# on by default) and by priority within one: load in the command's own session is what a
+# CI job, a script or a shell's background jobs put beside a run.
+BESIDE = """
+import subprocess, sys
+busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(int(sys.argv[1]))]
+try:
+    code = subprocess.call(sys.argv[2:])
+finally:
+    for p in busy:
+        p.kill()
+sys.exit(code)
+"""
 
 
 def train_step_s(output: str) -> float | None:
@@ -57,12 +59,8 @@ def train_step_s(output: str) -> float | None:
 
 
 def measure(name: str, cmd: list[str], env: dict[str, str], loaded: bool) -> dict:
-    if loaded:
-        with busy_processes(BUSY):
-            r = run_once(cmd, env)
-    else:
-        r = run_once(cmd, env)
-    row = {k: r[k] for k in ("wall_s", "cpu_s", "load_1min")}
+    r = run_once([sys.executable, "-c", BESIDE, str(BUSY), *cmd] if loaded else cmd, env)
+    row = {k: r[k] for k in ("wall_s", "load_1min")}
     if name.startswith("trainflow"):
         row["train_step_s"] = train_step_s(r["stdout"])
     print(f"{name}{' (loaded)' if loaded else ''}: {row}", flush=True)
@@ -109,9 +107,10 @@ def markdown(figures: dict) -> str:
     loads = [r["load_1min"][k] for rs in runs.values() for r in rs for k in ("at_start", "at_end")]
     lines += [
         "",
-        f"The load is {BUSY} processes spinning at this script's priority, started before each "
-        "loaded run and ended after it. Each command runs in a fresh TRAINFLOW_HOME; wall is the "
-        "command's, CPU its whole process tree's (benchmarks/overhead.py's method). trainflow "
+        f"The load is {BUSY} processes spinning at this script's priority in the command's own "
+        "session (Linux shares the CPU between sessions first, by priority within one), started "
+        "with each loaded run and ended after it. Each command runs in a fresh TRAINFLOW_HOME; "
+        "wall is the command's (benchmarks/overhead.py's method). trainflow "
         "starts its local cluster's workers at the driver's priority "
         "(`trainflow/cluster/quiet.py`, `RAY_worker_niceness=0`). Load average (1 min) around "
         f"the runs: {min(loads):g} to {max(loads):g}.",

@@ -21,6 +21,9 @@ QUIET_ENV = {
     # (2 s) adds up over a run's epochs. The controller polls every worker at this rate:
     # on a cluster of hundreds of workers, set it higher.
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.05",
+    # Against an MLflow server, MLflow prints each ended run's and its experiment's URLs on
+    # stdout; trainflow's summary links the registered version.
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
     # MLflow draws a progress bar per artifact copy; trainflow logs the step instead.
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     # MLflow sets its loggers to INFO when imported, and announces the embedded store's

@@ -138,6 +138,13 @@ class RegistryConfig(Section):
         description="A bound gate_metric must clear: a floor, or a ceiling for rmse, mae and a "
         "metric of mode min. null: no bound (a regression's default).",
     )
+    lease_s: float = Field(
+        60.0,
+        gt=0,
+        description="How long a run that crashed while it held or waited for the model's gate "
+        "holds the other runs up, at most: each gate takes a lease kept in the registry, renewed "
+        "every quarter of this, so runs on machines that share only the registry gate one at a time.",
+    )
 
     @property
     def lower_is_better(self) -> bool:

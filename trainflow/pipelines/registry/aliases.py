@@ -39,7 +39,8 @@ def moves(c: MlflowClient, name: str) -> list[dict[str, Any]]:
 
 
 def move_alias(c: MlflowClient, name: str, alias: str, version: str, *, action: str, reason: str) -> dict:
-    """Point ``alias`` at ``version`` and record the move. Call it under registry_lock."""
+    """Point ``alias`` at ``version`` and record the move. Call it under the model's lease
+    (:func:`~trainflow.pipelines.registry.lease.model_lease`)."""
     before = alias_version(c, name, alias)
     c.set_registered_model_alias(name, alias, version)
     if alias == CHAMPION:

@@ -7,6 +7,7 @@ data, re-scoring the champion when it was measured on other data, then moves
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -14,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from trainflow.config import LOWER_IS_BETTER
 from trainflow.pipelines.registry.aliases import CHALLENGER, CHAMPION, alias_version, move_alias
+from trainflow.pipelines.registry.lease import LeaseLost, model_lease
 from trainflow.pipelines.registry.lineage import TEST_FINGERPRINT_TAG
-from trainflow.pipelines.registry.store import registry_lock
 from trainflow.pipelines.registry.versions import local_checkpoint
 
 if TYPE_CHECKING:
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 
     from trainflow.config import RegistryConfig
     from trainflow.workspace import Workspace
+
+log = logging.getLogger("trainflow")
 
 # What re-scores a champion on the candidate's test data: its local checkpoint folder in,
 # its test metrics out (``accuracy``, ``macro_f1``...).
@@ -141,30 +144,53 @@ def gate_version(
 
     ``metrics`` are its test metrics; ``fingerprint`` names the test data they were
     measured on; ``lower_is_better`` the gate metric's direction (:func:`decide`). Under
-    registry_lock: no other process moves the champion meanwhile.
+    the model's lease (:mod:`.lease`): no other process, on any machine that shares the
+    registry, moves the champion between the decision and its alias move; a process that
+    lost its lease meanwhile decides again against the champion of that moment.
     """
+    lost = 0
+    while True:
+        try:
+            with model_lease(c, ws, name, gate.lease_s) as lease:
+                decision = _decide_on(ws, c, name, metrics, fingerprint, gate, reevaluate, lower_is_better)
+                lease.verify()
+                for key, value in decision.to_dict().items():
+                    c.set_model_version_tag(name, version, f"gate.{key}", str(value))
+                alias = CHAMPION if decision.passed else CHALLENGER
+                move_alias(c, name, alias, version, action="gate", reason=decision.reason)
+            return decision
+        except LeaseLost as e:
+            lost += 1
+            if lost == 3:
+                raise
+            log.warning("%s; deciding again", e)
+
+
+def _decide_on(
+    ws: Workspace,
+    c: MlflowClient,
+    name: str,
+    metrics: dict[str, float],
+    fingerprint: str | None,
+    gate: RegistryConfig,
+    reevaluate: Reevaluate | None,
+    lower_is_better: bool | None,
+) -> GateDecision:
+    """The gate's decision on ``metrics`` against the champion of this moment."""
     metric = gate.gate_metric
-    with registry_lock(ws):
-        champ = alias_version(c, name, CHAMPION)
-        champ_value = same = note = None
-        reevaluated = False
-        if champ is not None:
-            champ_value, same, reevaluated, note = _champion_number(
-                ws, c, champ, metric, fingerprint, reevaluate
-            )
-        decision = decide(
-            metric,
-            float(metrics[metric]),
-            champ_value,
-            gate,
-            lower_is_better=lower_is_better,
-            champion_version=str(champ.version) if champ else None,
-            same_test_data=same,
-            champion_reevaluated=reevaluated,
-            champion_note=note,
-        )
-        for key, value in decision.to_dict().items():
-            c.set_model_version_tag(name, version, f"gate.{key}", str(value))
-        alias = CHAMPION if decision.passed else CHALLENGER
-        move_alias(c, name, alias, version, action="gate", reason=decision.reason)
-    return decision
+    champ = alias_version(c, name, CHAMPION)
+    champ_value = same = note = None
+    reevaluated = False
+    if champ is not None:
+        champ_value, same, reevaluated, note = _champion_number(ws, c, champ, metric, fingerprint, reevaluate)
+    return decide(
+        metric,
+        float(metrics[metric]),
+        champ_value,
+        gate,
+        lower_is_better=lower_is_better,
+        champion_version=str(champ.version) if champ else None,
+        same_test_data=same,
+        champion_reevaluated=reevaluated,
+        champion_note=note,
+    )

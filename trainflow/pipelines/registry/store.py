@@ -3,7 +3,8 @@
 The registry is the embedded SQLite store under TRAINFLOW_HOME unless
 MLFLOW_TRACKING_URI points at an MLflow server. The embedded store is one SQLite file
 that several processes write to, so every client call retries while the database is
-locked, and a file lock lets one process at a time decide and move aliases.
+locked, and a file lock lets one process at a time create or upgrade its tables. (Who
+moves a model's aliases when is the gate's lease, kept in the registry: ``lease``.)
 """
 
 from __future__ import annotations
@@ -83,11 +84,8 @@ class _RetryingClient:
 
 @contextlib.contextmanager
 def registry_lock(ws: Workspace) -> Iterator[None]:
-    """One process at a time reads the champion, decides and moves aliases.
-
-    A file lock serializes processes on this machine (the embedded store's case); with
-    an MLflow server, the training flow's per-model Prefect concurrency slot does.
-    """
+    """One process of this machine at a time in the block: the embedded store's table
+    creation and upgrade (:func:`client`)."""
     path = ws.home / "registry.lock"
     with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)

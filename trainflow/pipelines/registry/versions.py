@@ -21,13 +21,14 @@ from trainflow.pipelines.registry.aliases import (
     move_alias,
     moves,
 )
+from trainflow.pipelines.registry.lease import is_queue, model_lease
 from trainflow.pipelines.registry.lineage import (
     CONFIG_HASH_TAG,
     DATA_FINGERPRINT_TAG,
     HASHES_TAG,
     verify_files,
 )
-from trainflow.pipelines.registry.store import client, registry_lock, tracking_uri
+from trainflow.pipelines.registry.store import client, tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -47,7 +48,7 @@ def require_model(c: MlflowClient, name: str) -> None:
     try:
         c.get_registered_model(name)
     except MlflowException:
-        known = sorted(rm.name for rm in c.search_registered_models())
+        known = sorted(rm.name for rm in c.search_registered_models() if not is_queue(rm.tags))
         raise RegistryError(
             f"unknown model {name!r}; registered models: {', '.join(known) or 'none'}"
         ) from None
@@ -181,7 +182,7 @@ def promote(ws: Workspace, name: str, version: str, reason: str = "promoted by h
     mv = require_version(c, name, version)
     if mv.status != "READY":
         raise RegistryError(f"{name} version {version} is {mv.status}, not READY; it cannot be champion")
-    with registry_lock(ws):
+    with model_lease(c, ws, name):
         return move_alias(c, name, CHAMPION, str(version), action="promote", reason=reason)
 
 
@@ -189,7 +190,7 @@ def rollback(ws: Workspace, name: str) -> dict:
     """Move the champion back to the champion before it."""
     c = client(ws)
     require_model(c, name)
-    with registry_lock(ws):
+    with model_lease(c, ws, name):
         current = alias_version(c, name, CHAMPION)
         stack = champion_stack(moves(c, name))
         if current is None or len(stack) < 2 or stack[-1] != str(current.version):

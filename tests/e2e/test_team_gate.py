@@ -1,8 +1,9 @@
 """The gate on a team: three runs on homes of their own (their own TRAINFLOW_HOME and
 PREFECT_HOME, no Prefect server between them) that share only an MLflow server on
-PostgreSQL register and gate versions of one model at the same instant, round after
-round. Every round the champion is the best version that passed, and every version
-that took the champion compared itself against the champion its move replaced."""
+PostgreSQL gate versions of one model at the same instant, round after round (the
+versions made first, so that the rounds race the gates alone). Every round the champion
+is the best version gated so far, and every version that took the champion compared
+itself against the champion its move replaced."""
 
 import json
 import os
@@ -22,20 +23,36 @@ REPO = Path(__file__).resolve().parents[2]
 RUNS = 3
 ROUNDS = 20
 
-# One run's side: a checkpoint of its own, then, for each accuracy read from stdin, a
-# version registered and gated through the registry step's own function.
+# One run's side: its versions made first, each with its run's test accuracy (from the
+# command line), then one gated per line read from stdin, through the register step's gate.
 RUN = """\
 import json, sys
-from tests.pipelines.test_registry import make_checkpoint, register
+from trainflow.cluster.quiet import apply_quiet_env
+from trainflow.config import RegistryConfig
+from trainflow.pipelines import registry
+from trainflow.pipelines.registry.gate import gate_version
 from trainflow.workspace import workspace
 
+apply_quiet_env()  # as in every trainflow process: MLflow's run URLs off stdout
 ws = workspace()
-folder = make_checkpoint(ws.home / "checkpoint")
-print("READY", flush=True)
-for line in sys.stdin:
-    r = register(ws, folder, float(line), name="team")
-    print(json.dumps({"version": r.version, "passed": r.decision.passed,
-                      "against": r.decision.champion_version}), flush=True)
+c = registry.client(ws)
+experiment = registry.experiment_id(c, ws)
+try:
+    c.create_registered_model("team")
+except Exception:
+    pass  # another run made it
+versions = []
+for accuracy in map(float, sys.argv[1:]):
+    run = c.create_run(experiment)
+    c.log_metric(run.info.run_id, "test_accuracy", accuracy)
+    c.set_terminated(run.info.run_id)
+    mv = c.create_model_version("team", f"runs:/{run.info.run_id}/model", run_id=run.info.run_id)
+    versions.append((str(mv.version), accuracy))
+print(json.dumps(dict(versions)), flush=True)
+gate = RegistryConfig(min_value=0.5)
+for (version, accuracy), _ in zip(versions, sys.stdin):
+    d = gate_version(ws, c, "team", version, {"accuracy": accuracy}, None, gate, None)
+    print(json.dumps({"version": version, "passed": d.passed, "against": d.champion_version}), flush=True)
 """
 
 
@@ -50,6 +67,11 @@ def team_registry(ui_python, tmp_path_factory):  # noqa: F811
 def test_runs_that_share_only_the_registry_gate_one_at_a_time(team_registry, tmp_path):
     from mlflow import MlflowClient
 
+    rng = random.Random(0)
+    # Round r's versions all beat every earlier round's, in an order of chance: each of
+    # them passes against the champion the round starts with, and only gates that decide
+    # one at a time leave the best as champion.
+    rounds = [rng.sample([0.5 + 0.02 * r + 0.005 * i for i in range(RUNS)], RUNS) for r in range(ROUNDS)]
     runs = []
     for i in range(RUNS):
         home = tmp_path / f"run{i}"
@@ -59,9 +81,10 @@ def test_runs_that_share_only_the_registry_gate_one_at_a_time(team_registry, tmp
             TRAINFLOW_HOME=str(home / "trainflow"),
             PREFECT_HOME=str(home / "prefect"),
         )
+        accuracies = [str(round(r[i], 3)) for r in rounds]
         runs.append(
             subprocess.Popen(
-                [sys.executable, "-c", RUN],
+                [sys.executable, "-c", RUN, *accuracies],
                 cwd=REPO,
                 env=env,
                 stdin=subprocess.PIPE,
@@ -71,29 +94,27 @@ def test_runs_that_share_only_the_registry_gate_one_at_a_time(team_registry, tmp
             )  # fmt: skip
         )
     try:
-        for run in runs:
-            assert run.stdout.readline().strip() == "READY", run.stderr.read()
-        c = MlflowClient(tracking_uri=team_registry, registry_uri=team_registry)
-        rng = random.Random(0)
         accuracy: dict[str, float] = {}
+        for run in runs:
+            line = run.stdout.readline()
+            assert line, run.stderr.read()[-3000:]
+            accuracy.update(json.loads(line))
+        c = MlflowClient(tracking_uri=team_registry, registry_uri=team_registry)
         decisions: dict[str, dict] = {}
+        gated: set[str] = set()
         for round_ in range(ROUNDS):
-            # Each round's versions all beat every earlier one, in an order of chance: all
-            # of them pass against the champion the round starts with, and only one at a
-            # time deciding leaves the best as champion.
-            sent = rng.sample([0.5 + 0.02 * round_ + 0.005 * i for i in range(RUNS)], RUNS)
-            for run, acc in zip(runs, sent, strict=True):  # every run starts its round at once
-                run.stdin.write(f"{acc}\n")
+            for run in runs:  # every run gates its round's version at once
+                run.stdin.write("go\n")
                 run.stdin.flush()
-            for run, acc in zip(runs, sent, strict=True):
+            for run in runs:
                 line = run.stdout.readline()
                 assert line, run.stderr.read()[-3000:]
                 answer = json.loads(line)
-                accuracy[answer["version"]] = acc
                 decisions[answer["version"]] = answer
-            best = max(accuracy, key=accuracy.get)
+                gated.add(answer["version"])
+            best = max(gated, key=accuracy.get)
             champion = str(c.get_model_version_by_alias("team", "champion").version)
-            assert champion == best, f"round {round_ + 1}: champion v{champion}, best v{best}: {accuracy}"
+            assert champion == best, f"round {round_ + 1}: champion v{champion}, best v{best}"
     finally:
         for run in runs:
             run.stdin.close()

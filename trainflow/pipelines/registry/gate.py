@@ -17,6 +17,7 @@ from trainflow.config import LOWER_IS_BETTER
 from trainflow.pipelines.registry.aliases import CHALLENGER, CHAMPION, alias_version, move_alias
 from trainflow.pipelines.registry.lease import LeaseLost, model_lease
 from trainflow.pipelines.registry.lineage import TEST_FINGERPRINT_TAG
+from trainflow.pipelines.registry.store import set_version_tags
 from trainflow.pipelines.registry.versions import local_checkpoint
 
 if TYPE_CHECKING:
@@ -143,10 +144,11 @@ def gate_version(
     ``gate.*`` tags, and point ``champion`` at it if it passes, ``challenger`` if not.
 
     ``metrics`` are its test metrics; ``fingerprint`` names the test data they were
-    measured on; ``lower_is_better`` the gate metric's direction (:func:`decide`). Under
-    the model's lease (:mod:`.lease`): no other process, on any machine that shares the
-    registry, moves the champion between the decision and its alias move; a process that
-    lost its lease meanwhile decides again against the champion of that moment.
+    measured on; ``lower_is_better`` the gate metric's direction (:func:`decide`). The
+    decision and the alias move are made under the model's lease (:mod:`.lease`): no
+    other process, on any machine that shares the registry, moves the champion between
+    them; a process that lost its lease meanwhile decides again against the champion of
+    that moment.
     """
     lost = 0
     while True:
@@ -154,10 +156,10 @@ def gate_version(
             with model_lease(c, ws, name, gate.lease_s) as lease:
                 decision = _decide_on(ws, c, name, metrics, fingerprint, gate, reevaluate, lower_is_better)
                 lease.verify()
-                for key, value in decision.to_dict().items():
-                    c.set_model_version_tag(name, version, f"gate.{key}", str(value))
                 alias = CHAMPION if decision.passed else CHALLENGER
                 move_alias(c, name, alias, version, action="gate", reason=decision.reason)
+            # The alias move's record holds the reason already: the lease need not wait for these.
+            set_version_tags(c, name, version, {f"gate.{k}": str(v) for k, v in decision.to_dict().items()})
             return decision
         except LeaseLost as e:
             lost += 1

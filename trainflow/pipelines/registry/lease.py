@@ -41,9 +41,9 @@ QUEUE_RUN_TAG = "trainflow.gate_queue_run"  # on the queue: the MLflow run of it
 STATE = "trainflow.ticket.state"
 BEAT = "trainflow.ticket.beat"
 HOLDER = "trainflow.ticket.holder"
-# Its states: waiting for its turn, holding the lease, and the two that are done.
-WAITING = "waiting"
-HOLDING = "holding"
+# Its states: in the queue (waiting for its turn, or holding the lease once every lower
+# ticket is done), and the two that are done.
+QUEUED = "queued"
 RELEASED = "released"
 EXPIRED = "expired"
 DONE = (RELEASED, EXPIRED)
@@ -83,7 +83,7 @@ class Lease:
             state = self.c.get_model_version(self.queue, self.ticket).tags.get(STATE)
         except MlflowException:
             state = None  # removed from the queue as done
-        if state != HOLDING:
+        if state != QUEUED:
             raise LeaseLost(
                 f"the gate's lease on {self.queue.removesuffix(QUEUE_SUFFIX)} was lost: this run "
                 f"stalled for longer than registry.lease_s ({self.lease_s:g} s)"
@@ -142,23 +142,27 @@ def _holder() -> str:
 def model_lease(c: MlflowClient, ws: Workspace, name: str, lease_s: float = LEASE_S) -> Iterator[Lease]:
     """Hold the lease on ``name``'s gate for the block; wait for it first."""
     queue, run_id = _ensure_queue(c, ws, name)
-    tags = {STATE: WAITING, BEAT: "0", HOLDER: _holder()}
+    tags = {STATE: QUEUED, BEAT: "0", HOLDER: _holder()}
     mv = c.create_model_version(queue, f"runs:/{run_id}/ticket", run_id=run_id, tags=tags)
     lease = Lease(c, queue, str(mv.version), lease_s)
     beating = threading.Thread(target=lease._beat, name="trainflow-gate-beat", daemon=True)
     beating.start()
+    done_below: list[str] = []
     try:
-        _wait_for_turn(lease)
+        done_below = _wait_for_turn(lease)
         yield lease
     finally:
         lease._stop.set()
         with contextlib.suppress(Exception):  # else a waiter takes it for crashed in lease_s
             c.set_model_version_tag(queue, lease.ticket, STATE, RELEASED)
+    for version in done_below:  # the queue's done tickets, cleared once the next turn runs
+        with contextlib.suppress(Exception):  # another holder may have cleared it first
+            c.delete_model_version(queue, version)
 
 
-def _wait_for_turn(lease: Lease) -> None:
-    """Until every lower ticket in the queue is done (released, expired or gone); then
-    this ticket holds the lease, and clears the done tickets below it from the queue."""
+def _wait_for_turn(lease: Lease) -> list[str]:
+    """Until every lower ticket in the queue is done (released, expired or gone): then
+    this ticket holds the lease. Returns the done tickets below it."""
     c, ticket = lease.c, int(lease.ticket)
     seen: dict[str, tuple[str | None, float]] = {}  # ticket: its beat, when that beat was first seen
     waited_on: str | None = None
@@ -182,14 +186,9 @@ def _wait_for_turn(lease: Lease) -> None:
             )
             c.set_model_version_tag(lease.queue, t.version, STATE, EXPIRED)
         if not alive:
-            break
+            return [t.version for t in tickets if int(t.version) < ticket and t.tags.get(STATE) in DONE]
         holder = alive[0].tags.get(HOLDER, "another run")
         if holder != waited_on:
             log.info("waiting for the gate of %s: %s has it", lease.queue.removesuffix(QUEUE_SUFFIX), holder)
             waited_on = holder
         time.sleep(POLL_S)
-    c.set_model_version_tag(lease.queue, lease.ticket, STATE, HOLDING)
-    for t in tickets:
-        if int(t.version) < ticket and t.tags.get(STATE) in DONE:
-            with contextlib.suppress(Exception):  # another holder may have cleared it first
-                c.delete_model_version(lease.queue, t.version)

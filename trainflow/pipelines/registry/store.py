@@ -115,6 +115,22 @@ def client(ws: Workspace) -> MlflowClient:
 _opened: set[str] = set()  # the embedded stores this process has opened
 
 
+def set_version_tags(c: MlflowClient, name: str, version: str, tags: dict[str, str]) -> None:
+    """Set several tags of a model version. MLflow sets one tag a request: against a server
+    they go a few at a time; the embedded store takes one writer at a time, so one by one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def set_tag(item: tuple[str, str]) -> None:
+        c.set_model_version_tag(name, version, *item)
+
+    if _embedded() or len(tags) < 2:
+        for item in tags.items():
+            set_tag(item)
+        return
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="trainflow-tags") as pool:
+        list(pool.map(set_tag, tags.items()))
+
+
 def experiment_id(c: MlflowClient, ws: Workspace) -> str:
     """The id of trainflow's MLflow experiment, made on first use with its artifacts
     where :func:`_artifact_location` says."""

@@ -218,14 +218,15 @@ def test_a_trial_config_runs_as_is_and_hashes_as_a_plain_config():
     assert trial.train.lr == 0.02 and trial.sweep is None and trial.scaling == cfg.sweep.scaling
     assert (trial.checkpoint.metric, trial.checkpoint.mode) == ("val_loss", "min")
     # A config without a sweep hashes as before sweeps existed: no "sweep" key in it (nor
-    # "cache", where prepared splits are kept, which no config's hash holds, nor an unset
-    # drift section, nor the newer fields that hold their empty default).
+    # "cache", where prepared splits are kept, nor registry.lease_s, which no config's hash
+    # holds, nor an unset drift section, nor the newer fields that hold their empty default).
     import hashlib
 
     from trainflow.config.schema import HASHED_UNLESS_DEFAULT, HASHED_WHEN_SET
 
     dropped = ("sweep", "cache", "drift")
     plain = {k: v for k, v in trial.model_dump(mode="json").items() if k not in dropped}
+    del plain["registry"]["lease_s"]
     for *parents, field in [*HASHED_WHEN_SET, *HASHED_UNLESS_DEFAULT]:
         if parents[0] in plain:  # not the sweep's, dropped whole
             del plain[parents[0]][field]
@@ -391,3 +392,9 @@ def test_each_field_hashed_unless_default_holds_that_default_in_the_schema():
         assert value == default, path
     changed = load_config({"sweep": {"space": config.sweep.space, "scheduler": {"synch": True}}})
     assert changed.config_hash() != config.config_hash()
+
+
+def test_the_gates_lease_is_no_part_of_a_configs_hash_and_must_be_positive():
+    assert load_config({}, ["registry.lease_s=5"]).config_hash() == load_config({}).config_hash()
+    with pytest.raises(ConfigError, match=r"registry\.lease_s: .*greater than 0"):
+        load_config({}, ["registry.lease_s=0"])

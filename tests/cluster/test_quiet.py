@@ -35,10 +35,21 @@ def test_a_workers_traceback_of_trainflows_own_errors_stays_in_its_log(caplog):
                 "process has crashed.",
             )
         )  # fmt: skip
+        # The same when Tune removed the trial's placement group first.
+        group_gone = ActorDiedError(
+            ActorDiedErrorContext(
+                class_name="SynchronizationActor", actor_id=bytes(16), pid=7541, node_ip_address="192.0.2.2",
+                reason=ActorDiedErrorContext.WORKER_DIED,
+                error_message="The actor is dead because its worker process has died. Worker exit type: "
+                "INTENDED_SYSTEM_EXIT Worker exit detail: Destroying worker since its placement group was "
+                "removed. Placement group id: 5e07a3e2, bundle index: -1",
+            )
+        )  # fmt: skip
         errors = (
             ConfigError("model.kind x:y: importing x failed"),
             lost_peer,
             controller_gone,
+            group_gone,
             RuntimeError("a bug"),
         )
         for error in errors:

@@ -121,20 +121,24 @@ class _NoExpectedTrainErrors(logging.Filter):
     call's error when its peer is gone: the other workers of a group whose worker or node
     was lost (a preempted node) fail so, Ray Train restarts the group, and the driver logs
     the resumption. And a report's wait on its run's synchronization actor when the run's
-    controller is gone, so the actor with it: the run was ended from above (a sweep's trial
-    that Tune stopped or PBT paused), which the driver reports."""
+    controller is gone, so the actor with it, or the placement group the actor ran in: the
+    run was ended from above (a sweep's trial that Tune stopped or PBT paused), which the
+    driver reports."""
 
     # The traceback's last line: the error's qualified class name and message.
     EXPECTED = re.compile(r"trainflow(\.\w+)*\.(ConfigError|DataError): ")
     LOST_PEER = re.compile(r"RuntimeError: .*\b(gloo|NCCL|nccl)\b.*Connection (reset|closed) by peer")
     OWNER_GONE = "The actor is dead because its owner has died."
+    GROUP_GONE = "Destroying worker since its placement group was removed."
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         if not message.startswith("Error in training function"):
             return True
         last = message.rstrip().rsplit("\n", 1)[-1]
-        controller_gone = last.startswith(self.OWNER_GONE) and "class_name: SynchronizationActor" in message
+        controller_gone = "class_name: SynchronizationActor" in message and (
+            last.startswith(self.OWNER_GONE) or self.GROUP_GONE in last
+        )
         return not (self.EXPECTED.match(last) or self.LOST_PEER.match(last) or controller_gone)
 
 

@@ -269,9 +269,10 @@ class PipelineConfig(Section):
                 # same as a config of a release without it.
                 del data[section]
         _drop_unset(data)
-        # Where prepared splits are kept changes no result: a config hashes the same wherever
-        # its cache is.
+        # Where prepared splits are kept, and how long a crashed run may hold the gate up,
+        # change no result: a config hashes the same whatever they are.
         del data["cache"]
+        del data["registry"]["lease_s"]
         return _short_hash(data)
 
     def preparation_hash(self) -> str:

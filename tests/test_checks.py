@@ -72,3 +72,22 @@ def test_the_checks_before_a_run_import_neither_torch_nor_ray():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_an_mlflow_server_that_does_not_answer_fails_before_the_run_in_one_line(trainflow_home, monkeypatch):
+    """MLflow's client would retry each call for minutes, after the run had trained."""
+    import socket
+
+    from trainflow.cluster.checks import PreflightError
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://ana:secret@127.0.0.1:{port}")
+    with pytest.raises(PreflightError) as refused:
+        checks.before_run(load_config({"name": "checked"}))
+    assert str(refused.value) == (
+        f"registry: no MLflow server answers at http://127.0.0.1:{port} (MLFLOW_TRACKING_URI): "
+        "[Errno 111] Connection refused; start it, or unset MLFLOW_TRACKING_URI for the embedded "
+        "registry in TRAINFLOW_HOME"
+    )

@@ -52,9 +52,10 @@ def before_run(
     ``found``: the source as the caller's own check of it found it, not looked at again."""
     from trainflow.cluster.checks import check_cache
     from trainflow.pipelines.data.prepare import worker_modules
+    from trainflow.pipelines.registry.store import check_server
     from trainflow.pipelines.training.runs import run_to_resume
     from trainflow.timeline import timeline
-    from trainflow.workspace import storage_location
+    from trainflow.workspace import storage_location, workspace
 
     if sweep:
         _sweep_section(config)
@@ -63,6 +64,7 @@ def before_run(
     own_loop(config)
     info = found or source(config)
     check_cache(config)
+    check_server(workspace())
     cluster(config, workers="sweep" if sweep else "train")
     resumed = run_to_resume(storage_location(config), config, info.fingerprint) if resume else None
     timeline("config, source and resources checked")

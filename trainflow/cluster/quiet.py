@@ -24,6 +24,10 @@ QUIET_ENV = {
     # Against an MLflow server, MLflow prints each ended run's and its experiment's URLs on
     # stdout; trainflow's summary links the registered version.
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+    # MLflow retries a call to its server 7 times with backoff, about 4 minutes, and the
+    # register step is retried twice more: a server that went down is reported in about a
+    # minute instead of twelve.
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
     # MLflow draws a progress bar per artifact copy; trainflow logs the step instead.
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     # MLflow sets its loggers to INFO when imported, and announces the embedded store's

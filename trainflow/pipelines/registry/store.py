@@ -34,6 +34,31 @@ def _embedded() -> bool:
     return not os.environ.get("MLFLOW_TRACKING_URI")
 
 
+def check_server(ws: Workspace, timeout_s: float = 5.0) -> None:
+    """PreflightError when MLFLOW_TRACKING_URI names an MLflow server where nothing answers:
+    MLflow's client would retry each call for minutes, and a run would train first. A
+    server that answers at all (an error status behind a proxy, say) is left to MLflow."""
+    import urllib.error
+    import urllib.request
+
+    from trainflow.cluster.checks import PreflightError
+    from trainflow.files import redacted
+
+    uri = redacted(tracking_uri(ws))  # MLflow's /health asks for no credentials
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        return
+    except OSError as e:
+        reason = getattr(e, "reason", None) or e
+        raise PreflightError(
+            f"registry: no MLflow server answers at {uri} (MLFLOW_TRACKING_URI): {reason}; "
+            "start it, or unset MLFLOW_TRACKING_URI for the embedded registry in TRAINFLOW_HOME"
+        ) from None
+
+
 def _artifact_location(ws: Workspace) -> str | None:
     """Where a new experiment keeps its artifacts: beside its SQLite database (the embedded
     store's, or one that MLFLOW_TRACKING_URI names), not in ./mlruns of whatever folder

@@ -200,9 +200,9 @@ def session_logs() -> str:
 
 # 5. The workers' output on this driver's console.
 
-# What a worker prints that no user acts on: Ray core's ERROR line at the start of Ray
-# Train's preemption watcher, on every run on a cluster (ray issue 53727).
-WORKER_NOISE = ("has constructor arguments in the object store and max_restarts > 0",)
+# What a worker prints that no user acts on, Ray core's ERROR lines: at the start of Train's
+# preemption watcher on a cluster (ray issue 53727); at a kill of an actor already gone.
+WORKER_NOISE = ("has constructor arguments in the object store and max_restarts", "ignoring KillActor for")
 _hidden_worker_output: list = []  # Ray's console handler, while taken away
 
 

@@ -404,3 +404,19 @@ def test_the_controllers_torch_backend_picks_the_process_group_backend_as_ray_do
     assert process_group_backend(None, {"CPU": 1, "GPU": 1}) == "nccl"
     assert process_group_backend(None, {"GPU": 0.5}) == "nccl"
     assert process_group_backend("gloo", {"GPU": 1}) == "gloo"
+
+
+# 11. A worker setup hook through Ray Client.
+
+
+def test_a_setup_hook_through_ray_client_is_the_variable_ray_init_sets_on_the_cluster():
+    from ray._private.runtime_env.setup_hook import upload_worker_process_setup_hook_if_needed
+
+    from trainflow.ray_internals.client import with_setup_hook
+
+    env = {"env_vars": {"A": "1"}, "worker_process_setup_hook": "trainflow.cluster.quiet.quiet_worker"}
+    # What ray.init does with it in a driver on the cluster (a string hook needs no worker).
+    on_cluster = upload_worker_process_setup_hook_if_needed(json.loads(json.dumps(env)), worker=None)
+    assert with_setup_hook(env) == on_cluster
+    assert on_cluster["env_vars"]["A"] == "1"
+    assert with_setup_hook({"env_vars": {}}) == {"env_vars": {}}  # no hook: unchanged

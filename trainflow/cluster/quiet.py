@@ -194,3 +194,19 @@ def configure_ray_data() -> None:
         # trainflow's step logs say what ran.
         logging.getLogger("ray.data").setLevel(logging.WARNING)
         logging.getLogger(ray_internals.DATA_PROGRESS_LOGGER).setLevel(logging.ERROR)
+
+
+class _NoThreadNotice(logging.Filter):
+    """Ray Client's server connects each client's job from a thread of its own, and Ray
+    warns that it sets no SIGTERM handler there; the warning reaches the client's console
+    through its log stream, on every run. trainflow handles a run's signals itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("SIGTERM handler is not set")
+
+
+def quiet_ray_client() -> None:
+    """Drop Ray Client's notices that a user cannot act on (see :class:`_NoThreadNotice`)."""
+    stream = logging.getLogger("ray.util.client.logsclient")
+    if not any(isinstance(f, _NoThreadNotice) for f in stream.filters):
+        stream.addFilter(_NoThreadNotice())

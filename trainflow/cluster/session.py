@@ -15,6 +15,7 @@ from trainflow.cluster.quiet import (
     LOCAL_CLUSTER_ENV,
     apply_quiet_env,
     configure_ray_data,
+    quiet_ray_client,
     quiet_token_auth_notice,
 )
 from trainflow.cluster.shipping import module_paths, trainflow_package
@@ -27,6 +28,7 @@ from trainflow.cluster.watch import (
 )
 from trainflow.config import PipelineConfig
 from trainflow.ray_internals import drop_worker_noise
+from trainflow.ray_internals.client import with_setup_hook
 from trainflow.timeline import timeline
 
 log = logging.getLogger("trainflow")
@@ -119,7 +121,11 @@ def connect(
     # "local" starts a cluster for this run. Ray's own default (None) would attach to
     # whichever cluster `ray start` last left on this machine: a cluster is only ever
     # shared when the config or RAY_ADDRESS says so.
-    ray.init(address=address or "local", **ray_init_kwargs(py_modules))
+    kwargs = ray_init_kwargs(py_modules)
+    if address and address.startswith("ray://"):
+        kwargs["runtime_env"] = with_setup_hook(kwargs["runtime_env"])
+        quiet_ray_client()
+    ray.init(address=address or "local", **kwargs)
     drop_worker_noise()
     _session = Session(address=address, watch=None if address else watch_local_cluster())
     configure_ray_data()

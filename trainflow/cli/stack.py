@@ -1,0 +1,127 @@
+"""``trainflow stack up | status | env | down``: a team's services on this machine
+(:mod:`trainflow.stack`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from trainflow.cli.app import app, fail
+
+stack_app = typer.Typer(
+    help="A team's services on this machine: PostgreSQL, an MLflow server, a Prefect server, a Ray "
+    "cluster and a Prefect worker, on loopback.",
+    no_args_is_help=True,
+)
+app.add_typer(stack_app, name="stack")
+
+
+FolderOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--folder",
+        help="The stack's folder (its data, logs and state); default: TRAINFLOW_STACK, else "
+        "~/.local/share/trainflow/stack.",
+    ),
+]
+
+
+def _folder(folder: Path | None) -> Path:
+    from trainflow.stack import default_folder
+
+    return (folder or default_folder()).expanduser().resolve()
+
+
+@stack_app.command("up")
+def up(
+    folder: FolderOpt = None,
+    node_cpus: Annotated[
+        float | None,
+        typer.Option(
+            min=0.5, help="The CPUs each of Ray's two nodes offers; default: half the machine's, at least 1."
+        ),
+    ] = None,
+    deployments: Annotated[
+        Path | None,
+        typer.Option(
+            help="The Prefect deployments to apply; default: deployments/prefect.yaml when it is here."
+        ),
+    ] = None,
+    no_deployments: Annotated[bool, typer.Option("--no-deployments", help="Apply no deployments.")] = False,
+) -> None:
+    """Start the stack's services (those not running), wait until each answers, and show them.
+
+    The first start makes the folder, PostgreSQL's databases, Ray's token and, once per
+    machine, MLflow's server environment (a minute or two); later starts reuse them.
+    """
+    from trainflow.stack import StackError
+    from trainflow.stack import up as stack_up
+
+    if deployments is None and not no_deployments and Path("deployments/prefect.yaml").is_file():
+        deployments = Path("deployments/prefect.yaml")
+    if deployments is not None and not deployments.is_file():
+        raise fail(f"--deployments {deployments}: no such file")
+    try:
+        chosen = None if no_deployments else deployments
+        stack_up(_folder(folder), node_cpus=node_cpus, deployments=chosen, say=typer.echo)
+    except StackError as e:
+        raise fail(str(e), code=1) from None
+    except KeyboardInterrupt:
+        typer.echo("stopped", err=True)
+        raise typer.Exit(130) from None
+    _show(_folder(folder))
+    typer.echo('Use it from a shell: eval "$(trainflow stack env)"')
+
+
+@stack_app.command("status")
+def status(folder: FolderOpt = None) -> None:
+    """Each service's address and whether it answers; exit code 1 when one does not."""
+    if not _show(_folder(folder)):
+        raise typer.Exit(1)
+
+
+def _show(folder: Path) -> bool:
+    from trainflow.stack import StackError
+    from trainflow.stack import status as stack_status
+
+    try:
+        services = stack_status(folder)
+    except StackError as e:
+        raise fail(str(e)) from None
+    typer.echo(f"stack: {folder}")
+    for s in services:
+        state = "up" if s.healthy else "DOWN"
+        typer.echo(f"  {s.name:<9} {state:<5} {s.url}" + (f"  ({s.detail})" if s.detail else ""))
+    return all(s.healthy for s in services)
+
+
+@stack_app.command("env")
+def env(folder: FolderOpt = None) -> None:
+    """The export lines that point a shell's trainflow, MLflow, Prefect and Ray at the stack:
+    eval "$(trainflow stack env)"."""
+    from trainflow.stack import StackError, env_lines
+
+    try:
+        typer.echo("\n".join(env_lines(_folder(folder))))
+    except StackError as e:
+        raise fail(str(e)) from None
+
+
+@stack_app.command("down")
+def down(
+    folder: FolderOpt = None,
+    delete: Annotated[
+        bool, typer.Option("--delete", help="Also delete the stack's data: registry, runs, artifacts.")
+    ] = False,
+) -> None:
+    """Stop every service of the stack and what they left running; the data stays for the next up."""
+    from trainflow.stack import StackError
+    from trainflow.stack import down as stack_down
+
+    try:
+        stack_down(_folder(folder), delete=delete, say=typer.echo)
+    except StackError as e:
+        raise fail(str(e), code=1) from None
+    typer.echo("stack stopped" + ("" if delete else "; its data stays for the next trainflow stack up"))

@@ -420,3 +420,20 @@ def test_a_setup_hook_through_ray_client_is_the_variable_ray_init_sets_on_the_cl
     assert with_setup_hook(env) == on_cluster
     assert on_cluster["env_vars"]["A"] == "1"
     assert with_setup_hook({"env_vars": {}}) == {"env_vars": {}}  # no hook: unchanged
+
+
+# 12. Whether a cluster's GCS wants a token.
+
+
+def test_the_gcs_of_a_cluster_with_token_auth_refuses_a_call_without_one(ray_cluster):
+    import socket
+
+    import ray
+
+    from trainflow.ray_internals.client import gcs_wants_token
+
+    assert gcs_wants_token(ray.get_runtime_context().gcs_address) is True
+    with socket.socket() as s:  # something that is not a GCS: not known
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert gcs_wants_token(f"127.0.0.1:{s.getsockname()[1]}", timeout_s=1) is None

@@ -61,3 +61,22 @@ def test_an_address_where_no_cluster_answers_fails_at_once():
     with pytest.raises(PreflightError, match=r"'head-node' .* is not host:port"):
         check_reachable("head-node")
     check_reachable("ray://head:10001")  # Ray Client addresses are left to Ray
+
+
+def test_a_cluster_that_wants_a_token_from_a_driver_without_one_is_one_line(ray_cluster, monkeypatch):
+    """The session's cluster keeps Ray's token auth on; a driver whose environment does not
+    say RAY_AUTH_MODE=token is told so before ray.init, which would log some 20 lines."""
+    import ray
+
+    from trainflow.cluster.checks import check_reachable
+
+    address = ray.get_runtime_context().gcs_address
+    check_reachable(address)  # this process has the token
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    with pytest.raises(PreflightError) as refused:
+        check_reachable(address)
+    assert str(refused.value) == (
+        f"the Ray cluster at {address} wants a token (its token auth is on): export RAY_AUTH_MODE=token "
+        "and the cluster's token as RAY_AUTH_TOKEN, or in the file RAY_AUTH_TOKEN_PATH names (default "
+        "~/.ray/auth_token)"
+    )

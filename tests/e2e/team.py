@@ -7,7 +7,6 @@ Each is started in a process group of its own and stopped by its process id."""
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import signal
@@ -22,20 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from trainflow.stack.services import postgres_bin
+
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def postgres_bin() -> Path | None:
-    """The folder of PostgreSQL's server programs (initdb, pg_ctl), or None."""
-    found = shutil.which("initdb")
-    if found:
-        return Path(os.path.realpath(found)).parent
-    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    return Path(versions[-1]).parent if versions else None
 
 
 def _as_owner() -> list[str]:

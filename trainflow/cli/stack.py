@@ -40,7 +40,7 @@ def up(
     node_cpus: Annotated[
         float | None,
         typer.Option(
-            min=0.5, help="The CPUs each of Ray's two nodes offers; default: half the machine's, at least 1."
+            min=0.5, help="The CPUs each of Ray's two nodes offers; default: half the machine's, at least 2."
         ),
     ] = None,
     deployments: Annotated[

@@ -16,6 +16,7 @@ from trainflow.cluster.session import current_session
 from trainflow.cluster.shipping import trainflow_package
 from trainflow.config import PipelineConfig
 from trainflow.files import filesystem, is_uri, join, redacted, write_text
+from trainflow.ray_internals.client import gcs_wants_token
 from trainflow.workspace import cache_location, storage_location
 
 log = logging.getLogger("trainflow")
@@ -326,3 +327,9 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
             f"no Ray cluster answers at {address} (ray.address or RAY_ADDRESS): {e}; start one "
             "there with `ray start --head`, or unset both to run on a local cluster of the run's own"
         ) from None
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token" and gcs_wants_token(address, timeout_s):
+        raise PreflightError(
+            f"the Ray cluster at {address} wants a token (its token auth is on): export "
+            "RAY_AUTH_MODE=token and the cluster's token as RAY_AUTH_TOKEN, or in the file "
+            "RAY_AUTH_TOKEN_PATH names (default ~/.ray/auth_token)"
+        )

@@ -7,9 +7,10 @@ import atexit
 import importlib
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from trainflow.cluster.quiet import (
     LOCAL_CLUSTER_ENV,
@@ -32,6 +33,7 @@ from trainflow.ray_internals.client import with_setup_hook
 from trainflow.timeline import timeline
 
 log = logging.getLogger("trainflow")
+T = TypeVar("T")
 
 
 def ray_address(config: PipelineConfig) -> str | None:
@@ -188,3 +190,17 @@ def ray_init_kwargs(py_modules: Sequence[str] = ()) -> dict:
     # Serve's serve.run, which needs no dashboard; only Serve's REST API and `serve deploy`
     # do). Off, it is one process fewer on a small machine and one port fewer listening.
     return dict(runtime_env=runtime_env, logging_level=logging.WARNING, include_dashboard=False)
+
+
+def on_the_cluster(fn: Callable[..., T], *args, **kwargs) -> T:
+    """``fn(*args, **kwargs)`` where Ray Data can execute: in this process, or, when this
+    process reaches its cluster through Ray Client (``ray://``), whose driver cannot run a
+    Ray Data execution, in a task on the cluster. The task asks for no CPU: the Ray Data
+    tasks it starts ask for their own."""
+    from ray.util.client import ray as client
+
+    if not client.is_connected():
+        return fn(*args, **kwargs)
+    import ray
+
+    return ray.get(ray.remote(num_cpus=0)(fn).remote(*args, **kwargs))

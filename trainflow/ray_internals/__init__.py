@@ -49,7 +49,7 @@ it does; Ray's private names; why no public API does it; what happens where Ray 
     ``ray.train.v2._internal.util.TrainingFramework``, ``ray.train.torch.config._*``,
     ``ray._private.ray_constants``. Ray's own module imports torch at its top. Moved:
     Ray's own TorchConfig, and a controller that imports torch.
-11. A driver through Ray Client (``ray://``): in :mod:`.client`.
+11-12. A driver reaching a cluster it did not start: in :mod:`.client`.
 
 Nothing here runs on import, and every Ray import is inside a function: each Ray worker
 of a run imports this module (:func:`trainflow.cluster.quiet.quiet_worker`). The classes

@@ -1,5 +1,6 @@
-"""Ray's private names that a driver through Ray Client (``ray://``) needs; the rest of
-the quarantine is :mod:`trainflow.ray_internals`.
+"""Ray's private names that a driver reaching a cluster it did not start needs (through
+Ray Client, ``ray://``, or a node's ``host:port``); the rest of the quarantine is
+:mod:`trainflow.ray_internals`.
 
 11. A worker setup hook through Ray Client (:func:`with_setup_hook`). The environment
     variable ``ray._private.ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR``, which
@@ -8,6 +9,11 @@ the quarantine is :mod:`trainflow.ray_internals`.
     workers, and their INFO lines (a report per worker per epoch) reach the console.
     Moved: the runtime_env keeps its public key; through Ray Client the hook does not
     run, and the workers' lines show.
+12. Whether a cluster's GCS wants a token (:func:`gcs_wants_token`). The GCS's gRPC
+    service ``ray.core.generated.gcs_service_pb2_grpc.NodeInfoGcsService`` and its
+    ``GetClusterId``, called with no token. ``ray.init`` without the token logs some 20
+    lines of ``InvalidAuthToken`` and then fails naming another address than the one
+    given. Moved: None (unknown), and ``ray.init`` fails as Ray makes it.
 """
 
 from __future__ import annotations
@@ -25,3 +31,22 @@ def with_setup_hook(runtime_env: dict) -> dict:
         return runtime_env
     env_vars = {**runtime_env.get("env_vars", {}), WORKER_PROCESS_SETUP_HOOK_ENV_VAR: hook}
     return {**runtime_env, "env_vars": env_vars}
+
+
+def gcs_wants_token(address: str, timeout_s: float = 5.0) -> bool | None:
+    """Whether the GCS at ``host:port`` refuses a call that carries no token (token auth
+    on); None when that cannot be told (Ray moved its protocol, or the GCS did not answer)."""
+    try:
+        import grpc
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError:
+        return None
+    with grpc.insecure_channel(address) as channel:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        try:
+            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
+        except grpc.RpcError as e:
+            return True if e.code() == grpc.StatusCode.UNAUTHENTICATED else None
+        except Exception:  # noqa: BLE001 - a protocol Ray changed: not known
+            return None
+    return False

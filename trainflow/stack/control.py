@@ -37,11 +37,15 @@ from trainflow.stack.services import (
 )
 
 POOL = "trainflow"  # the work pool of deployments/prefect.yaml
+PREFECT = Path(sys.executable).with_name("prefect")
 START_TIMEOUT_S = 240.0  # a service started cold on a busy machine, before it answers
 # The order services start in; down stops them in reverse.
 SERVICES = ("postgres", "mlflow", "prefect", "ray-head", "ray-node", "worker")
 # Variables of the shell ``up`` runs in that would point a service at another one.
-NOT_INHERITED = ("RAY_ADDRESS", "PYTHONPATH", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "TRAINFLOW_HOME")
+NOT_INHERITED = (
+    *("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "PYTHONPATH"),
+    *("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "TRAINFLOW_HOME"),
+)
 
 
 def default_folder() -> Path:
@@ -150,6 +154,14 @@ class Stack:
         return {**QUIET_ENV, **env}
 
 
+def default_node_cpus() -> int:
+    """Half the machine's CPUs per node, at least 2: on a small machine a served model's
+    replica, a batch prediction's actor and the task reading its rows each hold a CPU
+    (Ray's CPUs are counts of slots, not cores), and one CPU a node would leave the
+    reading task waiting on the other two for ever."""
+    return max(2, (os.cpu_count() or 2) // 2)
+
+
 def new_stack(folder: Path, node_cpus: float) -> Stack:
     """A stack's ports, PostgreSQL's password and Ray's token, chosen once."""
     names = ("postgres", "mlflow", "prefect", "ray", "ray_client", "dashboard")
@@ -172,12 +184,12 @@ def up(
     """Start every service of the stack in ``folder`` that is not running, and wait until
     each answers; on a failure, stop what this call started and raise StackError.
 
-    ``node_cpus``: the CPUs each of Ray's two nodes offers (default: half the machine's);
+    ``node_cpus``: the CPUs each of Ray's two nodes offers (default: :func:`default_node_cpus`);
     ``deployments``: a ``prefect.yaml`` whose deployments are applied (from the folder it
     sits under, a checkout of trainflow), or None."""
     stack = Stack.load(folder)
     if not stack.exists:
-        stack = new_stack(folder, node_cpus or max(1, (os.cpu_count() or 2) // 2))
+        stack = new_stack(folder, node_cpus or default_node_cpus())
     elif node_cpus:
         stack.node_cpus = node_cpus
     started: list[str] = []
@@ -194,36 +206,73 @@ def up(
 def _start_services(
     stack: Stack, started: list[str], deployments: Path | None, say: Callable[[str], None]
 ) -> None:
-    from trainflow.cluster.quiet import LOCAL_CLUSTER_ENV
-
-    env, folder = stack.base_env(), stack.folder
+    """Each service not running, in order, each awaited before what needs it."""
     if not stack.postgres.running():
         say(f"PostgreSQL on 127.0.0.1:{stack.ports['postgres']} ...")
         stack.postgres.start(("mlflow", "prefect"))
         started.append("postgres")
+    launch = _Launcher(stack, started)
+    if launch(
+        "mlflow", mlflow_command(stack, _mlflow_python(say)), MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"
+    ):
+        say(f"MLflow server on {stack.mlflow_url} ...")
+    server = [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", stack.ports["prefect"]]
+    prefect_db = stack.postgres.uri("prefect", "asyncpg")
+    if launch(
+        "prefect",
+        server,
+        PREFECT_HOME=str(stack.folder / "prefect"),
+        PREFECT_API_DATABASE_CONNECTION_URL=prefect_db,
+    ):
+        say(f"Prefect server on {stack.prefect_api} ...")
+    _start_ray(stack, launch, say)
+    _await(stack, "mlflow", "the MLflow server", lambda: answers(f"{stack.mlflow_url}/health"))
+    _await(stack, "prefect", "the Prefect server", lambda: answers(f"{stack.prefect_api}/health"))
+    _work_pool(stack, launch.env)
+    if deployments is not None:
+        say(f"applying the deployments of {deployments} ...")
+        _deploy(stack, launch.env, deployments)
+    # The worker's runs reach Ray through Ray Client, as from a machine off the cluster.
+    worker = [PREFECT, "worker", "start", "--pool", POOL, "--type", "process"]
+    home, checkout = (
+        stack.folder / "home",
+        deployments.resolve().parent.parent if deployments else stack.folder,
+    )
+    extra = {
+        **stack.client_env(ray_client=True),
+        "TRAINFLOW_HOME": str(home),
+        "PREFECT_HOME": str(stack.folder / "worker"),
+    }
+    if launch("worker", worker, cwd=checkout, **extra):
+        say(f"a Prefect worker on the {POOL} pool ...")
+    _await(stack, "worker", "the Prefect worker", lambda: _worker_online(stack))
 
-    def launch(name: str, args: list, extra: dict[str, str], cwd: Path | None = None) -> bool:
+
+class _Launcher:
+    """Starts a service unless its process runs, records its pid in stack.json at once
+    (so that a failed ``up`` stops it) and in ``started``."""
+
+    def __init__(self, stack: Stack, started: list[str]):
+        self.stack, self.started, self.env = stack, started, stack.base_env()
+
+    def __call__(self, name: str, args: list, cwd: Path | None = None, **extra: str) -> bool:
+        stack = self.stack
         if alive(stack.pids.get(name)):
             return False
-        (folder / "logs" / f"{name}.log").unlink(missing_ok=True)  # readiness is read from a new log
-        stack.pids[name] = start(name, args, {**env, **extra}, folder, cwd)
+        (stack.folder / "logs" / f"{name}.log").unlink(missing_ok=True)  # readiness is read from a new log
+        stack.pids[name] = start(name, args, {**self.env, **extra}, stack.folder, cwd)
         stack.save()
-        started.append(name)
+        self.started.append(name)
         return True
 
-    python = _mlflow_python(say)
-    if launch("mlflow", mlflow_command(stack, python), {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}):
-        say(f"MLflow server on {stack.mlflow_url} ...")
-    prefect = Path(sys.executable).with_name("prefect")
-    prefect_env = {
-        "PREFECT_HOME": str(folder / "prefect"),
-        "PREFECT_API_DATABASE_CONNECTION_URL": stack.postgres.uri("prefect", "asyncpg"),
-    }
-    server = [prefect, "server", "start", "--host", "127.0.0.1", "--port", stack.ports["prefect"]]
-    if launch("prefect", server, prefect_env):
-        say(f"Prefect server on {stack.prefect_api} ...")
+
+def _start_ray(stack: Stack, launch: _Launcher, say: Callable[[str], None]) -> None:
+    """A head and one more node, token auth on (the stack's token file), each of
+    ``node_cpus``; the workers at their driver's priority, as on trainflow's local clusters."""
+    from trainflow.cluster.quiet import LOCAL_CLUSTER_ENV
+
     ray = Path(sys.executable).with_name("ray")
-    ray_env = {**LOCAL_CLUSTER_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(stack.token_file)}
+    env = {**LOCAL_CLUSTER_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(stack.token_file)}
     node = [
         "start",
         "--block",
@@ -237,28 +286,12 @@ def _start_services(
         *["--dashboard-host=127.0.0.1", f"--dashboard-port={stack.ports['dashboard']}"],
         f"--temp-dir={stack.ray_temp}",
     ]
-    if launch("ray-head", head, ray_env):
+    if launch("ray-head", head, **env):
         say(f"Ray head on {stack.ray_address} (Ray Client: {stack.ray_client}) ...")
     _wait_ray(stack, "ray-head")
-    if launch("ray-node", [ray, *node, f"--address={stack.ray_address}"], ray_env):
+    if launch("ray-node", [ray, *node, f"--address={stack.ray_address}"], **env):
         say("a second Ray node ...")
     _wait_ray(stack, "ray-node")
-    _await(stack, "mlflow", "the MLflow server", lambda: answers(f"{stack.mlflow_url}/health"))
-    _await(stack, "prefect", "the Prefect server", lambda: answers(f"{stack.prefect_api}/health"))
-    _work_pool(stack, env)
-    if deployments is not None:
-        say(f"applying the deployments of {deployments} ...")
-        _deploy(stack, env, deployments)
-    worker_env = {
-        **stack.client_env(ray_client=True),
-        "TRAINFLOW_HOME": str(folder / "home"),
-        "PREFECT_HOME": str(folder / "worker"),
-    }
-    checkout = deployments.resolve().parent.parent if deployments is not None else folder
-    worker = [prefect, "worker", "start", "--pool", POOL, "--type", "process"]
-    if launch("worker", worker, worker_env, checkout):
-        say(f"a Prefect worker on the {POOL} pool ...")
-    _await(stack, "worker", "the Prefect worker", lambda: _worker_online(stack))
 
 
 def _await(stack: Stack, name: str, what: str, ready: Callable[[], bool]) -> None:
@@ -316,8 +349,7 @@ def _work_pool(stack: Stack, env: dict[str, str]) -> None:
         return
     except OSError:
         pass
-    prefect = Path(sys.executable).with_name("prefect")
-    create = [prefect, "work-pool", "create", POOL, "--type", "process"]
+    create = [PREFECT, "work-pool", "create", POOL, "--type", "process"]
     done = subprocess.run(
         create, env={**env, "PREFECT_API_URL": stack.prefect_api}, capture_output=True, text=True
     )
@@ -394,7 +426,8 @@ def env_lines(folder: Path) -> list[str]:
     stack = Stack.load(folder)
     if not stack.exists:
         raise StackError(f"no stack in {stack.folder}: start one with trainflow stack up")
-    lines = [f"export {k}={v}" for k, v in stack.client_env().items()]
+    # A token in RAY_AUTH_TOKEN would win over the stack's token file.
+    lines = ["unset RAY_AUTH_TOKEN", *(f"export {k}={v}" for k, v in stack.client_env().items())]
     return [*lines, f"# Off the cluster's nodes, through Ray Client: export RAY_ADDRESS={stack.ray_client}"]
 
 

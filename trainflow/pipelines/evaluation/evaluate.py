@@ -298,9 +298,18 @@ def evaluate_split(
     own = load_metrics(cfg)
     if rows <= cfg.in_driver_max_rows:
         return evaluate_checkpoint_in_driver(checkpoint_dir, split_path, cfg.batch_size, own), "in the driver"
-    split = split_dataset(split_path)
-    metrics = evaluate_checkpoint(checkpoint_dir, split, cfg.batch_size, cfg.concurrency, own)
+    from trainflow.cluster.session import on_the_cluster
+
+    metrics = on_the_cluster(
+        _evaluate_split_on_actors, checkpoint_dir, split_path, cfg.batch_size, cfg.concurrency, own
+    )
     return metrics, f"by {cfg.concurrency} Ray Data actor(s)"
+
+
+def _evaluate_split_on_actors(
+    checkpoint_dir: str, split_path: str, batch_size: int, concurrency: int, own: Sequence[UserMetric]
+) -> dict[str, Any]:
+    return evaluate_checkpoint(checkpoint_dir, split_dataset(split_path), batch_size, concurrency, own)
 
 
 def score_on_raw_test_split(
@@ -313,11 +322,19 @@ def score_on_raw_test_split(
     """Score a checkpoint (a champion measured on other test data) on the raw rows of
     this run's test split, with its own saved preprocessing, so that a gate compares two
     models on the same rows. ``kept_rows``: the rows that prepare kept in all splits."""
+    from trainflow.cluster.session import on_the_cluster
+
+    return on_the_cluster(_score_on_raw_test_split, str(checkpoint_dir), source, split, kept_rows, cfg)
+
+
+def _score_on_raw_test_split(
+    checkpoint_dir: str, source: SourceInfo, split: SplitConfig, kept_rows: int, cfg: EvaluationConfig
+) -> dict[str, Any]:
     from trainflow.pipelines.data.prepare import raw_split
 
     test = raw_split(source, split, "test", kept_rows=kept_rows)
     return evaluate_rows(
-        str(checkpoint_dir), test, source.label_column, cfg.batch_size, cfg.concurrency, load_metrics(cfg)
+        checkpoint_dir, test, source.label_column, cfg.batch_size, cfg.concurrency, load_metrics(cfg)
     )
 
 

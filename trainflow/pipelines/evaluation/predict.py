@@ -32,6 +32,22 @@ def predict_to_parquet(
     none of the model's input columns (``input_columns``: numeric and categorical, or the
     raw columns its ``preprocess.transform`` takes).
     """
+    from trainflow.cluster.session import on_the_cluster
+
+    args = (info, checkpoint_dir, output, version, input_columns, batch_size, concurrency, num_gpus)
+    return on_the_cluster(_predict_to_parquet, *args)
+
+
+def _predict_to_parquet(
+    info: InputInfo,
+    checkpoint_dir: str,
+    output: str,
+    version: str,
+    input_columns: list[str],
+    batch_size: int,
+    concurrency: int,
+    num_gpus: float,
+) -> int:
     import pyarrow.parquet as pq
     import ray
     import ray.data

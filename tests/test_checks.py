@@ -74,6 +74,31 @@ def test_the_checks_before_a_run_import_neither_torch_nor_ray():
     assert out.stdout.strip() == "[]"
 
 
+def test_a_database_registry_whose_driver_is_missing_fails_before_the_run_in_one_line(
+    trainflow_home, monkeypatch
+):
+    """MLflow would fail at the first registry call, after the run had trained."""
+    import importlib.util
+
+    from trainflow.cluster.checks import PreflightError
+
+    if importlib.util.find_spec("pg8000") is not None:
+        pytest.skip("pg8000 is installed here: its URI would pass the check")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "postgresql+pg8000://ana:secret@127.0.0.1:5432/mlflow")
+    with pytest.raises(PreflightError) as refused:
+        checks.before_run(load_config({"name": "checked"}))
+    assert str(refused.value) == (
+        "registry: MLFLOW_TRACKING_URI postgresql+pg8000://127.0.0.1:5432/mlflow needs the database driver "
+        "pg8000, which is not installed here: install it, or point MLFLOW_TRACKING_URI at an MLflow server "
+        "on that database"
+    )
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "postgresql+psycopg9://127.0.0.1/mlflow")
+    with pytest.raises(
+        PreflightError, match=r"SQLAlchemy has no driver 'postgresql\+psycopg9'; write one it has"
+    ):
+        checks.before_run(load_config({"name": "checked"}))
+
+
 def test_an_mlflow_server_that_does_not_answer_fails_before_the_run_in_one_line(trainflow_home, monkeypatch):
     """MLflow's client would retry each call for minutes, after the run had trained."""
     import socket

@@ -46,6 +46,7 @@ def check_server(ws: Workspace, timeout_s: float = 5.0) -> None:
 
     uri = redacted(tracking_uri(ws))  # MLflow's /health asks for no credentials
     if not uri.startswith(("http://", "https://")):
+        _check_database_driver(uri)
         return
     try:
         urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s).close()
@@ -57,6 +58,45 @@ def check_server(ws: Workspace, timeout_s: float = 5.0) -> None:
             f"registry: no MLflow server answers at {uri} (MLFLOW_TRACKING_URI): {reason}; "
             "start it, or unset MLFLOW_TRACKING_URI for the embedded registry in TRAINFLOW_HOME"
         ) from None
+
+
+def _check_database_driver(uri: str) -> None:
+    """PreflightError when MLFLOW_TRACKING_URI is a database whose SQLAlchemy driver is not
+    installed here (``postgresql://`` means psycopg2), named with what to install."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    from trainflow.cluster.checks import PreflightError
+
+    try:
+        url = make_url(uri)
+        if url.get_backend_name() == "sqlite":
+            return
+        url.get_dialect().import_dbapi()
+    except NoSuchModuleError:  # an ArgumentError too: caught first
+        raise PreflightError(
+            f"registry: MLFLOW_TRACKING_URI {uri}: SQLAlchemy has no driver {url.drivername!r}; write "
+            "one it has (postgresql+psycopg2://..., mysql+pymysql://...), or point it at an MLflow server"
+        ) from None
+    except ArgumentError:  # not a database URI: MLflow says what it makes of it
+        return
+    except ImportError as e:
+        driver = url.get_driver_name()
+        raise PreflightError(
+            f"registry: MLFLOW_TRACKING_URI {uri} needs the database driver {e.name or driver}, "
+            f"which is not installed here: {_DRIVER_PACKAGES.get(driver, 'install it')}, "
+            "or point MLFLOW_TRACKING_URI at an MLflow server on that database"
+        ) from None
+
+
+# What installs the database drivers SQLAlchemy picks by default.
+_DRIVER_PACKAGES = {
+    "psycopg2": "pip install psycopg2-binary",
+    "psycopg": "pip install 'psycopg[binary]'",
+    "mysqldb": "pip install mysqlclient",
+    "pymysql": "pip install pymysql",
+    "pyodbc": "pip install pyodbc",
+}
 
 
 def _artifact_location(ws: Workspace) -> str | None:

@@ -58,11 +58,19 @@ def await_completed(api: str, deployment: str, count: int, log: Path) -> None:
     deadline = time.monotonic() + STEP_TIMEOUT_S
     while True:
         runs = flow_runs(api, deployment)
-        assert not any(r["state"]["type"] in ("FAILED", "CRASHED") for r in runs), log.read_text()[-4000:]
+        assert not any(r["state"]["type"] in ("FAILED", "CRASHED") for r in runs), logs_of(log)
         if sum(r["state"]["type"] == "COMPLETED" for r in runs) >= count:
             return
-        assert time.monotonic() < deadline, log.read_text()[-4000:]
+        assert time.monotonic() < deadline, logs_of(log)
         time.sleep(1)
+
+
+def logs_of(worker_log: Path) -> str:
+    """The worker's log, and the errors of Ray Client's servers on the stack's cluster."""
+    stack = stack_of(worker_log.parent.parent)
+    client = sorted(stack.ray_temp.glob("session_latest/logs/ray_client_server*.err"))
+    errors = [f"{f.name}: {f.read_text(errors='replace')[-1500:]}" for f in client if f.stat().st_size]
+    return "\n".join([worker_log.read_text()[-4000:], *errors])
 
 
 # Ray Data's detached helpers, one per cluster whatever the number of jobs.

@@ -430,10 +430,11 @@ def test_the_gcs_of_a_cluster_with_token_auth_refuses_a_call_without_one(ray_clu
 
     import ray
 
-    from trainflow.ray_internals.client import gcs_wants_token
+    from trainflow.ray_internals.client import wants_token
 
-    assert gcs_wants_token(ray.get_runtime_context().gcs_address) is True
+    assert wants_token(ray.get_runtime_context().gcs_address) is True
     with socket.socket() as s:  # something that is not a GCS: not known
         s.bind(("127.0.0.1", 0))
         s.listen()
-        assert gcs_wants_token(f"127.0.0.1:{s.getsockname()[1]}", timeout_s=1) is None
+        assert wants_token(f"127.0.0.1:{s.getsockname()[1]}", timeout_s=1) is None
+        assert wants_token(f"ray://127.0.0.1:{s.getsockname()[1]}", timeout_s=1) is None

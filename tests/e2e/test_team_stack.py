@@ -195,6 +195,18 @@ def test_a_team_stack_trains_serves_follows_and_reproduces_then_stops_clean(tmp_
         assert "900 predictions of team-digits v2" in predicted.stdout, predicted.stdout
         assert "Traceback" not in predicted.stderr, predicted.stderr[-3000:]
 
+        # A shell without the cluster's token: one line, through Ray Client as at the head.
+        for address in (Stack.load(folder).ray_client, env["RAY_ADDRESS"]):
+            no_token = {k: v for k, v in env.items() if not k.startswith("RAY_AUTH")} | {
+                "RAY_ADDRESS": address
+            }
+            refused = trainflow("run", config, env=no_token)
+            assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+            assert refused.stderr.startswith(f"error: the Ray cluster at {address} wants a token"), (
+                refused.stderr
+            )
+            assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
         # What finished runs leave on the shared cluster: nothing of their own. The endpoint's
         # actors serve on; Ray Data keeps one of each of its cluster-wide helpers (detached,
         # shared by every job, made once).
@@ -221,3 +233,17 @@ def test_a_team_stack_trains_serves_follows_and_reproduces_then_stops_clean(tmp_
     assert kept  # the data stays for the next `up`; --delete removes it
     assert deleted.returncode == 0, deleted.stdout + deleted.stderr
     assert not folder.exists() and not stack.postgres.root.exists()
+
+
+@pytest.mark.parametrize("command", ["status", "env", "down"])
+def test_a_stack_command_where_no_stack_was_brought_up_says_so_in_one_line(tmp_path, command):
+    from typer.testing import CliRunner
+
+    from trainflow.cli import app
+
+    result = CliRunner().invoke(app, ["stack", command, "--folder", str(tmp_path / "none")])
+    assert result.exit_code != 0
+    assert result.output.strip().splitlines() == [
+        f"error: no stack in {tmp_path / 'none'}"
+        + ("" if command == "down" else ": start one with trainflow stack up")
+    ]

@@ -16,7 +16,7 @@ from trainflow.cluster.session import current_session
 from trainflow.cluster.shipping import trainflow_package
 from trainflow.config import PipelineConfig
 from trainflow.files import filesystem, is_uri, join, redacted, write_text
-from trainflow.ray_internals.client import gcs_wants_token
+from trainflow.ray_internals.client import wants_token
 from trainflow.workspace import cache_location, storage_location
 
 log = logging.getLogger("trainflow")
@@ -309,10 +309,14 @@ def check_cache(config: PipelineConfig) -> None:
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """PreflightError when nothing answers at a cluster's ``host:port``: ``ray.init``
-    itself retries such an address for minutes. Ray Client (``ray://``) and ``auto``
-    addresses are left to Ray."""
+    itself retries such an address for minutes; and when the cluster wants a token this
+    driver lacks. A Ray Client address (``ray://``) is checked for the token only, and
+    ``auto`` is left to Ray."""
     import socket
 
+    if address.startswith("ray://"):
+        _check_token(address, timeout_s)
+        return
     if "://" in address or address == "auto":
         return
     host, sep, port = address.rpartition(":")
@@ -327,7 +331,13 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
             f"no Ray cluster answers at {address} (ray.address or RAY_ADDRESS): {e}; start one "
             "there with `ray start --head`, or unset both to run on a local cluster of the run's own"
         ) from None
-    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token" and gcs_wants_token(address, timeout_s):
+    _check_token(address, timeout_s)
+
+
+def _check_token(address: str, timeout_s: float) -> None:
+    """PreflightError when the cluster at ``address`` wants a token and this driver's
+    environment does not say RAY_AUTH_MODE=token."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token" and wants_token(address, timeout_s):
         raise PreflightError(
             f"the Ray cluster at {address} wants a token (its token auth is on): export "
             "RAY_AUTH_MODE=token and the cluster's token as RAY_AUTH_TOKEN, or in the file "

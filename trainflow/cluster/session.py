@@ -7,6 +7,7 @@ import atexit
 import importlib
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -127,7 +128,9 @@ def connect(
     if address and address.startswith("ray://"):
         kwargs["runtime_env"] = with_setup_hook(kwargs["runtime_env"])
         quiet_ray_client()
-    ray.init(address=address or "local", **kwargs)
+        _client_init(address, kwargs, logger)
+    else:
+        ray.init(address=address or "local", **kwargs)
     drop_worker_noise()
     _session = Session(address=address, watch=None if address else watch_local_cluster())
     configure_ray_data()
@@ -135,6 +138,27 @@ def connect(
         warm_workers(warm)
     timeline("ray started")
     return _session
+
+
+# Ray Client's server starts a server process for each job; on a busy head that process
+# sometimes ends at once, and ray.init fails with "Starting Ray client server failed".
+CLIENT_INIT_ATTEMPTS = 3
+
+
+def _client_init(address: str, kwargs: dict, logger: logging.Logger | logging.LoggerAdapter) -> None:
+    """``ray.init`` through Ray Client, tried again when the job's server process did not start."""
+    import ray
+
+    for attempt in range(1, CLIENT_INIT_ATTEMPTS + 1):
+        try:
+            ray.init(address=address, **kwargs)
+            return
+        except ConnectionAbortedError as e:
+            if "Starting Ray client server failed" not in str(e) or attempt == CLIENT_INIT_ATTEMPTS:
+                raise
+            logger.warning("Ray Client's server at %s did not start this job's server; trying again", address)
+            ray.shutdown()
+            time.sleep(attempt)
 
 
 def shutdown() -> None:

@@ -9,11 +9,13 @@ Ray Client, ``ray://``, or a node's ``host:port``); the rest of the quarantine i
     workers, and their INFO lines (a report per worker per epoch) reach the console.
     Moved: the runtime_env keeps its public key; through Ray Client the hook does not
     run, and the workers' lines show.
-12. Whether a cluster's GCS wants a token (:func:`gcs_wants_token`). The GCS's gRPC
-    service ``ray.core.generated.gcs_service_pb2_grpc.NodeInfoGcsService`` and its
-    ``GetClusterId``, called with no token. ``ray.init`` without the token logs some 20
-    lines of ``InvalidAuthToken`` and then fails naming another address than the one
-    given. Moved: None (unknown), and ``ray.init`` fails as Ray makes it.
+12. Whether a cluster wants a token (:func:`wants_token`). The gRPC services of the GCS
+    (``ray.core.generated.gcs_service_pb2_grpc.NodeInfoGcsService.GetClusterId``) and of
+    Ray Client's server (``ray_client_pb2_grpc.RayletDriver.ClusterInfo``, a ping), called
+    with no token. Without the token ``ray.init`` logs some 20 lines of ``InvalidAuthToken``
+    and fails naming another address than the one given, or, through Ray Client, waits
+    and fails with "ray client connection timeout". Moved: None (unknown), and
+    ``ray.init`` fails as Ray makes it.
 """
 
 from __future__ import annotations
@@ -33,18 +35,29 @@ def with_setup_hook(runtime_env: dict) -> dict:
     return {**runtime_env, "env_vars": env_vars}
 
 
-def gcs_wants_token(address: str, timeout_s: float = 5.0) -> bool | None:
-    """Whether the GCS at ``host:port`` refuses a call that carries no token (token auth
-    on); None when that cannot be told (Ray moved its protocol, or the GCS did not answer)."""
+def wants_token(address: str, timeout_s: float = 5.0) -> bool | None:
+    """Whether the cluster at ``host:port`` (its GCS) or ``ray://host:port`` (Ray Client's
+    server) refuses a call that carries no token (token auth on); None when that cannot be
+    told (Ray moved its protocol, or nothing answered)."""
     try:
         import grpc
-        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+        from ray.core.generated import (
+            gcs_service_pb2,
+            gcs_service_pb2_grpc,
+            ray_client_pb2,
+            ray_client_pb2_grpc,
+        )
     except ImportError:
         return None
-    with grpc.insecure_channel(address) as channel:
-        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+    client = address.startswith("ray://")
+    with grpc.insecure_channel(address.removeprefix("ray://")) as channel:
         try:
-            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
+            if client:
+                ping = ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING)
+                ray_client_pb2_grpc.RayletDriverStub(channel).ClusterInfo(ping, timeout=timeout_s)
+            else:
+                stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+                stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
         except grpc.RpcError as e:
             return True if e.code() == grpc.StatusCode.UNAUTHENTICATED else None
         except Exception:  # noqa: BLE001 - a protocol Ray changed: not known

@@ -1,13 +1,15 @@
-"""A team's shared services for the tests, on loopback: PostgreSQL (the machine's own
-server binaries, run as the ``postgres`` user when the tests run as root, which
-PostgreSQL refuses) and an MLflow tracking server on it with its artifact store, from
-MLflow's full environment (the one `trainflow ui` keeps) with PostgreSQL's driver added.
+"""A team's shared services for the tests, on loopback, with the team stack's own code
+(``trainflow.stack``): PostgreSQL (the machine's own server programs, as the ``postgres``
+user when the tests run as root) and an MLflow tracking server on it with its artifact
+store, from MLflow's full environment (the one `trainflow ui` keeps) with PostgreSQL's
+driver added.
 
 Each is started in a process group of its own and stopped by its process id."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -21,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from trainflow.stack.services import postgres_bin
+from trainflow.stack.control import mlflow_python
+from trainflow.stack.services import Postgres, StackError, postgres_bin
 
 
 def free_port() -> int:
@@ -30,45 +33,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _as_owner() -> list[str]:
-    """PostgreSQL will not run as root: as root, run its programs as ``postgres``."""
-    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-
-
 @contextmanager
 def postgres() -> Iterator[str]:
     """A new PostgreSQL cluster on a free loopback port with a database ``mlflow`` and a
-    user ``trainflow``; yields its SQLAlchemy URI for psycopg2. Skips when the machine has
-    no PostgreSQL server."""
-    bin_ = postgres_bin()
-    if bin_ is None:
+    user ``trainflow``, as `trainflow stack up` makes it; yields its SQLAlchemy URI for
+    psycopg2. Skips when the machine has no PostgreSQL server."""
+    if postgres_bin() is None:
         pytest.skip("no PostgreSQL server on this machine (apt-get install postgresql)")
-    root = Path(tempfile.mkdtemp(prefix="trainflow-pg-"))
-    root.chmod(0o777)  # its owner, postgres when the tests run as root, writes here
-    data, port = root / "data", free_port()
-    owner = _as_owner()
-    run = dict(check=True, capture_output=True, text=True, timeout=120)
-    subprocess.run([*owner, bin_ / "initdb", "-D", data, "-U", "trainflow", "--auth=trust"], **run)
-    server = [*owner, bin_ / "pg_ctl", "-D", data, "-l", root / "postgres.log"]
-    options = f"-h 127.0.0.1 -p {port} -k {root}"  # TCP on loopback only; its socket in root
-    subprocess.run([*server, "-o", options, "-w", "start"], **run)
+    server = Postgres(Path(tempfile.mkdtemp(prefix="trainflow-pg-")), free_port(), secrets.token_urlsafe(16))
     try:
-        createdb = [bin_ / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "trainflow", "mlflow"]
-        subprocess.run(createdb, **run)
-        yield f"postgresql+psycopg2://trainflow@127.0.0.1:{port}/mlflow"
+        server.start(("mlflow",))
+        yield server.uri("mlflow", "psycopg2")
     finally:
-        subprocess.run([*server, "-m", "fast", "-w", "stop"], capture_output=True, timeout=120)
-        shutil.rmtree(root, ignore_errors=True)
+        server.stop()
+        server.delete()
+        shutil.rmtree(server.folder, ignore_errors=True)
 
 
-def with_postgres_driver(python: str) -> str:
-    """``python`` (MLflow's full environment) with psycopg2, installed once."""
-    if subprocess.run([python, "-c", "import psycopg2"], capture_output=True).returncode != 0:
-        pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "psycopg2-binary"]
-        done = subprocess.run(pip, capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            pytest.skip(f"psycopg2-binary does not install for MLflow's server: {done.stderr[-500:]}")
-    return python
+def with_postgres_driver() -> str:
+    """MLflow's full environment with psycopg2, as the team stack's MLflow server runs."""
+    try:
+        return str(mlflow_python(lambda _: None))
+    except StackError as e:
+        pytest.skip(str(e))
 
 
 @contextmanager

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.team import mlflow_server, postgres, with_postgres_driver
-from tests.e2e.test_ui_cli import ui_python  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -57,9 +56,9 @@ for (version, accuracy), _ in zip(versions, sys.stdin):
 
 
 @pytest.fixture(scope="module")
-def team_registry(ui_python, tmp_path_factory):  # noqa: F811
+def team_registry(tmp_path_factory):
     """An MLflow server on PostgreSQL, its artifacts in a folder of its own."""
-    python = with_postgres_driver(ui_python)
+    python = with_postgres_driver()
     with postgres() as db, mlflow_server(python, db, tmp_path_factory.mktemp("mlflow")) as url:
         yield url
 

@@ -226,7 +226,7 @@ def test_a_team_stack_trains_serves_follows_and_reproduces_then_stops_clean(tmp_
         down = trainflow("stack", "down", "--folder", folder, timeout=300)
         left = members(folder)
         listening = [name for name, port in stack.ports.items() if port_open(port)]
-        kept = (folder / "stack.json").is_file() and stack.postgres.data.is_dir()
+        kept = stack.exists and stack.postgres.data.is_dir()
         deleted = trainflow("stack", "down", "--folder", folder, "--delete", timeout=300)
     assert down.returncode == 0, down.stdout + down.stderr
     assert left == [] and listening == []

@@ -39,7 +39,7 @@ from trainflow.stack.services import (
 POOL = "trainflow"  # the work pool of deployments/prefect.yaml
 PREFECT = Path(sys.executable).with_name("prefect")
 START_TIMEOUT_S = 240.0  # a service started cold on a busy machine, before it answers
-# The order services start in; down stops them in reverse.
+# The stack's services, in the order they start.
 SERVICES = ("postgres", "mlflow", "prefect", "ray-head", "ray-node", "worker")
 # Variables of the shell ``up`` runs in that would point a service at another one.
 NOT_INHERITED = (
@@ -213,7 +213,7 @@ def _start_services(
         started.append("postgres")
     launch = _Launcher(stack, started)
     if launch(
-        "mlflow", mlflow_command(stack, _mlflow_python(say)), MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"
+        "mlflow", mlflow_command(stack, mlflow_python(say)), MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"
     ):
         say(f"MLflow server on {stack.mlflow_url} ...")
     server = [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", stack.ports["prefect"]]
@@ -307,7 +307,7 @@ def mlflow_command(stack: Stack, python: Path) -> list:
     return [python, "-m", "mlflow", "server", "--backend-store-uri", backend, *artifacts, *listen]
 
 
-def _mlflow_python(say: Callable[[str], None]) -> Path:
+def mlflow_python(say: Callable[[str], None]) -> Path:
     """MLflow's full environment (the one `trainflow ui` keeps) with PostgreSQL's driver."""
     from trainflow.cli.ui import UIError, ui_python
 
@@ -445,19 +445,25 @@ def down(folder: Path, *, delete: bool = False, say: Callable[[str], None] = pri
 
 
 def _stop(stack: Stack, only, say: Callable[[str], None] = lambda _: None) -> None:
-    """Stop the services named in ``only`` (together), what they left running, then PostgreSQL."""
+    """Stop the services named in ``only``, together, then PostgreSQL; with all of them,
+    also whatever they left running (a flow run's process, Ray's workers) and Ray's
+    session folder."""
     running = [name for name in SERVICES if name in only and alive(stack.pids.get(name))]
     if running:
         say(f"stopping {', '.join(running)}")
     stop([stack.pids[name] for name in running])
     for name in only:
         stack.pids.pop(name, None)
-    stop_members(stack.folder)
+    everything = set(SERVICES) <= set(only)
+    if everything:
+        stop_members(stack.folder)
     if "postgres" in only:
         stack.postgres.stop()
-    shutil.rmtree(stack.ray_temp, ignore_errors=True)
     if stack.exists:
         stack.save()
+    if not everything:
+        return
+    shutil.rmtree(stack.ray_temp, ignore_errors=True)
     left = members(stack.folder)
     if left:
         raise StackError(f"processes of the stack still run after its stop: {left}")

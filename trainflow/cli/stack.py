@@ -124,4 +124,5 @@ def down(
         stack_down(_folder(folder), delete=delete, say=typer.echo)
     except StackError as e:
         raise fail(str(e), code=1) from None
-    typer.echo("stack stopped" + ("" if delete else "; its data stays for the next trainflow stack up"))
+    if not delete:  # with --delete, the last line says what was deleted
+        typer.echo("stack stopped; its data stays for the next trainflow stack up")

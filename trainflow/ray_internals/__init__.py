@@ -69,6 +69,8 @@ log = logging.getLogger("trainflow")
 
 # 1. The GCS key-value store.
 
+_kv_moved: list[str] = []  # the functions found moved, each warned of once
+
 
 def _kv(name: str) -> Callable | None:
     """One of Ray's ``_internal_kv_*`` functions; None, with a warning once, where Ray moved them."""
@@ -84,9 +86,6 @@ def _kv(name: str) -> Callable | None:
             ray.__version__, name,
         )  # fmt: skip
     return function
-
-
-_kv_moved: list[str] = []
 
 
 def kv_put(key: str, value: str | bytes, namespace: str, overwrite: bool = True) -> bool:
@@ -110,15 +109,8 @@ def kv_delete_prefix(prefix: str, namespace: str) -> None:
         delete(prefix, del_by_prefix=True, namespace=namespace)
 
 
-# 2 and 3. Train's placement-group cleaner, answered by the GCS.
-#
-# Ray Train V2 starts a placement-group cleaner (a detached actor) beside every run's
-# controller, to remove the run's placement group once the controller is dead. It asks
-# the state API, at the dashboard address the GCS publishes: a cluster without the
-# dashboard (trainflow's) still publishes 127.0.0.1:8265, so the cleaner asks whichever
-# cluster holds that port, and one that never heard of the controller answers "no such
-# actor": the cleaner removes a live run's group, and its workers die. The GCS knows
-# its own cluster's actors, with or without the dashboard.
+# 2 and 3. Train's placement-group cleaner, answered by the GCS, which knows its own actors: asked at
+# 127.0.0.1:8265, another cluster's dashboard says a live controller is gone, and its group is removed.
 PG_CLEANER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
 
 
@@ -277,6 +269,13 @@ def upload_py_modules(paths: Sequence[str]) -> dict:
     except ImportError:  # the job's own runtime_env, where trainflow opened the session, ships them
         return {}
     return upload_py_modules_if_needed({"py_modules": list(paths)}, include_gitignore=True)
+
+
+def setup_hook_variable() -> str | None:
+    """The variable ``ray.init`` names a worker setup hook by (use 11); None where Ray moved it."""
+    from ray._private import ray_constants  # use 10's module too
+
+    return getattr(ray_constants, "WORKER_PROCESS_SETUP_HOOK_ENV_VAR", None)
 
 
 # 8. Loggers of Ray's private modules.

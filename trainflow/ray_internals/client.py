@@ -3,7 +3,8 @@ Ray Client, ``ray://``, or a node's ``host:port``); the rest of the quarantine i
 :mod:`trainflow.ray_internals`.
 
 11. A worker setup hook through Ray Client (:func:`with_setup_hook`). The environment
-    variable ``ray._private.ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR``, which
+    variable of Ray's constant ``WORKER_PROCESS_SETUP_HOOK_ENV_VAR`` (imported by
+    :func:`trainflow.ray_internals.setup_hook_variable`, with Ray's other private imports), which
     ``ray.init`` sets from a runtime_env's ``worker_process_setup_hook`` in a driver on
     the cluster, and Ray Client's ``ray.init`` never does: the hook does not run in the
     workers, and their INFO lines (a report per worker per epoch) reach the console.
@@ -20,6 +21,8 @@ Ray Client, ``ray://``, or a node's ``host:port``); the rest of the quarantine i
 
 from __future__ import annotations
 
+from trainflow.ray_internals import setup_hook_variable
+
 
 def with_setup_hook(runtime_env: dict) -> dict:
     """``runtime_env`` for a Ray Client ``ray.init``: its ``worker_process_setup_hook`` (a
@@ -27,11 +30,10 @@ def with_setup_hook(runtime_env: dict) -> dict:
     hook = runtime_env.get("worker_process_setup_hook")
     if not isinstance(hook, str):
         return runtime_env
-    try:
-        from ray._private.ray_constants import WORKER_PROCESS_SETUP_HOOK_ENV_VAR
-    except ImportError:
+    variable = setup_hook_variable()
+    if variable is None:
         return runtime_env
-    env_vars = {**runtime_env.get("env_vars", {}), WORKER_PROCESS_SETUP_HOOK_ENV_VAR: hook}
+    env_vars = {**runtime_env.get("env_vars", {}), variable: hook}
     return {**runtime_env, "env_vars": env_vars}
 
 

@@ -1,6 +1,6 @@
 """The processes of a team stack: PostgreSQL, an MLflow server, a Prefect server, a Ray
 head and one more node, a Prefect worker. Each is started in a session of its own, its
-output in a log file, and stopped by its process id (never by name: ``ray stop`` would end
+output in a log file, and stopped by its process id (never by name, which would end
 every Ray process on the machine). Every process a stack starts, and every process those
 start, carries :data:`MEMBER_ENV` naming the stack's folder, so that ``down`` finds what
 a service left behind."""

@@ -9,6 +9,7 @@ so the URLs a team wrote down stay true after ``down`` and ``up``."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -315,12 +316,25 @@ def mlflow_python(say: Callable[[str], None]) -> Path:
         python = ui_python(say)
     except UIError as e:
         raise StackError(f"MLflow server: {e}") from None
-    if subprocess.run([python, "-c", "import psycopg2"], capture_output=True).returncode != 0:
-        say("installing PostgreSQL's driver (psycopg2-binary) into MLflow's environment ...")
-        pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "psycopg2-binary"]
-        done = subprocess.run(pip, capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            raise StackError(f"MLflow server: psycopg2-binary did not install: {done.stderr.strip()[-300:]}")
+    # One command at a time installs it: two pip runs into one environment can break it.
+    with open(Path(python).parent.parent / ".trainflow-psycopg2.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if subprocess.run([python, "-c", "import psycopg2"], capture_output=True).returncode != 0:
+            say("installing PostgreSQL's driver (psycopg2-binary) into MLflow's environment ...")
+            pip = [
+                python,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "psycopg2-binary",
+            ]
+            done = subprocess.run(pip, capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                raise StackError(
+                    f"MLflow server: psycopg2-binary did not install: {done.stderr.strip()[-300:]}"
+                )
     return python
 
 

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 # Set in the environment of every process a stack starts; inherited by their children.
@@ -107,38 +107,30 @@ def members(folder: Path) -> list[int]:
 
 def stop(pids: list[int], timeout: float = STOP_TIMEOUT_S) -> None:
     """SIGTERM to the process groups ``pids`` lead, together, then SIGKILL to those left after ``timeout``."""
-    pids = [pid for pid in pids if alive(pid)]
-    for pid in pids:
-        _signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in pids:
-        _signal_group(pid, signal.SIGKILL)
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    _end(pids, os.killpg, timeout)
 
 
 def stop_members(folder: Path, timeout: float = 10.0) -> None:
     """End whatever a stack's services left running (Ray's workers, a flow run's process)."""
-    left = members(folder)
-    for pid in left:
-        _kill(pid, signal.SIGTERM)
+    _end(members(folder), os.kill, timeout)
+
+
+def _end(pids: list[int], send: Callable[[int, int], None], timeout: float) -> None:
+    """``send`` SIGTERM to each of ``pids`` alive now, wait up to ``timeout`` for them to
+    end, then SIGKILL to each (a group whose leader ended may still hold processes)."""
+    targets = [pid for pid in pids if alive(pid)]
+    for pid in targets:
+        _send(send, pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while (left := [p for p in left if alive(p)]) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in targets) and time.monotonic() < deadline:
         time.sleep(0.2)
-    for pid in left:
-        _kill(pid, signal.SIGKILL)
+    for pid in targets:
+        _send(send, pid, signal.SIGKILL)
 
 
-def _kill(pid: int, sig: int) -> None:
+def _send(send: Callable[[int, int], None], pid: int, sig: int) -> None:
     try:
-        os.kill(pid, sig)
+        send(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -238,8 +230,3 @@ def postgres_bin() -> Path | None:
 def _major(path: str) -> int:
     version = Path(path).parts[-3]
     return int(version) if version.isdigit() else 0
-
-
-def processes_listening(ports: list[int]) -> Iterator[int]:
-    """The ports of ``ports`` something listens on at 127.0.0.1."""
-    return (p for p in ports if port_open(p))

@@ -221,8 +221,9 @@ def test_workers_output_leaves_the_console_and_comes_back(ray_cluster):
 
 
 def test_rays_noise_from_a_worker_stays_off_the_console_and_its_other_lines_reach_it(ray_cluster, capfd):
-    """Ray's printing handler, wrapped once, drops a worker's :data:`WORKER_NOISE` lines
-    and prints the rest; the handler's data still carries its lines as a list."""
+    """Ray's printing handler, wrapped once, drops a worker's :data:`WORKER_NOISE` lines,
+    and every line of a worker from its :data:`WORKER_ABORT` on, and prints the rest; the
+    handler's data still carries its lines as a list."""
     import ray
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
@@ -239,7 +240,20 @@ def test_rays_noise_from_a_worker_stays_off_the_console_and_its_other_lines_reac
             print(f"[E core_worker.cc:2465] Actor {noise} {marker}", file=sys.stderr)
         print(f"worker line {marker}", file=sys.stderr, flush=True)
 
-    ray.get(say.remote())
+    @ray.remote(num_cpus=0)
+    class Aborting:  # a process of its own: its pid's lines end at the abort
+        def abort(self) -> int:
+            print(
+                f"[C core_worker.cc:3345] {ray_internals.WORKER_ABORT} Status not OK {marker}",
+                file=sys.stderr,
+            )
+            print(f"*** StackTrace Information *** {marker}", file=sys.stderr)
+            print(f"ray::IDLE(_start+0x21) {marker}", file=sys.stderr, flush=True)
+            return os.getpid()
+
+    aborting = Aborting.remote()
+    assert ray.get(aborting.abort.remote()) != ray.get(say.remote())
+    ray.kill(aborting)
     console = ""
     deadline = time.monotonic() + 120
     while f"worker line {marker}" not in console and time.monotonic() < deadline:
@@ -247,6 +261,7 @@ def test_rays_noise_from_a_worker_stays_off_the_console_and_its_other_lines_reac
         time.sleep(0.1)
     assert f"worker line {marker}" in console
     assert not any(noise in console for noise in ray_internals.WORKER_NOISE), console
+    assert marker not in console.replace(f"worker line {marker}", ""), console
 
 
 # 6. A local cluster's resources, before it starts.

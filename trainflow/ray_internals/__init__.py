@@ -65,6 +65,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from trainflow.ray_internals.output import WORKER_ABORT, WORKER_NOISE, without_noise  # noqa: F401 - use 5
+
 log = logging.getLogger("trainflow")
 
 # 1. The GCS key-value store.
@@ -190,11 +192,8 @@ def session_logs() -> str:
         return "/tmp/ray/session_latest/logs"
 
 
-# 5. The workers' output on this driver's console.
+# 5. The workers' output on this driver's console; what it drops: .output.
 
-# What a worker prints that no user acts on, Ray core's ERROR lines: at the start of Train's
-# preemption watcher on a cluster (ray issue 53727); at a kill of an actor already gone.
-WORKER_NOISE = ("has constructor arguments in the object store and max_restarts", "ignoring KillActor for")
 _hidden_worker_output: list = []  # Ray's console handler, while taken away
 
 
@@ -226,20 +225,7 @@ def drop_worker_noise() -> None:
     if (dispatcher := _dispatcher()) is None:
         return
     with dispatcher._lock:
-        dispatcher.handlers = [(name, _without_noise(name, handler)) for name, handler in dispatcher.handlers]
-
-
-def _without_noise(name: str, handler: Callable) -> Callable:
-    if name != "ray_print_logs" or hasattr(handler, "unfiltered"):
-        return handler
-
-    def print_logs(data: dict) -> None:
-        lines = [line for line in data.get("lines", ()) if not any(noise in line for noise in WORKER_NOISE)]
-        if lines:
-            handler({**data, "lines": lines})
-
-    print_logs.unfiltered = handler
-    return print_logs
+        dispatcher.handlers = [(name, without_noise(name, handler)) for name, handler in dispatcher.handlers]
 
 
 # 6. A local cluster's resources, before it starts.

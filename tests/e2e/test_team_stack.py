@@ -5,10 +5,11 @@ Ray Client (``ray://``), as from a machine off the cluster.
 
 One walk, as a team lives it: new data is announced by the watch-data deployment; its
 event starts on-new-data, which the worker trains through ``ray://`` and registers on the
-PostgreSQL-backed server; serve-champion serves it; newer data trains a second version the
-endpoint then follows; a teammate reproduces it from their own shell through the head's
-``host:port``; `trainflow stack down` leaves no process and no port behind, and keeps the
-data.
+PostgreSQL-backed server; serve-champion serves it; the endpoint is asked about rows unlike
+those it was trained on, watch-served sees the drift and, under ``drift.action: retrain``,
+its event trains a second version on the newer data in the source, which the endpoint then
+follows; a teammate reproduces it from their own shell through the head's ``host:port``;
+`trainflow stack down` leaves no process and no port behind, and keeps the data.
 """
 
 import json
@@ -108,6 +109,20 @@ def await_served(url: str, version: str, log: Path) -> None:
         time.sleep(1)
 
 
+def await_sampled(folder: Path, rows: int, log: Path) -> None:
+    """Until the endpoint's replicas have written samples drawn from ``rows`` served rows."""
+    import pyarrow.parquet as pq
+
+    deadline = time.monotonic() + STEP_TIMEOUT_S
+    while True:
+        files = folder.glob("requests-*.parquet")
+        seen = sum(int((pq.read_schema(f).metadata or {}).get(b"trainflow.seen", b"0")) for f in files)
+        if seen >= rows:
+            return
+        assert time.monotonic() < deadline, f"{seen} rows sampled under {folder}: {log.read_text()[-3000:]}"
+        time.sleep(1)
+
+
 def test_a_team_stack_trains_serves_follows_and_reproduces_then_stops_clean(tmp_path):
     from mlflow import MlflowClient
     from sklearn.datasets import load_digits
@@ -142,6 +157,7 @@ def test_a_team_stack_trains_serves_follows_and_reproduces_then_stops_clean(tmp_
                     "scaling": {"num_workers": 1},
                     # Each new version goes in front: what is shown is that the endpoint follows.
                     "registry": {"min_value": None, "min_improvement": -1.0},
+                    "drift": {"action": "retrain"},
                 }
             )
         )
@@ -174,11 +190,21 @@ def test_a_team_stack_trains_serves_follows_and_reproduces_then_stops_clean(tmp_
         assert started.returncode == 0, started.stdout[-3000:]
         await_served(url, "1", worker_log)
 
-        # Newer data: one more event, one more version, and the endpoint follows the champion.
+        # Newer data lands unannounced, and the endpoint is asked about digits unlike those it
+        # learnt (inverted pixels): watch-served sees the drift, its event trains on the data
+        # as it is now, one more version, and the endpoint follows the champion.
         frame.iloc[:900].to_csv(data, index=False)
-        checked = subprocess.run(watch, env=env, capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
+        inverted = (16 - frame.drop(columns="label").iloc[:300]).to_dict("records")
+        for start in range(0, len(inverted), 100):
+            asked = http.post(f"{url}/predict", json={"rows": inverted[start : start + 100]})
+            assert asked.status_code == 200, asked.text
+        await_sampled(folder / "home" / "serving" / "team-digits", len(inverted), worker_log)
+        params = json.dumps({"model": "team-digits"})
+        watched = [*prefect, "watch-served/watch-served", "--params", params, "--watch"]
+        checked = subprocess.run(watched, env=env, capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
         assert checked.returncode == 0, checked.stdout[-3000:]
         await_completed(api, "on-new-data", 2, worker_log)
+        assert "emitted trainflow.model.drifted" in worker_log.read_text(), logs_of(worker_log)
         assert registry.get_model_version_by_alias("team-digits", "champion").version == "2"
         await_served(url, "2", worker_log)
         answer = http.post(

@@ -2,8 +2,10 @@
 loopback (the session's Ray cluster), HTTP requests, the replica's request sample on
 disk, and `trainflow models drift` scoring it in-process against the champion."""
 
+import json
 import socket
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -128,3 +130,51 @@ def read_samples_from(folder):
     files = sorted(folder.glob("requests-*.parquet"))
     table = pq.read_table(files[0])
     return table.to_pandas(), int(table.schema.metadata[b"trainflow.seen"]), len(files)
+
+
+def test_watch_served_emits_only_under_retrain_with_data_no_version_was_trained_on(
+    served, prefect_harness, tmp_path
+):
+    """The watch-served flow, as its deployment runs it, on the served champion: drift under
+    the champion's drift.action warn is logged; under retrain it emits the event when the
+    data moved on since that config was trained, and says what to do when it did not."""
+    from trainflow import checks
+    from trainflow.config import PipelineConfig
+    from trainflow.pipelines.registry.lineage import CONFIG_HASH_TAG, DATA_FINGERPRINT_TAG
+
+    rng = np.random.default_rng(7)
+    rows = [{"a": float(v), "c": "y"} for v in rng.normal(3.0, 1.0, 100)]
+    assert http.post(f"{served}/predict", json={"rows": rows}).status_code == 200
+    wait_for_sample("toy-drift", 100)
+    emitted, logs = watched("toy-drift")
+    assert emitted is False  # the fixture's champion: drift.action warn
+    assert "(drift.action warn)" in logs
+
+    ws = workspace()
+    retrain = PipelineConfig.model_validate({"name": "toy-drift", "drift": {"action": "retrain"}})
+    now = checks.source(retrain).fingerprint
+    for version, (accuracy, fingerprint) in enumerate([(0.9, "older-data"), (0.95, now)], start=2):
+        folder = make_checkpoint(tmp_path / f"c{version}", seed=version, pre=TOY)
+        (Path(folder) / "config.json").write_text(json.dumps(retrain.model_dump(mode="json")))
+        profiles.save(
+            folder, profiles.frame_profile(train_rows(2000), ["a"], ["c", "label"]) | {"label": "label"}
+        )
+        tags = {CONFIG_HASH_TAG: retrain.config_hash(), DATA_FINGERPRINT_TAG: fingerprint}
+        assert register(ws, folder, accuracy, name="toy-drift", tags=tags).champion
+        emitted, logs = watched("toy-drift")
+        if fingerprint == now:  # this config was trained on the data as it is: nothing new to learn
+            assert emitted is False
+            assert f"version {version} was trained on builtin:digits as it is now" in logs
+            assert "add the newer data there to retrain" in logs
+        else:
+            assert emitted is True
+            assert "emitted trainflow.model.drifted" in logs
+
+
+def watched(model: str) -> tuple[bool, str]:
+    """What the watch-served flow returned for ``model``, and its run's logs."""
+    from tests.flows.test_training_pipeline import flow_logs
+    from trainflow.flows.retrain import watch_served
+
+    state = watch_served(model=model, return_state=True)
+    return state.result(), "\n".join(flow_logs(state.state_details.flow_run_id))

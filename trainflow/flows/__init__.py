@@ -2,7 +2,7 @@
 
 from trainflow.flows.batch_predict import batch_predict
 from trainflow.flows.reproduce import reproduce_version
-from trainflow.flows.retrain import retrain_on_new_data, watch_data
+from trainflow.flows.retrain import retrain_on_new_data, watch_data, watch_served
 from trainflow.flows.sweep import sweep_pipeline
 from trainflow.flows.training import training_pipeline
 
@@ -13,4 +13,5 @@ __all__ = [
     "sweep_pipeline",
     "training_pipeline",
     "watch_data",
+    "watch_served",
 ]

@@ -9,9 +9,17 @@ hash and the fingerprint, so the same data announced twice is one event: Prefect
 stores it once and its triggers act on it once. Whoever writes the data may also post the
 event (``prefect event emit``, or ``emit_data_changed`` from Python).
 
-``retrain-on-new-data`` is what the trigger runs: it trains the config, as the training
-flow does, unless a registered version of that config already trained on that data, so
-an event sent twice, or for data already trained on, trains nothing.
+``watch-served`` closes the loop from serving: it scores what a model's endpoint was
+asked (its replicas' request samples) against the champion's train split, and when a
+feature drifted and the champion's config says ``drift.action: retrain``, it emits
+``trainflow.model.drifted`` for the resource ``trainflow.model.<model name>``, carrying
+that config; ``warn`` and ``block`` log the drift and emit nothing. Drift is a reason to
+train on the data as it is now: when a version of that config was already trained on it,
+nothing new would be learnt, and the flow says so instead.
+
+``retrain-on-new-data`` is what both events' triggers run: it trains the config, as the
+training flow does, unless a registered version of that config already trained on that
+data, so an event sent twice, or for data already trained on, trains nothing.
 """
 
 # No `from __future__ import annotations` here: Prefect builds the flows' parameter
@@ -29,6 +37,8 @@ from trainflow.tasks.results import PipelineResult
 
 DATA_CHANGED = "trainflow.data.changed"
 RESOURCE_PREFIX = "trainflow.data."
+MODEL_DRIFTED = "trainflow.model.drifted"
+MODEL_RESOURCE_PREFIX = "trainflow.model."
 _EVENT_IDS = uuid.UUID("6f1c3d2e-52b7-4c61-9a38-2f0b8d7e4a10")  # the namespace of the events' ids
 
 
@@ -97,6 +107,79 @@ def watch_data(config: PipelineConfig | str = DEFAULT_CONFIG, overrides: list[st
     given = config if isinstance(config, str) and not overrides else resolved.model_dump(mode="json")
     emit_data_changed(resolved, fingerprint, {"config": given})
     logger.info("%s: its data changed (%s); emitted %s", resolved.name, fingerprint, DATA_CHANGED)
+    return True
+
+
+def emit_model_drifted(
+    config: PipelineConfig, fingerprint: str, drifted: list[str], reference: str
+) -> uuid.UUID:
+    """Emit ``trainflow.model.drifted`` for ``config``'s model: its served requests drifted
+    (``drifted``: the features, the most shifted first) from ``reference`` (the champion),
+    and its data is now ``fingerprint``; the payload carries ``config``, for the run it
+    triggers. One event per model, config and data, as for new data. Returns its id."""
+    from prefect.events import emit_event
+
+    event_id = uuid.uuid5(_EVENT_IDS, f"drifted/{config.name}/{config.config_hash()}/{fingerprint}")
+    emit_event(
+        event=MODEL_DRIFTED,
+        resource={
+            "prefect.resource.id": f"{MODEL_RESOURCE_PREFIX}{config.name}",
+            "prefect.resource.name": config.name,
+            "trainflow.champion": reference,
+            "trainflow.data_fingerprint": fingerprint,
+        },
+        payload={"config": config.model_dump(mode="json"), "drifted": drifted},
+        id=event_id,
+    )
+    return event_id
+
+
+@flow(name="watch-served", persist_result=False)
+def watch_served(model: str = "digits") -> bool:
+    """Score what ``model``'s endpoint was asked against its champion's train split (the
+    request samples its replicas keep under TRAINFLOW_HOME, as ``trainflow models drift``
+    does), with the champion's drift thresholds; emit ``trainflow.model.drifted`` when a
+    feature drifted, the champion's config says ``drift.action: retrain``, and no version
+    of that config was trained on its data as it is now.
+
+    Args:
+        model: the registered model's name; its champion is the reference.
+
+    Returns:
+        whether it emitted the event.
+    """
+    from trainflow.config import DriftConfig
+    from trainflow.pipelines.registry.reproduce import saved_config
+    from trainflow.pipelines.serving.sampled import served_drift
+    from trainflow.workspace import workspace
+
+    one_line_expected_errors()
+    logger = get_run_logger()
+    champion, config = saved_config(workspace(), f"{model}@champion")
+    thresholds = config.drift or DriftConfig()
+    report = served_drift(workspace(), model, psi_threshold=thresholds.psi, ks_pvalue=thresholds.ks_pvalue)
+    if not report.drifted:
+        logger.info("%s: served requests: %s", model, report.summary())
+        return False
+    if thresholds.action != "retrain":
+        logger.warning(
+            "%s: served requests: %s (drift.action %s)", model, report.summary(), thresholds.action
+        )
+        return False
+    fingerprint = checks.source(config).fingerprint
+    version = trained_version(config, fingerprint)
+    if version is not None:
+        trained = f"version {version} was trained on {config.data.source} as it is now ({fingerprint})"
+        logger.warning(
+            "%s: served requests: %s; %s: add the newer data there to retrain",
+            model,
+            report.summary(),
+            trained,
+        )
+        return False
+    drifted = [f.feature for f in sorted(report.drifted, key=lambda f: -f.psi)]
+    emit_model_drifted(config, fingerprint, drifted, champion)
+    logger.info("%s: served requests: %s; emitted %s", model, report.summary(), MODEL_DRIFTED)
     return True
 
 

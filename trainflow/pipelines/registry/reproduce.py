@@ -67,8 +67,19 @@ def original(ws: Workspace, uri: str) -> Original:
     return Original(mv.name, str(mv.version), config, fingerprint, mv.tags.get(GIT_COMMIT_TAG), metrics)
 
 
-def _saved_config(ws: Workspace, mv, ref: str, registered_hash: str) -> PipelineConfig:
-    """The config saved in the version's checkpoint, if it hashes as registered."""
+def saved_config(ws: Workspace, uri: str) -> tuple[str, PipelineConfig]:
+    """The version ``uri`` names (NAME/VERSION, or an alias: the version it points at now)
+    as NAME/VERSION, and the config saved in its checkpoint (checked against its
+    ``trainflow.config_hash`` tag where it has one); RegistryError in one line when there
+    is none this release can read."""
+    mv = resolve(ws, uri)
+    ref = f"{mv.name}/{mv.version}"
+    return ref, _saved_config(ws, mv, ref, mv.tags.get(CONFIG_HASH_TAG))
+
+
+def _saved_config(ws: Workspace, mv, ref: str, registered_hash: str | None) -> PipelineConfig:
+    """The config saved in the version's checkpoint, if it hashes as registered (any, with
+    no hash registered)."""
     path = local_checkpoint(ws, mv) / CONFIG
     if not path.is_file():
         raise RegistryError(f"{ref} has no {CONFIG} in its checkpoint: its config cannot be rebuilt")
@@ -79,7 +90,7 @@ def _saved_config(ws: Workspace, mv, ref: str, registered_hash: str) -> Pipeline
             f"{ref}: its checkpoint's {CONFIG} is not a config of this trainflow release ({e}); "
             "reproduce it with the release that trained it"
         ) from None
-    if config.config_hash() != registered_hash:
+    if registered_hash is not None and config.config_hash() != registered_hash:
         raise RegistryError(
             f"{ref}: its checkpoint's {CONFIG} hashes {config.config_hash()}, not {registered_hash} as "
             "registered: the exact config cannot be rebuilt; reproduce it with the release that trained it"

@@ -14,6 +14,7 @@ follows; a teammate reproduces it from their own shell through the head's ``host
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -134,6 +135,7 @@ def test_a_team_stack_trains_serves_follows_and_reproduces_then_stops_clean(tmp_
         pytest.skip("no PostgreSQL server on this machine (apt-get install postgresql)")
     folder = tmp_path / "stack"
     up = trainflow("stack", "up", "--folder", folder)
+    sweeping = None
     try:
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         assert "worker    up" in up.stdout, up.stdout
@@ -212,8 +214,21 @@ def test_a_team_stack_trains_serves_follows_and_reproduces_then_stops_clean(tmp_
         )
         assert answer.status_code == 200 and answer.json()["version"] == "2", answer.text
 
-        # Batch prediction from a machine off the cluster, through Ray Client.
+        # From a machine off the cluster, through Ray Client: a sweep (Tune's loop runs in an
+        # actor on the cluster there), beside a batch prediction.
         off_cluster = {**env, "RAY_ADDRESS": Stack.load(folder).ray_client}
+        sweep_config = tmp_path / "team-sweep.yaml"
+        trials = {"space": {"train.lr": {"grid": [0.05, 0.01]}}, "trials": 1}
+        trials["scaling"] = {"num_workers": 1, "resources_per_worker": {"CPU": 0.5}}
+        sweep_config.write_text(
+            yaml.safe_dump({**yaml.safe_load(config.read_text()), "name": "team-sweep", "sweep": trials})
+        )
+        sweep_log = tmp_path / "sweep.log"
+        with sweep_log.open("w") as out:
+            command = [sys.executable, "-m", "trainflow.cli", "sweep", sweep_config]
+            sweeping = subprocess.Popen(
+                command, cwd=REPO, env=off_cluster, stdout=out, stderr=subprocess.STDOUT
+            )
         predicted = trainflow(
             "predict", "team-digits@champion", data, tmp_path / "predicted", env=off_cluster
         )
@@ -233,6 +248,14 @@ def test_a_team_stack_trains_serves_follows_and_reproduces_then_stops_clean(tmp_
             )
             assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
 
+        assert sweeping.wait(STEP_TIMEOUT_S) == 0, sweep_log.read_text()[-3000:]
+        swept = sweep_log.read_text()
+        assert "2 trials: 2 completed" in swept and "registered team-sweep version 1" in swept, swept[-3000:]
+        assert len(re.findall(r"trial \S+ epoch 1 ", swept)) == 2, swept[-3000:]  # relayed to this console
+        # Nothing of Tune's own output, nor a Prefect server started where Tune's loop runs.
+        for noise in ("TunerInternal", "Configuration for experiment", "temporary server", "Traceback"):
+            assert noise not in swept, swept[-3000:]
+
         # What finished runs leave on the shared cluster: nothing of their own. The endpoint's
         # actors serve on; Ray Data keeps one of each of its cluster-wide helpers (detached,
         # shared by every job, made once).
@@ -248,6 +271,8 @@ def test_a_team_stack_trains_serves_follows_and_reproduces_then_stops_clean(tmp_
         assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
         assert registry.get_model_version("team-digits", "3").tags["reproduces"] == "2"
     finally:
+        if sweeping is not None and sweeping.poll() is None:
+            sweeping.kill()
         stack = Stack.load(folder)
         down = trainflow("stack", "down", "--folder", folder, timeout=300)
         left = members(folder)

@@ -24,6 +24,11 @@ QUIET_ENV = {
     # Against an MLflow server, MLflow prints each ended run's and its experiment's URLs on
     # stdout; trainflow's summary links the registered version.
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+    # Ray Tune's console output engine prints its experiment box, the results folder and a
+    # TensorBoard command even at verbose=0; its legacy reporter prints nothing there, and
+    # a sweep logs each trial itself. In the job's workers too: through Ray Client, Tune's
+    # loop runs in an actor on the cluster.
+    "RAY_AIR_NEW_OUTPUT": "0",
     # MLflow retries a call to its server 7 times with backoff, about 4 minutes, and the
     # register step is retried twice more: a server that went down is reported in about a
     # minute instead of twelve.
@@ -114,6 +119,9 @@ def quiet_worker() -> None:
     controller = logging.getLogger(ray_internals.TRAIN_CONTROLLER_LOGGER)
     if not any(isinstance(f, _StartupTimeoutInOneLine) for f in controller.filters):
         controller.addFilter(_StartupTimeoutInOneLine())
+    # Tune's own lines, where its loop runs in a worker (through Ray Client): a sweep logs
+    # each trial itself, as in the driver (pipelines/training/sweep.py).
+    logging.getLogger("ray.tune").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.")
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 

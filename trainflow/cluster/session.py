@@ -228,3 +228,41 @@ def on_the_cluster(fn: Callable[..., T], *args, **kwargs) -> T:
     import ray
 
     return ray.get(ray.remote(num_cpus=0)(fn).remote(*args, **kwargs))
+
+
+@contextmanager
+def driver_side(fn: Callable[[T], None]) -> Iterator[Callable[[T], None]]:
+    """``fn``, callable from what Ray runs on this driver's behalf: ``fn`` itself, or, when
+    this process reaches its cluster through Ray Client (where Ray Tune's driver loop runs
+    in an actor on the cluster, and a callback handed to it runs there, without this
+    process's Prefect run or console), a function that queues its argument (a Ray queue, an
+    actor of no CPU) for a thread of this process, which calls ``fn`` with each in order.
+    Every queued call is made before the block ends, and the queue is gone."""
+    from ray.util.client import ray as client
+
+    if not client.is_connected():
+        yield fn
+        return
+    import threading
+    from queue import Empty
+
+    from ray.util.queue import Queue
+
+    queue, done = Queue(actor_options={"num_cpus": 0}), threading.Event()
+
+    def relay() -> None:
+        while True:
+            try:
+                fn(queue.get(timeout=0.5))
+            except Empty:
+                if done.is_set():
+                    return
+
+    thread = threading.Thread(target=relay, name="trainflow-relay", daemon=True)
+    thread.start()
+    try:
+        yield queue.put
+    finally:
+        done.set()
+        thread.join()
+        queue.shutdown()

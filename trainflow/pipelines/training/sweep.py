@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 import random
 import re
 import uuid
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trainflow.cluster.quiet import configure_ray_data
+from trainflow.cluster.session import driver_side
 from trainflow.config import FailureSection, PipelineConfig, SweepConfig, trial_config
 from trainflow.config.sweep import POPULATION_SCHEDULERS
 from trainflow.files import replacing_file
@@ -140,14 +140,13 @@ def trial_events(on_event: Callable[[dict[str, Any]], None], release: Callable[[
     """A Ray Tune callback that hands each trial's start, epochs and end to ``on_event``,
     and releases an ended or restarted trial's training workers' resources (``release`` of
     its Ray Train runs' name); a trial restarted from another's checkpoint (a PBT exploit)
-    is an ``exploit`` event, with the trial and epoch it goes on from. Its ``rows`` keep
-    each trial's reports as they came, for :func:`summarize`."""
+    is an ``exploit`` event, with the trial and epoch it goes on from; an ``epoch`` event
+    carries the trial's report."""
     from ray.tune import Callback
 
     class TrialEvents(Callback):
         def __init__(self) -> None:
             self.paused: set[str] = set()
-            self.rows: dict[str, list[dict[str, Any]]] = {}  # each trial's reports, in order
 
         def on_step_end(self, iteration, trials, **info):
             # PBT pauses a trial by killing its actor, and its trainer with it: the group
@@ -167,9 +166,7 @@ def trial_events(on_event: Callable[[dict[str, Any]], None], release: Callable[[
             on_event(event)
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            row = _row(result)
-            self.rows.setdefault(trial.trial_id, []).append(row)
-            on_event({"kind": "epoch", "trial_id": trial.trial_id, **row})
+            on_event({"kind": "epoch", "trial_id": trial.trial_id, **_row(result)})
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             release(trial_run(trial.trial_id))
@@ -224,21 +221,30 @@ def run_sweep(
     best is picked. Raises SweepFailed when no trial produced a checkpoint.
     """
     placements = PlacementTracker(f"trainflow-sweep-{name}")
+    rows: dict[str, list[dict[str, Any]]] = {}  # each trial's reports, in order
+
+    def record(event: dict[str, Any]) -> None:
+        if event["kind"] == "epoch":
+            rows.setdefault(event["trial_id"], []).append(_row(event))
+        on_event(event)
+
     try:
-        tuner = build_tuner(
-            config,
-            prepared,
-            name=name,
-            storage_path=storage_path,
-            max_concurrent=max_concurrent,
-            callbacks=[events := trial_events(on_event, placements.release)],
-            placements=placements.name,
-        )
-        with stop_on_signals(), _tune_console_quiet(), _seeded(config.sweep.seed):
-            grid = tuner.fit()
+        # Through Ray Client, Tune's loop and its callbacks run in an actor on the cluster.
+        with driver_side(record) as told:
+            tuner = build_tuner(
+                config,
+                prepared,
+                name=name,
+                storage_path=storage_path,
+                max_concurrent=max_concurrent,
+                callbacks=[trial_events(told, placements.release)],
+                placements=placements.name,
+            )
+            with stop_on_signals(), _tune_console_quiet(), _seeded(config.sweep.seed):
+                grid = tuner.fit()
     finally:
         placements.close()
-    trials = summarize(config, grid, events.rows)
+    trials = summarize(config, grid, rows)
     on_trials(trials)
     best = best_trial(config, trials)
     best_config = trial_config(config, best.params)
@@ -264,22 +270,16 @@ def _seeded(seed: int) -> Iterator[None]:
         random.setstate(before)
 
 
-# Tune's choice of console output: its output engine ("1", the default) or the legacy reporter.
-_TUNE_NEW_OUTPUT = "RAY_AIR_NEW_OUTPUT"
-
-
 @contextmanager
 def _tune_console_quiet() -> Iterator[None]:
     """Tune's own console output off for the sweep: trainflow logs each trial's epochs,
-    prints the trial table and says `stopped (SIGINT)` itself. ``verbose=0`` is not
-    enough in Ray 2.60: Tune's output engine still prints its experiment box, the results
-    folder and a TensorBoard command (its legacy reporter prints nothing at
-    ``verbose=0``), and on a Ctrl-C Tune's logger warns that the stop was received,
-    points at ``Tuner.restore`` (which trainflow's sweep does not use) and at trials with
-    no results yet. Its errors stay."""
+    prints the trial table and says `stopped (SIGINT)` itself. Its output engine is off
+    for the whole run (``RAY_AIR_NEW_OUTPUT``, :data:`trainflow.cluster.quiet.QUIET_ENV`);
+    here, on a Ctrl-C, Tune's logger warns that the stop was received, points at
+    ``Tuner.restore`` (which trainflow's sweep does not use) and at trials with no results
+    yet. Its errors stay."""
     tune_log = logging.getLogger("ray.tune")
-    before = os.environ.get(_TUNE_NEW_OUTPUT), tune_log.level
-    os.environ[_TUNE_NEW_OUTPUT] = "0"
+    before = tune_log.level
     tune_log.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
@@ -287,11 +287,7 @@ def _tune_console_quiet() -> Iterator[None]:
             warnings.filterwarnings("ignore", message="Consider boosting PBT performance")
             yield
     finally:
-        tune_log.setLevel(before[1])
-        if before[0] is None:
-            os.environ.pop(_TUNE_NEW_OUTPUT, None)
-        else:
-            os.environ[_TUNE_NEW_OUTPUT] = before[0]
+        tune_log.setLevel(before)
 
 
 def build_tuner(

@@ -66,3 +66,66 @@ def test_a_retried_train_task_resumes_its_ray_run_instead_of_starting_over(
     # Epochs 1 and 2 were trained once, by the first attempt; the retry trained 3.
     assert epochs_logged(logs, 3) == [1, 2, 3]
     assert state.result().registered.version == "1"
+
+
+def test_a_registry_server_down_at_register_keeps_the_training_and_resume_registers_it_untrained(
+    ray_cluster, prefect_harness, module_trainflow_home, monkeypatch
+):
+    # The registry's server answers the run's check, then goes down (nothing answers at its
+    # address): the register step fails, naming it, and the trained run is left to register.
+    from trainflow.pipelines.training.runs import records
+    from trainflow.workspace import storage_location
+
+    down = server_answering_once()
+    monkeypatch.setattr(training, "register", training.register.with_options(retry_delay_seconds=0))
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    config = load_config(small_config(name="drill-registry-down", train={"epochs": 2}))
+    with monkeypatch.context() as server_down:
+        server_down.setenv("MLFLOW_TRACKING_URI", down)
+        state = training_pipeline(config=config, return_state=True)
+    assert state.is_failed()
+    assert state.message.endswith(
+        f"RegistryError: registry: the MLflow server at {down} stopped answering ([Errno 111] Connection "
+        "refused); the trained checkpoint is kept: once the server is back, the same run with --resume "
+        "registers it without training again"
+    ), state.message
+    (record,) = records(storage_location(config), config.name)
+    assert record.status == "completed" and record.to_register
+
+    # The server is back: --resume registers that training's checkpoint without training again.
+    state = training_pipeline(config=config, resume=True, return_state=True)
+    assert state.is_completed(), state.message
+    logs = flow_logs(state.state_details.flow_run_id)
+    assert (
+        f"{record.describe()} trained to its end (completed): registering it, without training again" in logs
+    )
+    assert epochs_logged(logs, 2) == []
+    assert state.result().registered.version == "1"
+    assert state.result().checkpoint == record.trained["best_checkpoint"]
+    (record,) = records(storage_location(config), config.name)
+    assert record.registered == "1" and not record.to_register
+
+
+def server_answering_once() -> str:
+    """The URL of an HTTP server on loopback that answers one request (the registry check's
+    ``/health``) and then stops, its port closed."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"OK")
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Health)
+
+    def once():
+        server.handle_request()
+        server.server_close()
+
+    threading.Thread(target=once, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}"

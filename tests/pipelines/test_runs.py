@@ -11,6 +11,7 @@ from trainflow.config import ConfigError, PipelineConfig
 from trainflow.pipelines.training.runs import (
     Driver,
     RunRecord,
+    mark_registered,
     newest_checkpoint,
     recorded_run,
     records,
@@ -71,6 +72,20 @@ def test_a_run_left_by_an_error_is_interrupted_and_resumable(tmp_path):
         raise RuntimeError("bad data")  # before any checkpoint: nothing to resume
     found = run_to_resume(str(tmp_path), cfg, "fp1")
     assert found is not None and found.run_name == "digits-test-bbbb" and found.status == "interrupted"
+
+
+def test_a_run_trained_to_its_end_is_left_to_register_until_its_version_is_recorded(tmp_path):
+    cfg = config()
+    with recorded_run(str(tmp_path), cfg, "fp1", "digits-test-dddd") as rec:
+        rec.status, rec.trained = "completed", {"run_name": "digits-test-dddd", "best_checkpoint": "/c"}
+    found = run_to_resume(str(tmp_path), cfg, "fp1")  # no checkpoint folder needed: its result is kept
+    assert found is not None and found.run_name == "digits-test-dddd" and found.to_register
+    mark_registered(str(tmp_path), "digits-test-dddd", "3")
+    [seen] = records(str(tmp_path), cfg.name)
+    assert seen.registered == "3" and not seen.to_register
+    assert run_to_resume(str(tmp_path), cfg, "fp1") is None
+    mark_registered(str(tmp_path), "trial-00000", "4")  # a sweep's trial has no record: nothing written
+    assert not (tmp_path / "trial-00000").exists()
 
 
 def test_a_driver_that_exited_is_dead_and_this_one_alive():

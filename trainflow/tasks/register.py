@@ -13,10 +13,12 @@ from trainflow.pipelines import registry
 from trainflow.pipelines.data import schema
 from trainflow.pipelines.evaluation import evaluate as ev
 from trainflow.pipelines.registry.registration import FLOW_NAME_TAG, FLOW_RUN_NAME_TAG
+from trainflow.pipelines.registry.versions import server_in_one_line
+from trainflow.pipelines.training.runs import mark_registered
 from trainflow.tasks import render
 from trainflow.tasks.results import Drifted, Evaluated, Prepared, Registered, Trained
 from trainflow.tasks.steps import StepInputError, as_config, expect, step
-from trainflow.workspace import workspace
+from trainflow.workspace import Workspace, storage_location, workspace
 
 
 @step(name="register", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10])
@@ -32,19 +34,35 @@ def register(
     step's too, given ``drifted``); ``champion`` moves to it only if the gate passes (``registry.decide``)."""
     config = _checked(config, source, prepared, trained, evaluated, drifted)
     logger, ws = get_run_logger(), workspace()
-    reg = registry.register_checkpoint(
-        ws,
-        name=config.name,
-        checkpoint_dir=trained.best_checkpoint,
-        params=config.model_dump(mode="json"),
-        metrics=evaluated.headline,
-        history=trained.history,
-        tags=_lineage(config, source, prepared, trained),
-        reports=[*evaluated.reports, *(drifted.reports if drifted else [])],
-        **_gate(config, source, prepared, logger),
-    )
+    reg = _registered(ws, config, source, prepared, trained, evaluated, drifted, logger)
+    mark_registered(storage_location(config), trained.run_name, reg.version)
     _publish(config, reg, evaluated, drifted, ws, logger)
     return Registered(**{**reg.__dict__, "decision": reg.decision.to_dict()})
+
+
+def _registered(
+    ws: Workspace,
+    config: PipelineConfig,
+    source: schema.SourceInfo,
+    prepared: Prepared,
+    trained: Trained,
+    evaluated: Evaluated,
+    drifted: Drifted | None,
+    logger,
+) -> registry.Registration:
+    """The version made of ``trained`` behind the gate; a registry server gone is one line."""
+    with server_in_one_line(ws):
+        return registry.register_checkpoint(
+            ws,
+            name=config.name,
+            checkpoint_dir=trained.best_checkpoint,
+            params=config.model_dump(mode="json"),
+            metrics=evaluated.headline,
+            history=trained.history,
+            tags=_lineage(config, source, prepared, trained),
+            reports=[*evaluated.reports, *(drifted.reports if drifted else [])],
+            **_gate(config, source, prepared, logger),
+        )
 
 
 def _checked(

@@ -14,7 +14,7 @@ from trainflow.cluster.session import connected
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.config.resources import ScalingSection
 from trainflow.pipelines.training.run import TrainingDiverged, TrainingResult, run_training
-from trainflow.pipelines.training.runs import RunRecord, recorded_run
+from trainflow.pipelines.training.runs import RunRecord, read_record, recorded_run
 from trainflow.pipelines.training.settings import PreparedSplits
 from trainflow.tasks import render
 from trainflow.tasks.render import artifact_key
@@ -42,18 +42,36 @@ def train(config: PipelineConfig | dict | str, prepared: Prepared, run_name: str
     the cluster is checked to hold them (``cluster.preflight``); connects to Ray when the
     caller has not. ``run_name``: the Ray Train run under ``storage``, by default one per
     call of this task, so that a retry resumes it from its latest checkpoint; the name of
-    an unfinished run continues it (``--resume``). The run is recorded under ``storage``."""
+    an unfinished run continues it (``--resume``), and of one that trained to its end but
+    was not registered returns its result, training nothing. The run is recorded under
+    ``storage``."""
     config = as_config(config, "train")
     expect(prepared, Prepared, "train", "prepared", "preprocess")
     prepared.check_made_for(config, "train")
     logger = get_run_logger()
-    connected(config, logger)
-    fitted = preflight(config, logger)
     run_name = run_name or default_run_name(config)
     storage = storage_location(config)
+    if (ended := _trained_unregistered(storage, run_name, logger)) is not None:
+        return ended
+    connected(config, logger)
+    fitted = preflight(config, logger)
     with recorded_run(storage, config, prepared.source_fingerprint, run_name, flow_run.id) as record:
         result = _run(fitted, prepared, run_name, storage, logger, record)
-    return _trained(config, prepared, run_name, result)
+        trained = _trained(config, prepared, run_name, result)
+        record.trained = trained.model_dump(mode="json")
+    return trained
+
+
+def _trained_unregistered(storage: str, run_name: str, logger) -> Trained | None:
+    """The result of the run ``run_name`` when it trained to its end and was not registered
+    (its registering failed); None otherwise."""
+    ended = read_record(storage, run_name)
+    if ended is None or not ended.to_register:
+        return None
+    logger.info(
+        "%s trained to its end (%s): registering it, without training again", ended.describe(), ended.status
+    )
+    return Trained.model_validate(ended.trained)
 
 
 def default_run_name(config: PipelineConfig) -> str:

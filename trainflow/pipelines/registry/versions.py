@@ -41,6 +41,31 @@ class RegistryError(ValueError):
     """A model, version or alias that does not exist, or a move that cannot be made."""
 
 
+@contextlib.contextmanager
+def server_in_one_line(ws: Workspace) -> Iterator[None]:
+    """The block, where MLflow's client failing to reach the server MLFLOW_TRACKING_URI
+    names (after its own retries) is a one-line RegistryError that says what is kept and
+    how to finish."""
+    from requests.exceptions import ConnectionError as NoConnection
+
+    from trainflow.files import redacted
+
+    try:
+        yield
+    except Exception as error:
+        cause: BaseException | None = error
+        while cause is not None and not isinstance(cause, NoConnection):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None or not tracking_uri(ws).startswith(("http://", "https://")):
+            raise
+        reason = re.search(r"\[Errno -?\d+\] [^\"')]+", str(cause))
+        raise RegistryError(
+            f"registry: the MLflow server at {redacted(tracking_uri(ws))} stopped answering "
+            f"({reason.group(0) if reason else 'no connection'}); the trained checkpoint is kept: once "
+            "the server is back, the same run with --resume registers it without training again"
+        ) from None
+
+
 def require_model(c: MlflowClient, name: str) -> None:
     """Refuse a model name the registry does not hold, naming the ones it does."""
     from mlflow.exceptions import MlflowException

@@ -9,7 +9,10 @@ status. A run is written ``running`` when its training starts (its data prepared
 ``completed``, ``early_stopped`` or ``diverged`` when training ends; a run that ends any
 other way is ``interrupted``, and a ``running`` one whose driver is gone died with it.
 Both are unfinished: Ray Train resumes either from its latest checkpoint when a driver
-fits the same run name and storage path again (Ray's checkpoint manager snapshot).
+fits the same run name and storage path again (Ray's checkpoint manager snapshot). A run
+that trained to its end keeps its result (``trained``) until the register step records
+the version it became (``registered``): one whose registering failed (the registry's
+server down) is left to register, and ``--resume`` registers it without training again.
 """
 
 from __future__ import annotations
@@ -96,12 +99,19 @@ class RunRecord(BaseModel):
     driver: Driver
     status: str = "running"  # running | interrupted | completed | early_stopped | diverged
     ended: float | None = None
+    trained: dict[str, Any] | None = None  # the train step's result, once training ended
+    registered: str | None = None  # the version the register step made of it
     # The unfinished record of the same run that this one continues; not written.
     previous: RunRecord | None = Field(default=None, exclude=True, repr=False)
 
     @property
     def unfinished(self) -> bool:
         return self.status not in FINISHED
+
+    @property
+    def to_register(self) -> bool:
+        """Trained to its end, and not registered (its registering failed)."""
+        return not self.unfinished and self.trained is not None and self.registered is None
 
     def driver_died(self) -> bool:
         """Written ``running`` by a driver that is gone (seen from its own machine)."""
@@ -160,7 +170,11 @@ def run_to_resume(storage: str, config: PipelineConfig, fingerprint: str) -> Run
     (naming the difference), or when the one to resume still runs."""
     # A run that ended before its first checkpoint (a failed check, bad data, a driver
     # killed early) has nothing to continue: a new run is the same thing.
-    unfinished = [r for r in records(storage, config.name) if r.unfinished and _checkpointed(storage, r)]
+    unfinished = [
+        r
+        for r in records(storage, config.name)
+        if r.to_register or (r.unfinished and _checkpointed(storage, r))
+    ]
     if not unfinished:
         return None
     same = [r for r in unfinished if r.config_hash == config.config_hash() and r.fingerprint == fingerprint]
@@ -220,6 +234,14 @@ def read_record(storage: str, run_name: str) -> RunRecord | None:
             return RunRecord.model_validate_json(f.read())
     except (OSError, ValueError):
         return None
+
+
+def mark_registered(storage: str, run_name: str, version: str) -> None:
+    """Record that the run ``run_name`` under ``storage`` became ``version``; nothing for a
+    run with no record (a sweep's trial)."""
+    record = read_record(storage, run_name)
+    if record is not None and record.registered != version:
+        write_record(storage, record.model_copy(update={"registered": version}))
 
 
 @contextmanager

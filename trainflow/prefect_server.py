@@ -15,6 +15,7 @@ fails in one line saying what to do.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
@@ -30,6 +31,7 @@ from pathlib import Path
 # PREFECT_HOME runs every migration first (benchmarks/results.md, overhead phase by
 # phase, times a first run), and two busy cores stretch it. A
 # value of PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS in the environment wins.
+log = logging.getLogger("trainflow")
 START_TIMEOUT_S = 180.0
 TIMEOUT_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 # uvicorn's exit code when the app's start-up failed, or its port was taken in between.
@@ -238,3 +240,45 @@ class TemporaryServer:
             self.process.kill()
             self.process.wait()
         self.process = None
+
+
+def record_failed_run(flow: str, name: str, message: str, parameters: dict | None = None) -> None:
+    """A flow run ``name`` of the flow ``flow``, Failed with ``message``, on the Prefect
+    server the environment names: a run that failed its checks before its flow started
+    shows on a team's server beside the runs that started. Nothing where a flow run would
+    start a temporary server, or where the server does not answer within seconds (the
+    command's own one line says what failed)."""
+    url = configured_api_url()
+    if not url or not url.startswith(("http://", "https://")) or not _answers(url):
+        return
+    from prefect import Flow
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, temporary_settings
+    from prefect.states import Failed
+
+    def not_started() -> None:
+        """The flow, as its run that failed its checks: never called."""
+
+    try:
+        with temporary_settings({PREFECT_API_REQUEST_TIMEOUT: 5.0}), get_client(sync_client=True) as client:
+            client.create_flow_run(
+                Flow(not_started, name=flow),
+                name=name,
+                parameters=parameters or {},
+                tags=["trainflow"],
+                state=Failed(message=message),
+            )
+    except Exception:  # noqa: BLE001 - the run's own error is what the user reads
+        log.debug("could not record the failed run on %s", url, exc_info=True)
+
+
+def _answers(api_url: str) -> bool:
+    """Whether anything answers at the Prefect API's address, within two seconds (its
+    client would retry a refused connection for longer)."""
+    try:
+        urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=2).close()
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True

@@ -128,6 +128,7 @@ def test_a_team_stack_trains_serves_follows_and_reproduces_then_stops_clean(tmp_
     from mlflow import MlflowClient
     from sklearn.datasets import load_digits
 
+    from trainflow.config import load_config
     from trainflow.stack import Stack
     from trainflow.stack.services import members, port_open, postgres_bin
 
@@ -247,6 +248,13 @@ def test_a_team_stack_trains_serves_follows_and_reproduces_then_stops_clean(tmp_
                 refused.stderr
             )
             assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        # ... and each shows on the team's Prefect server as a failed run, with that line.
+        body = {"flows": {"name": {"any_": ["training-pipeline"]}}}
+        body["flow_runs"] = {"state": {"type": {"any_": ["FAILED"]}}}
+        failed = http.post(f"{api}/flow_runs/filter", json=body).json()
+        name = f"team-digits-{load_config(str(config)).config_hash()[:8]}"
+        assert [r["name"] for r in failed] == [name, name], failed
+        assert all("wants a token" in r["state"]["message"] for r in failed), failed
 
         assert sweeping.wait(STEP_TIMEOUT_S) == 0, sweep_log.read_text()[-3000:]
         swept = sweep_log.read_text()

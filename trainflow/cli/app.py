@@ -93,18 +93,35 @@ def one_line_errors() -> Iterator[None]:
         raise fail(str(e)) from None
 
 
-def check_before_start(check: Callable[[], T]) -> T:
+def check_before_start(check: Callable[[], T], flow: str | None = None, run: str = "", **parameters) -> T:
     """What a run's checks found, before Prefect and Ray start; a failed check (bad config
-    or data, a cluster too small or out of reach) ends the command in its one line."""
+    or data, a cluster too small or out of reach) ends the command in its one line, and
+    shows as a failed run ``run`` of the flow ``flow`` (with ``parameters``) on a Prefect
+    server the environment names."""
     from trainflow.signals import raise_if_interrupted
 
     try:
-        with one_line_errors():
+        with one_line_errors(), _recorded_if_failed(flow, run, parameters):
             found = check()
         raise_if_interrupted()
     except KeyboardInterrupt as e:
         raise stopped(e) from None
     return found
+
+
+@contextmanager
+def _recorded_if_failed(flow: str | None, run: str, parameters: dict) -> Iterator[None]:
+    from trainflow.cluster.checks import PreflightError
+    from trainflow.pipelines.data.schema import DataError
+
+    try:
+        yield
+    except (ConfigError, DataError, PreflightError) as e:
+        if flow is not None:
+            from trainflow.prefect_server import record_failed_run
+
+            record_failed_run(flow, run, str(e), parameters)
+        raise
 
 
 def call_flow(what: str, starting: AbstractContextManager, call: Callable[[], T]) -> T:

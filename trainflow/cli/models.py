@@ -201,7 +201,12 @@ def models_reproduce(
 
     _registry()
     with registry_errors():
-        found = check_before_start(lambda: checks.before_reproduce(model, force=force))
+        found = check_before_start(
+            lambda: checks.before_reproduce(model, force=force),
+            "reproduce",
+            "reproduce-" + model.removeprefix("models:/").replace("/", "-v"),
+            model=model,
+        )
     for change in found.changed:
         typer.secho(f"warning: reproducing {found.original.ref} although {change}", err=True)
 

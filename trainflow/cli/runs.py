@@ -45,7 +45,12 @@ def run(
 
     timeline("command parsed")
     cfg = read_config(config, set_, smoke)
-    checked = check_before_start(lambda: checks.before_run(cfg, resume=resume))
+    checked = check_before_start(
+        lambda: checks.before_run(cfg, resume=resume),
+        "training-pipeline",
+        f"{cfg.name}-{cfg.config_hash()[:8]}",
+        config=cfg.model_dump(mode="json"),
+    )
 
     def train():
         from trainflow.flows.training import training_pipeline  # imported by the start-up
@@ -69,7 +74,12 @@ def sweep(
     from trainflow import checks, startup
 
     cfg = read_config(config, set_)
-    checked = check_before_start(lambda: checks.before_run(cfg, sweep=True))
+    checked = check_before_start(
+        lambda: checks.before_run(cfg, sweep=True),
+        "sweep-pipeline",
+        f"{cfg.name}-sweep-{cfg.config_hash()[:8]}",
+        config=cfg.model_dump(mode="json"),
+    )
 
     def run_sweep():
         from trainflow.flows.sweep import sweep_pipeline  # imported by the start-up
@@ -103,7 +113,12 @@ def predict(
     # The model (pinned to its version), input, output and cluster, before Prefect and Ray start.
     with registry_errors():
         checked = check_before_start(
-            lambda: checks.before_predict(model, str(input), str(output), use_gpu=gpu)
+            lambda: checks.before_predict(model, str(input), str(output), use_gpu=gpu),
+            "batch-predict",
+            f"predict-{model}",
+            model=model,
+            input=str(input),
+            output=str(output),
         )
     ref = checked.model
 

@@ -161,6 +161,8 @@ def test_a_team_stack_trains_serves_follows_and_reproduces_then_stops_clean(tmp_
                     # Each new version goes in front: what is shown is that the endpoint follows.
                     "registry": {"min_value": None, "min_improvement": -1.0},
                     "drift": {"action": "retrain"},
+                    # What every machine of the team reaches: runs' checkpoints, served samples.
+                    "storage": str(tmp_path / "shared"),
                 }
             )
         )
@@ -201,7 +203,7 @@ def test_a_team_stack_trains_serves_follows_and_reproduces_then_stops_clean(tmp_
         for start in range(0, len(inverted), 100):
             asked = http.post(f"{url}/predict", json={"rows": inverted[start : start + 100]})
             assert asked.status_code == 200, asked.text
-        await_sampled(folder / "home" / "serving" / "team-digits", len(inverted), worker_log)
+        await_sampled(tmp_path / "shared" / "serving" / "team-digits", len(inverted), worker_log)
         params = json.dumps({"model": "team-digits"})
         watched = [*prefect, "watch-served/watch-served", "--params", params, "--watch"]
         checked = subprocess.run(watched, env=env, capture_output=True, text=True, timeout=STEP_TIMEOUT_S)

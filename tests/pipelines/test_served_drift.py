@@ -178,3 +178,21 @@ def watched(model: str) -> tuple[bool, str]:
 
     state = watch_served(model=model, return_state=True)
     return state.result(), "\n".join(flow_logs(state.state_details.flow_run_id))
+
+
+@pytest.mark.parametrize("uri", [False, True], ids=["shared-folder", "uri"])
+def test_samples_go_under_the_models_storage_where_every_machine_reads_them(trainflow_home, tmp_path, uri):
+    ws = workspace()
+    storage = ("file://" if uri else "") + str(tmp_path / "shared")
+    folder = samples_folder(ws, "churn", storage)
+    assert folder == f"{storage}/serving/churn"
+    for replica in range(2):  # two replicas' files, as two machines write them
+        sample = RequestSample(folder, capacity=50, seed=replica)
+        sample.path = sample.path.replace(".parquet", f"-{replica}.parquet")
+        sample.add({"x": np.arange(80, dtype=float)}, 80, "2")
+        sample.save()
+    rows, seen, files = read_samples(ws, "churn", storage)
+    assert (len(rows), seen, files) == (100, 160, 2)
+    assert sorted((tmp_path / "shared" / "serving" / "churn").iterdir())[0].name.startswith("requests-")
+    with pytest.raises(DataError, match=f"no served requests of churn under {storage}-none/serving/churn"):
+        read_samples(ws, "churn", f"{storage}-none")

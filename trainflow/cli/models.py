@@ -240,14 +240,12 @@ def models_drift(
 ) -> None:
     """Score what a served model was asked against its champion's train split: each
     feature's PSI and KS test, from the sample of requests each replica of `trainflow
-    models serve` keeps under TRAINFLOW_HOME/serving/NAME/."""
-    from trainflow.pipelines.serving.sampled import read_samples, served_drift
+    models serve` keeps under serving/NAME/ of the model's storage, else of TRAINFLOW_HOME."""
+    from trainflow.pipelines.serving.sampled import served_drift
 
     _, ws = _registry()
     with registry_errors(), one_line_errors():
-        report = served_drift(ws, name, psi_threshold=psi, ks_pvalue=ks_pvalue)
-        rows, seen, files = read_samples(ws, name)
-    sampled = f"{len(rows)} rows sampled from {seen} served rows ({files} replica file(s))"
+        report, sampled = served_drift(ws, name, psi_threshold=psi, ks_pvalue=ks_pvalue)
     typer.echo("\n".join(render().drift_lines(report.summary(), report.rows(), sampled)))
     if check and report.drifted:
         raise typer.Exit(1)

@@ -137,10 +137,11 @@ def emit_model_drifted(
 @flow(name="watch-served", persist_result=False)
 def watch_served(model: str = "digits") -> bool:
     """Score what ``model``'s endpoint was asked against its champion's train split (the
-    request samples its replicas keep under TRAINFLOW_HOME, as ``trainflow models drift``
-    does), with the champion's drift thresholds; emit ``trainflow.model.drifted`` when a
-    feature drifted, the champion's config says ``drift.action: retrain``, and no version
-    of that config was trained on its data as it is now.
+    request samples its replicas keep under its ``storage``, else TRAINFLOW_HOME, as
+    ``trainflow models drift`` does), with the champion's drift thresholds; emit
+    ``trainflow.model.drifted`` when a feature drifted, the champion's config says
+    ``drift.action: retrain``, and no version of that config was trained on its data as
+    it is now.
 
     Args:
         model: the registered model's name; its champion is the reference.
@@ -157,7 +158,7 @@ def watch_served(model: str = "digits") -> bool:
     logger = get_run_logger()
     champion, config = saved_config(workspace(), f"{model}@champion")
     thresholds = config.drift or DriftConfig()
-    report = served_drift(workspace(), model, psi_threshold=thresholds.psi, ks_pvalue=thresholds.ks_pvalue)
+    report, _ = served_drift(workspace(), model, psi_threshold=thresholds.psi, ks_pvalue=thresholds.ks_pvalue)
     if not report.drifted:
         logger.info("%s: served requests: %s", model, report.summary())
         return False

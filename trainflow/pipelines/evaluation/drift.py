@@ -12,6 +12,7 @@ saw among them.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -212,6 +213,7 @@ class Reference:
     name: str
     version: str
     profile: dict[str, Any] | None
+    storage: str | None = None  # its config's storage, where its served samples go
 
     def __str__(self) -> str:
         return f"{self.name} version {self.version}"
@@ -220,10 +222,14 @@ class Reference:
 def registered_profile(ws: Workspace, name: str, alias: str = "champion") -> Reference | None:
     """The profile of the version ``alias`` of model ``name`` points at; None when the
     registry holds no such model or alias."""
+    from trainflow.pipelines.models.checkpoint import CONFIG
     from trainflow.pipelines.registry import client, local_checkpoint
     from trainflow.pipelines.registry.aliases import alias_version
 
     mv = alias_version(client(ws), name, alias)
     if mv is None:
         return None
-    return Reference(name, str(mv.version), profiles.load(str(local_checkpoint(ws, mv))))
+    folder = local_checkpoint(ws, mv)
+    config = folder / CONFIG
+    storage = json.loads(config.read_text()).get("storage") if config.is_file() else None
+    return Reference(name, str(mv.version), profiles.load(str(folder)), storage)

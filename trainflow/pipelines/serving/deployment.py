@@ -104,7 +104,9 @@ class ModelServer:
         mv = registry.resolve(self._ws, uri)
         self._served = Served.load(self._ws, mv.name, str(mv.version))
         # What it was asked, for `trainflow models drift` (requests of an alias's every version).
-        self._sample = RequestSample(samples_folder(self._ws, mv.name))
+        self._sample = RequestSample(
+            samples_folder(self._ws, mv.name, self._served.predictor.config.get("storage"))
+        )
         self._checked_at: str | None = now()
         self._follow_error: str | None = None
         # The challenger's replica, handed the requests this one answered (``--shadow``).

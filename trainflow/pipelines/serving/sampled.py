@@ -1,7 +1,9 @@
 """What a served model was asked: each replica keeps a bounded uniform sample of the rows
-it answered and writes it under ``TRAINFLOW_HOME/serving/<name>/`` (every SAVE_EVERY_S
+it answered and writes it under ``serving/<name>/`` of the served version's ``storage``
+(where every machine of a team reaches it), else of TRAINFLOW_HOME (every SAVE_EVERY_S
 seconds when it took rows, from a thread of the replica's own), where
-``trainflow models drift NAME`` scores the samples against the champion's profile.
+``trainflow models drift NAME`` and the watch-served flow score the samples against the
+champion's profile.
 
 A replica's sample is a reservoir (Vitter's algorithm R): every row answered so far is
 in it with the same chance, whatever the traffic, in at most SAMPLE_ROWS rows. It is
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from trainflow.files import replacing_file
+from trainflow.files import filesystem, is_uri, replacing_file
 from trainflow.pipelines.data.schema import IMAGE, DataError
 
 if TYPE_CHECKING:
@@ -33,8 +35,10 @@ SEEN = "trainflow.seen"  # the file's metadata: the rows the sample was drawn fr
 VERSION = "trainflow.version"  # ... and the version that last answered
 
 
-def samples_folder(ws: Workspace, name: str) -> Path:
-    return ws.home / "serving" / name
+def samples_folder(ws: Workspace, name: str, storage: str | None = None) -> str:
+    """Where ``name``'s served samples go: under ``storage`` (a config's: a shared folder
+    or a URI), else under TRAINFLOW_HOME."""
+    return f"{storage.rstrip('/')}/serving/{name}" if storage else str(ws.home / "serving" / name)
 
 
 class RequestSample:
@@ -42,8 +46,8 @@ class RequestSample:
     input column, in NumPy arrays (a DataFrame per request would cost more than the
     model's answer)."""
 
-    def __init__(self, folder: Path, capacity: int = SAMPLE_ROWS, seed: int | None = None):
-        self.path = folder / f"requests-{socket.gethostname()}-{os.getpid()}.parquet"
+    def __init__(self, folder: str | Path, capacity: int = SAMPLE_ROWS, seed: int | None = None):
+        self.path = f"{folder}/requests-{socket.gethostname()}-{os.getpid()}.parquet"
         self.capacity, self.seen, self.size, self.version = capacity, 0, 0, ""
         self._columns: dict[str, np.ndarray] | None = None
         self._rng = np.random.default_rng(seed)
@@ -94,7 +98,12 @@ class RequestSample:
         self._saved_seen = self.seen
         rows, meta = self.rows(), {SEEN: str(self.seen), VERSION: self.version}
         table = pa.Table.from_pandas(rows, preserve_index=False).replace_schema_metadata(meta)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if is_uri(self.path):  # an object store's put is whole
+            fs, path = filesystem(self.path)
+            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            pq.write_table(table, path, filesystem=fs)
+            return
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         with replacing_file(self.path) as tmp:
             pq.write_table(table, tmp)
 
@@ -104,26 +113,33 @@ def _kind(values: Any) -> np.dtype:
     return np.dtype(np.float64) if np.asarray(values).dtype.kind in "biuf" else np.dtype(object)
 
 
-def read_samples(ws: Workspace, name: str) -> tuple[pd.DataFrame, int, int]:
-    """Every replica's saved sample of ``name``'s requests, end to end; the rows they
-    were drawn from, and the files read. DataError, naming the folder, when there is none."""
+def read_samples(ws: Workspace, name: str, storage: str | None = None) -> tuple[pd.DataFrame, int, int]:
+    """Every replica's saved sample of ``name``'s requests (under ``storage``, else
+    TRAINFLOW_HOME), end to end; the rows they were drawn from, and the files read.
+    DataError, naming the folder, when there is none."""
+    import pyarrow.fs
     import pyarrow.parquet as pq
 
-    folder = samples_folder(ws, name)
-    files = sorted(folder.glob("requests-*.parquet")) if folder.is_dir() else []
+    folder = samples_folder(ws, name, storage)
+    fs, root = filesystem(folder)
+    listed = fs.get_file_info(pyarrow.fs.FileSelector(root, allow_not_found=True))
+    files = sorted(f.path for f in listed if f.base_name.startswith("requests-") and f.extension == "parquet")
     if not files:
         raise DataError(
             f"no served requests of {name} under {folder}: serve it (trainflow models serve {name}) "
             "and send it requests first"
         )
-    tables = [pq.read_table(f) for f in files]
+    tables = [pq.read_table(f, filesystem=fs) for f in files]
     seen = sum(int((t.schema.metadata or {}).get(SEEN.encode(), b"0")) for t in tables)
     return pd.concat([t.to_pandas() for t in tables], ignore_index=True), seen, len(files)
 
 
-def served_drift(ws: Workspace, name: str, *, psi_threshold: float, ks_pvalue: float | None) -> DriftReport:
-    """The served requests' drift from the champion's profile. DataError when there are
-    no samples, or the champion has no profile; RegistryError when there is no champion."""
+def served_drift(
+    ws: Workspace, name: str, *, psi_threshold: float, ks_pvalue: float | None
+) -> tuple[DriftReport, str]:
+    """The served requests' drift from the champion's profile, and a line saying what was
+    sampled. DataError when there are no samples, or the champion has no profile;
+    RegistryError when there is no champion."""
     from trainflow.pipelines.data.profile import frame_profile
     from trainflow.pipelines.evaluation.drift import compare, registered_profile
     from trainflow.pipelines.registry import RegistryError
@@ -133,8 +149,8 @@ def served_drift(ws: Workspace, name: str, *, psi_threshold: float, ks_pvalue: f
         raise RegistryError(f"{name} has no champion to compare its served requests with")
     if reference.profile is None:
         raise DataError(f"{reference} was registered without a data profile; retrain it to measure drift")
-    rows, _, _ = read_samples(ws, name)
+    rows, seen, files = read_samples(ws, name, reference.storage)
     current = frame_profile(rows, list(reference.profile["numeric"]), list(reference.profile["categorical"]))
     report = compare(reference.profile, current, psi_threshold=psi_threshold, ks_pvalue=ks_pvalue)
     report.reference = str(reference)
-    return report
+    return report, f"{len(rows)} rows sampled from {seen} served rows ({files} replica file(s))"

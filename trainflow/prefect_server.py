@@ -27,11 +27,12 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+log = logging.getLogger("trainflow")
+
 # Seconds to wait for the server's health check, counted from its start: an empty
 # PREFECT_HOME runs every migration first (benchmarks/results.md, overhead phase by
 # phase, times a first run), and two busy cores stretch it. A
 # value of PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS in the environment wins.
-log = logging.getLogger("trainflow")
 START_TIMEOUT_S = 180.0
 TIMEOUT_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 # uvicorn's exit code when the app's start-up failed, or its port was taken in between.

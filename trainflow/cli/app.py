@@ -81,15 +81,17 @@ def render():
 
 
 @contextmanager
-def one_line_errors() -> Iterator[None]:
+def one_line_errors(failed: Callable[[str], None] = lambda message: None) -> Iterator[None]:
     """A check that failed (bad config or data, a cluster too small or out of reach): the
-    user fixes it from its message, printed as one line, exit code 2."""
+    user fixes it from its message, printed as one line, exit code 2; ``failed`` is told
+    the message first."""
     from trainflow.cluster.checks import PreflightError
     from trainflow.pipelines.data.schema import DataError
 
     try:
         yield
     except (ConfigError, DataError, PreflightError) as e:
+        failed(str(e))
         raise fail(str(e)) from None
 
 
@@ -98,30 +100,20 @@ def check_before_start(check: Callable[[], T], flow: str | None = None, run: str
     or data, a cluster too small or out of reach) ends the command in its one line, and
     shows as a failed run ``run`` of the flow ``flow`` (with ``parameters``) on a Prefect
     server the environment names."""
+    from trainflow.prefect_server import record_failed_run
     from trainflow.signals import raise_if_interrupted
 
+    def failed(message: str) -> None:
+        if flow is not None:
+            record_failed_run(flow, run, message, parameters)
+
     try:
-        with one_line_errors(), _recorded_if_failed(flow, run, parameters):
+        with one_line_errors(failed):
             found = check()
         raise_if_interrupted()
     except KeyboardInterrupt as e:
         raise stopped(e) from None
     return found
-
-
-@contextmanager
-def _recorded_if_failed(flow: str | None, run: str, parameters: dict) -> Iterator[None]:
-    from trainflow.cluster.checks import PreflightError
-    from trainflow.pipelines.data.schema import DataError
-
-    try:
-        yield
-    except (ConfigError, DataError, PreflightError) as e:
-        if flow is not None:
-            from trainflow.prefect_server import record_failed_run
-
-            record_failed_run(flow, run, str(e), parameters)
-        raise
 
 
 def call_flow(what: str, starting: AbstractContextManager, call: Callable[[], T]) -> T:

@@ -155,10 +155,10 @@ def watch_served(model: str = "digits") -> bool:
     from trainflow.workspace import workspace
 
     one_line_expected_errors()
-    logger = get_run_logger()
-    champion, config = saved_config(workspace(), f"{model}@champion")
+    logger, ws = get_run_logger(), workspace()
+    champion, config = saved_config(ws, f"{model}@champion")
     thresholds = config.drift or DriftConfig()
-    report, _ = served_drift(workspace(), model, psi_threshold=thresholds.psi, ks_pvalue=thresholds.ks_pvalue)
+    report, _ = served_drift(ws, model, psi_threshold=thresholds.psi, ks_pvalue=thresholds.ks_pvalue)
     if not report.drifted:
         logger.info("%s: served requests: %s", model, report.summary())
         return False

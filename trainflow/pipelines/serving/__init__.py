@@ -42,9 +42,10 @@ By concern: ``settings`` (the defaults of the limits, batching and polling;
 batch), ``deployment`` (``ModelServer`` and :func:`app`), ``server`` (the command's
 checks and :func:`serve_until_stopped`) and ``sampled`` (the sample of the rows each
 replica answered, under ``serving/<name>/`` of the model's ``storage`` or of
-TRAINFLOW_HOME, which ``trainflow models drift`` scores) and ``shadow`` (a challenger that also answers every request, off the
-answer's path: ``GET /shadow``, ``POST /feedback``). Ray Serve's replicas import
-``ModelServer`` from ``deployment``, by its module path.
+TRAINFLOW_HOME, which ``trainflow models drift`` scores) and ``shadow`` (a challenger
+that also answers every request, off the answer's path: ``GET /shadow``, ``POST
+/feedback``). Ray Serve's replicas import ``ModelServer`` from ``deployment``, by its
+module path.
 """
 
 from trainflow.pipelines.serving.deployment import ModelServer, app

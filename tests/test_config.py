@@ -398,3 +398,41 @@ def test_the_gates_lease_is_no_part_of_a_configs_hash_and_must_be_positive():
     assert load_config({}, ["registry.lease_s=5"]).config_hash() == load_config({}).config_hash()
     with pytest.raises(ConfigError, match=r"registry\.lease_s: .*greater than 0"):
         load_config({}, ["registry.lease_s=0"])
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            {"preprocess": {"tokenizer": {"column": "text"}}},
+            "preprocess.tokenizer.name: null takes the tokenizer of an hf: model.kind; cnn has none",
+        ),
+        (
+            {"model": {"kind": "mlp"}, "train": {"lora": {"r": 4}}},
+            "train.lora adapts an hf: model.kind, not mlp",
+        ),
+        (
+            {"preprocess": {"transform": "pkg.text:tokens", "tokenizer": {"name": "bert-base-uncased"}}},
+            "give transform or tokenizer, not both",
+        ),
+    ],
+    ids=["tokenizer-without-a-model", "lora-of-an-mlp", "transform-and-tokenizer"],
+)
+def test_hugging_face_settings_that_do_not_fit_fail_naming_the_field(raw, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(raw)
+
+
+def test_an_hf_kind_with_its_tokenizer_and_lora_loads_and_hashes_apart_from_the_default():
+    config = load_config(
+        {"model": {"kind": "hf:org/model"}, "preprocess": {"tokenizer": {}}, "train": {"lora": {}}}
+    )
+    assert config.preprocess.tokenizer.model_dump() == {"name": None, "column": "text", "max_length": 128}
+    assert config.train.lora.model_dump() == {
+        "r": 8,
+        "alpha": 16,
+        "dropout": 0.05,
+        "target_modules": None,
+        "merge": False,
+    }
+    assert config.config_hash() != load_config({"model": {"kind": "hf:org/model"}}).config_hash()

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.files import is_uri, redacted
 from trainflow.pipelines.data.schema import SourceInfo
+from trainflow.pipelines.data.tokenizer import is_reference
 from trainflow.pipelines.evaluation.predict_input import InputInfo, check_output, inspect_input
 from trainflow.pipelines.training.runs import RunRecord
 
@@ -151,11 +152,10 @@ def source(config: PipelineConfig) -> SourceInfo:
     """The data source exists and holds the configured columns with usable types; no rows
     read, but for a ``preprocess.transform`` the first rows it is tried on."""
     from trainflow.pipelines.data.schema import inspect_source
+    from trainflow.pipelines.data.tokenizer import transform_of
     from trainflow.workspace import cache_folder
 
-    return inspect_source(
-        config.data, cache_folder(config), task=config.task, transform=config.preprocess.transform
-    )
+    return inspect_source(config.data, cache_folder(config), task=config.task, transform=transform_of(config))
 
 
 def cluster(config: PipelineConfig, workers: str | None, *, gpus_per_actor: float = 0) -> None:
@@ -207,6 +207,7 @@ def model(uri: str, *, pin: bool = False) -> ModelRef:
     mv = registry.resolve(ws, uri)
     folder = registry.local_checkpoint(ws, mv)
     loaded = load_checkpoint(folder)
+    transform = (loaded.preprocessor.transform or {}).get("path")  # a tokenizer ships nothing
     return ModelRef(
         uri=f"{mv.name}/{mv.version}" if pin else uri,
         name=mv.name,
@@ -215,7 +216,7 @@ def model(uri: str, *, pin: bool = False) -> ModelRef:
         input_columns=loaded.preprocessor.raw_columns,
         classes=loaded.preprocessor.classes,
         kind=loaded.spec["kind"],
-        transform=(loaded.preprocessor.transform or {}).get("path"),
+        transform=None if is_reference(transform) else transform,
     )
 
 

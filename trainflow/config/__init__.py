@@ -12,7 +12,7 @@ sweep's space checked, a trial's config), ``errors`` (``ConfigError``) and ``ref
 Everything is importable from ``trainflow.config``.
 """
 
-from trainflow.config.data import DataConfig, PreprocessConfig, SplitConfig
+from trainflow.config.data import DataConfig, PreprocessConfig, SplitConfig, TokenizerConfig
 from trainflow.config.drift import DRIFT_ACTIONS, DriftConfig
 from trainflow.config.errors import ConfigError
 from trainflow.config.load import SMOKE_OVERRIDES, load_config, read_config_file, smoke_config
@@ -67,6 +67,7 @@ __all__ = [
     "ModelConfig",
     "PipelineConfig",
     "PreprocessConfig",
+    "TokenizerConfig",
     "RayConfig",
     "RegistryConfig",
     "ScalingSection",

@@ -110,6 +110,22 @@ class DataConfig(Section):
         return self
 
 
+class TokenizerConfig(Section):
+    """A Hugging Face tokenizer that turns a text column into a transformer's inputs."""
+
+    name: str | None = Field(
+        None,
+        description="A tokenizer's model id or local folder; null: the tokenizer of model.kind's hf: model.",
+    )
+    column: str = Field("text", description="The text column it reads; the model's inputs replace it.")
+    max_length: int = Field(
+        128,
+        ge=1,
+        description="Tokens per text: longer texts are cut, shorter ones padded (input_ids, "
+        "attention_mask, ... of this length).",
+    )
+
+
 class PreprocessConfig(Section):
     """How the rows become the model's inputs: scaling, image size and augmentation, a
     transform of your own; fitted on the train split and saved with the model."""
@@ -137,6 +153,12 @@ class PreprocessConfig(Section):
         "are the data's: numbers, categories, or fixed-length numeric arrays (token ids, "
         "embeddings). Saved with the model, so prediction takes the raw columns it takes.",
     )
+    tokenizer: TokenizerConfig | None = Field(
+        None,
+        description="Text for a transformer: a Hugging Face tokenizer run on Ray Data while the "
+        "data is prepared, its output cached by the tokenizer's identity and saved with the model, "
+        "so prediction takes the raw text.",
+    )
 
     @field_validator("image_size")
     @classmethod
@@ -149,6 +171,12 @@ class PreprocessConfig(Section):
     @classmethod
     def _transform_path(cls, v: str | None) -> str | None:
         return v if v is None else hook_path(v)
+
+    @model_validator(mode="after")
+    def _one_transform(self) -> PreprocessConfig:
+        if self.transform and self.tokenizer:
+            raise ValueError("give transform or tokenizer, not both: the tokenizer is the text's transform")
+        return self
 
     def hooks(self) -> dict[str, str]:
         """The user's callables this section names, by field."""

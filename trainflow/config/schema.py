@@ -29,7 +29,7 @@ from trainflow.config.task import (
     TASK_LOSSES,
     TASK_METRICS,
 )
-from trainflow.config.training import LOOP_SETTINGS, ModelConfig, TrainConfig
+from trainflow.config.training import HF, LOOP_SETTINGS, ModelConfig, TrainConfig
 
 # The URI schemes of pyarrow's filesystems, which every trainflow process reads and
 # writes the cache through.
@@ -48,6 +48,8 @@ HASHED_WHEN_SET = (
     ("train", "loop_config"),
     ("preprocess", "transform"),
     ("checkpoint", "every_n_steps"),
+    ("preprocess", "tokenizer"),
+    ("train", "lora"),
 )
 
 # Fields added with a default of their own, which a config hash leaves out while they hold
@@ -192,6 +194,18 @@ class PipelineConfig(Section):
                     raise ValueError(f"train.{field} applies to classification, not to a regression")
             if self.data.classes is not None:
                 raise ValueError("data.classes: a regression's label is a number, not one of classes")
+        return self
+
+    @model_validator(mode="after")
+    def _hf_settings_fit(self) -> PipelineConfig:
+        tokenizer = self.preprocess.tokenizer
+        if tokenizer is not None and tokenizer.name is None and not self.model.kind.startswith(HF):
+            raise ValueError(
+                "preprocess.tokenizer.name: null takes the tokenizer of an hf: model.kind; "
+                f"{self.model.kind} has none, so name one (a model id or folder)"
+            )
+        if self.train.lora is not None and not self.model.kind.startswith(HF):
+            raise ValueError(f"train.lora adapts an hf: model.kind, not {self.model.kind}")
         return self
 
     @model_validator(mode="after")

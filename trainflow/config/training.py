@@ -12,7 +12,8 @@ from trainflow.config.sections import HOOK, Section, hook_path
 from trainflow.config.task import BUILTIN_LOSSES
 
 # model.kind: mlp, cnn, torchvision:<architecture> or package.module:callable.
-MODEL_KIND = re.compile(r"mlp|cnn|torchvision:[A-Za-z_]\w*|[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+MODEL_KIND = re.compile(r"mlp|cnn|torchvision:[A-Za-z_]\w*|hf:\S+|[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+HF = "hf:"
 # What train.loop's config dict holds besides loop_config's keys: these train.* settings,
 # which trainflow's loop reads too, and the run's whole config under LOOP_RESERVED.
 LOOP_SETTINGS = ("epochs", "batch_size", "lr", "seed")
@@ -21,8 +22,8 @@ LOOP_RESERVED = "trainflow"
 
 def user_module_of(kind: str) -> str | None:
     """The module of a ``package.module:callable`` model kind (a user's model); None for
-    trainflow's own kinds and torchvision's."""
-    if kind in ("mlp", "cnn") or kind.startswith("torchvision:"):
+    trainflow's own kinds, torchvision's and Hugging Face's."""
+    if kind in ("mlp", "cnn") or kind.startswith(("torchvision:", HF)):
         return None
     return kind.partition(":")[0]
 
@@ -67,7 +68,8 @@ class ModelConfig(Section):
     args: dict[str, Any] = Field(
         {},
         description="Keyword arguments for a torchvision builder (image_size for a ViT) or your "
-        "callable; mlp and cnn take none.",
+        "callable, or settings of a Hugging Face model's config (classifier_dropout); mlp and cnn "
+        "take none.",
     )
     weights: str | None = Field(
         None,
@@ -92,8 +94,9 @@ class ModelConfig(Section):
     def _known_form(cls, v: str) -> str:
         if not MODEL_KIND.fullmatch(v):
             raise ValueError(
-                "must be mlp, cnn, torchvision:<architecture> (torchvision:resnet18) or "
-                "package.module:callable (mymodels.net:build)"
+                "must be mlp, cnn, torchvision:<architecture> (torchvision:resnet18), "
+                "hf:<model id or folder> (hf:bert-base-uncased) or package.module:callable "
+                "(mymodels.net:build)"
             )
         return v
 
@@ -137,6 +140,23 @@ class EarlyStoppingConfig(Section):
         0.0,
         ge=0.0,
         description="The least change in the better direction that counts as an improvement.",
+    )
+
+
+class LoraConfig(Section):
+    """A LoRA adapter (PEFT) trained in place of an hf: model's weights: only the adapter and
+    the head train."""
+
+    r: int = Field(8, ge=1, description="The rank of each adapter's two matrices.")
+    alpha: float = Field(16, gt=0, description="The adapter's scale, alpha / r.")
+    dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the adapter's input.")
+    target_modules: list[str] | None = Field(
+        None, description="The layers adapted, by name; null: PEFT's defaults for the architecture."
+    )
+    merge: bool = Field(
+        False,
+        description="Register the adapter merged into the base weights (one plain model, no PEFT "
+        "to load it); false keeps base and adapter apart.",
     )
 
 
@@ -278,6 +298,10 @@ class TrainConfig(Section):
     loop_config: dict[str, Any] = Field(
         {},
         description="train.loop's own settings: more keys of its config dict, as given (plain JSON).",
+    )
+    lora: LoraConfig | None = Field(
+        None,
+        description="An hf: model fine-tuned through a LoRA adapter; null: every weight trains.",
     )
 
     @field_validator("precision", mode="before")

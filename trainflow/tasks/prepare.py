@@ -12,7 +12,7 @@ from prefect import get_run_logger
 from trainflow.cluster.session import connected
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.files import is_uri, redacted
-from trainflow.pipelines.data import entry, schema, transform
+from trainflow.pipelines.data import entry, schema, tokenizer, transform
 from trainflow.pipelines.data import prepare as prep
 from trainflow.tasks.results import Prepared
 from trainflow.tasks.steps import as_config, expect, step
@@ -40,8 +40,9 @@ def ingest_cache_key(context, parameters: dict[str, Any]) -> str:
         schema.source_fingerprint(config.data, cache),
         entry.code_version(),
     ]
-    if config.preprocess.transform:
-        parts += [config.preprocess.transform, transform.code_hash(config.preprocess.transform)]
+    transform_path = tokenizer.transform_of(config)
+    if transform_path:
+        parts += [transform_path, transform.code_hash(transform_path)]
     key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
     return str(cache / "ingest" / key)
 
@@ -69,7 +70,7 @@ def ingest(
     ``checked``: the source as the run's checks (``trainflow.checks``) found it already."""
     config = as_config(config, "ingest")
     info = checked or schema.inspect_source(
-        config.data, cache_folder(config), task=config.task, transform=config.preprocess.transform
+        config.data, cache_folder(config), task=config.task, transform=tokenizer.transform_of(config)
     )
     get_run_logger().info(
         "source %s (%s, %d files): %d features, label %r, fingerprint %s",

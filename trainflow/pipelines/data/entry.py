@@ -125,11 +125,12 @@ def cache_key(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig) -> st
         "image_mode": info.image_mode,
         "limit": info.limit,
         "split": split.model_dump(),
-        "preprocess": cfg.model_dump(),
+        # Without a tokenizer, as before there was one: the same data keeps its entry.
+        "preprocess": cfg.model_dump(exclude={"tokenizer"} if cfg.tokenizer is None else None),
         "code": code_version(),
     }
-    if cfg.transform:
-        parts["transform"] = tf.code_hash(cfg.transform)
+    if info.transform:  # the user's transform, or the tokenizer's reference
+        parts["transform"] = tf.code_hash(info.transform)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from trainflow.files import read_text, write_text
+from trainflow.files import is_uri, read_text, write_text
+from trainflow.pipelines.data import tokenizer
 from trainflow.pipelines.data import transform as tf
 from trainflow.pipelines.data.schema import IMAGE, DataError
 
@@ -100,10 +101,15 @@ class Preprocessor:
 
     @classmethod
     def load(cls, path: str | Path) -> Preprocessor:
+        """The state saved at ``path``; a checkpoint's tokenizer, named relative to its
+        folder, is found there."""
         text = read_text(path)
         if text is None:
             raise FileNotFoundError(f"no preprocessor at {path}")
-        return cls.from_dict(json.loads(text))
+        pre = cls.from_dict(json.loads(text))
+        if pre.transform and tokenizer.is_reference(pre.transform["path"]) and not is_uri(str(path)):
+            pre.transform["path"] = tokenizer.located(pre.transform["path"], Path(path).parent)
+        return pre
 
     @property
     def input_columns(self) -> list[str]:

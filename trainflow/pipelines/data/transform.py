@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from trainflow.config import ConfigError
+from trainflow.pipelines.data import tokenizer
 from trainflow.pipelines.hooks import call_hook, describe, load_hook
 
 FIELD = "preprocess.transform"
@@ -34,13 +35,36 @@ RESERVED = ("features", "label")
 
 
 def load(path: str):
-    """The transform ``path`` names, imported here (ConfigError naming the field if not)."""
+    """The transform ``path`` names, imported here (ConfigError naming the field if not);
+    a tokenizer's reference gives the tokenizer (:mod:`.tokenizer`)."""
+    if tokenizer.is_reference(path):
+        try:
+            return tokenizer.load(path)
+        except Exception as e:
+            folder = tokenizer.settings(path)["folder"]
+            raise ConfigError(
+                f"preprocess.tokenizer {folder}: does not load: {type(e).__name__}: {_first(e)}"
+            ) from None
     return load_hook(FIELD, path)
+
+
+def _first(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0]
+
+
+def named(path: str) -> tuple[str, str]:
+    """The field and value a message names for the transform ``path``."""
+    if tokenizer.is_reference(path):
+        return "preprocess.tokenizer", tokenizer.settings(path)["folder"]
+    return FIELD, path
 
 
 def code_hash(path: str) -> str:
     """A hash of the source of the module that defines the transform: part of a prepared
-    entry's key (a changed transform prepares again), and saved with the model."""
+    entry's key (a changed transform prepares again), and saved with the model. A
+    tokenizer's: the hash of its files."""
+    if tokenizer.is_reference(path):
+        return tokenizer.identity(path)
     load(path)
     file = getattr(sys.modules[path.partition(":")[0]], "__file__", None)
     code = Path(file).read_bytes() if file and Path(file).is_file() else path.encode()
@@ -50,7 +74,7 @@ def code_hash(path: str) -> str:
 def apply(path: str, batch: pd.DataFrame, *, label: str | None = None) -> pd.DataFrame:
     """The transform's output for ``batch``, checked: a DataFrame of one row per row of
     ``batch`` that holds the ``label`` column (when given: the rows a model trains on)."""
-    out = call_hook(FIELD, path, load(path), batch)
+    out = call_hook(*named(path), load(path), batch)
     if not isinstance(out, pd.DataFrame):
         raise ConfigError(f"{FIELD} {path} returned {describe(out)}, not a pandas DataFrame")
     if len(out) != len(batch):

@@ -1,5 +1,6 @@
 """Models by ``model.kind``: trainflow's own (``mlp``, ``cnn``), torchvision's
-architectures (``torchvision:resnet18``) and the user's own (``package.module:callable``).
+architectures (``torchvision:resnet18``), pretrained Hugging Face transformers (``hf:``,
+:mod:`.hf`) and the user's own (``package.module:callable``).
 
 A model is described by a JSON spec saved with its checkpoint (``model.json``): its kind,
 builder arguments, input shape and outputs, so loading it needs trainflow, the spec and,
@@ -31,7 +32,9 @@ import torch
 from torch import nn
 
 from trainflow.config import ConfigError, ModelConfig
+from trainflow.config.training import HF
 from trainflow.pipelines.data.preprocess import FEATURES, Preprocessor
+from trainflow.pipelines.models import hf as hf_models
 from trainflow.pipelines.models import kinds as model_kinds
 from trainflow.pipelines.models.kinds import OWN, TORCHVISION
 
@@ -46,11 +49,14 @@ def model_spec(
     *,
     image_shape: Sequence[int] | None = None,
     inputs: dict[str, dict[str, Any]] | None = None,
+    classes: list | None = None,
+    lora: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The full architecture, from the config plus what the data says: ``num_features``
     flat inputs per row, ``num_outputs`` outputs (the classes), the ``image_shape``
     [c, h, w] of an image source and the ``inputs`` by name of data of array columns
-    (both the preprocessor's: :func:`image_shape`, :func:`input_layout`). Builds the
+    (both the preprocessor's: :func:`image_shape`, :func:`input_layout`); an ``hf:``
+    model's head is named by ``classes`` and wrapped by ``lora`` (train.lora). Builds the
     model here, runs a batch through it and counts its parameters: a kind, weights or
     freeze list that does not fit fails now with a ConfigError naming the field."""
     spec: dict[str, Any] = {
@@ -65,6 +71,9 @@ def model_spec(
         spec["image_shape"] = _image_shape(cfg, num_features, image_shape)
         spec["channels"] = list(cfg.channels)
         spec["hidden_sizes"] = list(cfg.hidden_sizes)
+    elif cfg.kind.startswith(HF):
+        del spec["dropout"]
+        spec.update(_hf_spec(cfg, num_features, num_outputs, inputs, classes, lora))
     else:
         if cfg.kind.startswith(TORCHVISION):
             shape = _image_shape(cfg, num_features, image_shape)
@@ -90,6 +99,18 @@ def model_spec(
         "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }
     return spec
+
+
+def _hf_spec(cfg: ModelConfig, num_features: int, num_outputs: int, inputs, classes, lora) -> dict[str, Any]:
+    """An ``hf:`` model's part of the spec: its inputs by name (the tokenizer's), its config."""
+    if not inputs:
+        raise ConfigError(
+            f"model.kind {cfg.kind}: takes a text column through preprocess.tokenizer "
+            "(such as {column: text, max_length: 128})"
+        )
+    part = {"input_shape": [num_features], "by_name": True}
+    part["hf"] = hf_models.spec_part(cfg.kind, cfg.args, num_outputs, classes)
+    return {**part, "lora": lora} if lora else part
 
 
 def _image_shape(cfg: ModelConfig, num_features: int, image_shape: Sequence[int] | None) -> list[int]:
@@ -226,6 +247,8 @@ def build_model(spec: dict[str, Any]) -> nn.Module:
             net = SmallCNN(spec["image_shape"], spec["channels"], hidden, outputs, dropout)
         # Data of several inputs reaches them joined into their flat rows.
         return Reshaped(net, [spec["num_features"]], inputs) if inputs else net
+    if kind.startswith(HF):
+        return Reshaped(hf_models.build(spec), spec["input_shape"], inputs, by_name=True)
     shape, args = spec["input_shape"], spec.get("args", {})
     make = model_kinds.builder(kind)
     if kind.startswith(TORCHVISION):
@@ -263,8 +286,13 @@ def initial_model(spec: dict[str, Any]) -> nn.Module:
     """The model a training run starts from: the architecture, its initial weights
     (``weights_file``, adapted to the data: see :func:`load_weights`) and its frozen
     parameters (``freeze``). Each worker builds it from the spec; the file must be on its
-    node (torch's hub cache or the path given), as it is on a single machine."""
-    model = build_model(spec)
+    node (torch's hub cache or the path given), as it is on a single machine. An ``hf:``
+    model starts from its pretrained weights, read from its folder on the node."""
+    if spec["kind"].startswith(HF):
+        inputs = {name: s["shape"] for name, s in spec["inputs"].items()}
+        model = Reshaped(hf_models.pretrained(spec), spec["input_shape"], inputs, by_name=True)
+    else:
+        model = build_model(spec)
     inner = inner_model(model)
     if spec.get("weights_file"):
         state = _read_weights(spec["weights_file"], spec["weights"])
@@ -276,7 +304,8 @@ def initial_model(spec: dict[str, Any]) -> nn.Module:
 
 def inner_model(model: nn.Module) -> nn.Module:
     """The model that names the parameters ``model.freeze`` and weights files speak of."""
-    return model.net if isinstance(model, Reshaped) else model
+    inner = model.net if isinstance(model, Reshaped) else model
+    return hf_models.inner(inner) if isinstance(inner, hf_models.HFClassifier) else inner
 
 
 def _read_weights(path: str, weights: str) -> dict[str, torch.Tensor]:

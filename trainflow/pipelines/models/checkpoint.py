@@ -20,9 +20,11 @@ import pandas as pd
 import torch
 from torch import nn
 
+from trainflow.pipelines.data import tokenizer
 from trainflow.pipelines.data import transform as tf
 from trainflow.pipelines.data.preprocess import Preprocessor
 from trainflow.pipelines.models.build import build_model
+from trainflow.pipelines.models.hf import merge_lora
 
 log = logging.getLogger("trainflow")
 
@@ -53,6 +55,11 @@ def save_checkpoint(
 ) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    transform = preprocessor.get("transform")
+    if transform and tokenizer.is_reference(transform["path"]):
+        # The tokenizer goes with the model, named relative to the folder.
+        saved = {**transform, "path": tokenizer.saved(transform["path"], folder)}
+        preprocessor = {**preprocessor, "transform": saved}
     torch.save(_unwrap(model).state_dict(), folder / MODEL)
     for name, value in ((SPEC, spec), (PREPROCESSOR, preprocessor), (CONFIG, config), (METRICS, metrics)):
         (folder / name).write_text(json.dumps(value, indent=2))
@@ -153,7 +160,7 @@ def user_modules(checkpoint_dir: str) -> list[str]:
 
     modules = [user_module_of(read_json(checkpoint_dir, SPEC)["kind"])]
     transform = read_json(checkpoint_dir, PREPROCESSOR).get("transform")
-    if transform:
+    if transform and not tokenizer.is_reference(transform["path"]):
         modules.append(transform["path"].partition(":")[0])
     return list(dict.fromkeys(m for m in modules if m))
 
@@ -182,8 +189,10 @@ def load_checkpoint(folder: str | Path) -> Predictor:
     spec = read_json(folder, SPEC)
     model = build_model(spec)
     model.load_state_dict(torch.load(folder / MODEL, map_location="cpu", weights_only=True))
+    if (spec.get("lora") or {}).get("merge"):
+        model = merge_lora(model)
     model.eval()
-    pre = Preprocessor.from_dict(read_json(folder, PREPROCESSOR))
+    pre = Preprocessor.load(folder / PREPROCESSOR)
     check_transform(pre, folder)
     return Predictor(
         model=model,

@@ -1,7 +1,8 @@
 """What ``model.kind`` and ``model.weights`` name, resolved without building a model.
 
 ``mlp`` and ``cnn`` are trainflow's own; ``torchvision:<architecture>`` names a builder of
-``torchvision.models``; ``package.module:callable`` a model of the user's own. These
+``torchvision.models``; ``package.module:callable`` a model of the user's own;
+``hf:<model id or folder>`` a pretrained Hugging Face model (``hf_hub`` finds it). These
 resolve names, import the user's module and find weights files, each failing in one line
 (ConfigError naming the field). Importing this module imports neither torch nor
 torchvision: the checks before a run use it for every kind, and pay for torchvision only
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainflow.config import ConfigError, ModelConfig
+from trainflow.config.training import HF
 from trainflow.pipelines.hooks import load_hook
 
 TORCHVISION = "torchvision:"
@@ -46,8 +48,8 @@ def user_callable(kind: str) -> Callable[..., Any]:
 
 
 def builder(kind: str) -> Callable[..., Any] | None:
-    """What builds a torchvision or user kind; None for trainflow's own."""
-    if kind in OWN:
+    """What builds a torchvision or user kind; None for trainflow's own and Hugging Face's."""
+    if kind in OWN or kind.startswith(HF):
         return None
     return torchvision_builder(kind) if kind.startswith(TORCHVISION) else user_callable(kind)
 
@@ -93,6 +95,10 @@ def check_model(cfg: ModelConfig) -> None:
     module imports and holds the callable, the weights file is there. Building the model
     needs the data's shape and outputs: :func:`~trainflow.pipelines.models.build.model_spec`
     does, in the driver."""
+    if cfg.kind.startswith(HF):
+        from trainflow.pipelines.hf_hub import resolve
+
+        resolve(cfg.kind.removeprefix(HF), "model.kind", HF)
     builder(cfg.kind)
     if cfg.weights is not None:
         weights_file(cfg.weights)

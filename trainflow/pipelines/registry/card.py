@@ -62,14 +62,27 @@ def _table(rows: list[tuple[str, str]]) -> str:
 
 def _what_it_is(reg: Registration, config: PipelineConfig) -> str:
     loop = f" trained by the loop `{config.train.loop}`" if config.train.loop else ""
-    return _table(
-        [
-            ("model", f"`{reg.name}`, version {reg.version}"),
-            ("task", config.task),
-            ("model kind", f"`{config.model.kind}`{loop}"),
-            ("aliases when registered", ", ".join(reg.aliases) or "none"),
-        ]
-    )
+    rows = [
+        ("model", f"`{reg.name}`, version {reg.version}"),
+        ("task", config.task),
+        ("model kind", f"`{config.model.kind}`{loop}"),
+    ]
+    if config.preprocess.tokenizer is not None:
+        tok = config.preprocess.tokenizer
+        name = tok.name or f"the base model's ({config.model.kind.removeprefix('hf:')})"
+        rows.append(("tokenizer", f"{name}, column `{tok.column}`, {tok.max_length} tokens; saved with it"))
+    if config.train.lora is not None:
+        lora = config.train.lora
+        how = "merged into the base weights when loaded" if lora.merge else "beside the base weights"
+        targets = ", ".join(lora.target_modules) if lora.target_modules else "PEFT's defaults"
+        rows.append(
+            (
+                "LoRA adapter",
+                f"r {lora.r}, alpha {lora.alpha:g}, dropout {lora.dropout:g}, on {targets}; {how}",
+            )
+        )
+    rows.append(("aliases when registered", ", ".join(reg.aliases) or "none"))
+    return _table(rows)
 
 
 def _lineage(reg: Registration, config: PipelineConfig, tags: dict[str, str]) -> str:

@@ -93,6 +93,8 @@ class TrainSettings:
             num_outputs,
             image_shape=image_shape(preprocessor),
             inputs=input_layout(preprocessor),
+            classes=preprocessor.get("classes"),
+            lora=config.train.lora.model_dump() if config.train.lora else None,
         )
         check_loss(config, num_outputs)
         check_metrics(config.evaluation, config.task, num_outputs)

@@ -1,0 +1,179 @@
+"""Pretrained Hugging Face transformers through the flow: ``model.kind: hf:<folder>`` with
+``preprocess.tokenizer``, fine-tuned whole (a classifier) and through a LoRA adapter (a
+regression), registered, answering raw text through load_model, batch prediction and the
+served endpoint. No network: the "pretrained" model is a two-layer BERT and a WordPiece
+tokenizer trained on the texts (examples/hf_text/make_tiny_model.py), saved with
+``save_pretrained`` as a hub download would be. On the session's Ray cluster and Prefect
+server."""
+
+import json
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import trainflow
+from tests.e2e.test_cli import trainflow as trainflow_cli
+from tests.web import http, start_serve
+from trainflow.config import load_config
+from trainflow.flows.batch_predict import batch_predict
+from trainflow.flows.training import training_pipeline
+
+from .test_training_pipeline import read_artifacts
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+TEXTS = EXAMPLES / "text_classification" / "texts.csv"
+NAME, LORA_NAME = "hf-texts", "hf-lengths"
+QUESTIONS = [
+    "Return the indices of the maximum values along an axis of the array.",
+    "Applies a 2D convolution over an input tensor composed of several planes.",
+    "Group the DataFrame rows by the values of a column and return the groups.",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    sys.path.insert(0, str(EXAMPLES / "hf_text"))
+    try:
+        from make_tiny_model import make_tiny_model
+    finally:
+        sys.path.remove(str(EXAMPLES / "hf_text"))
+    return make_tiny_model(tmp_path_factory.mktemp("hub") / "tiny-bert", pd.read_csv(TEXTS)["text"].tolist())
+
+
+def _trained(overrides: dict):
+    state = training_pipeline(config=load_config(overrides), return_state=True)
+    assert state.is_completed(), state.message
+    return state.result()
+
+
+@pytest.fixture(scope="module")
+def classifier(tiny_bert, ray_cluster, prefect_harness, module_trainflow_home):
+    """The tiny BERT fine-tuned whole to tell the texts' libraries apart: NAME version 1."""
+    return _trained(
+        {
+            "name": NAME,
+            "data": {"source": str(TEXTS), "label_column": "library"},
+            "preprocess": {"tokenizer": {"column": "text", "max_length": 32}},
+            "model": {"kind": f"hf:{tiny_bert}"},
+            "train": {"epochs": 6, "batch_size": 32, "lr": 0.005},
+            "registry": {"min_value": None},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def regression(tiny_bert, ray_cluster, prefect_harness, module_trainflow_home, tmp_path_factory):
+    """Each text's number of words, learned through a LoRA adapter merged when loaded: LORA_NAME v1."""
+    texts = pd.read_csv(TEXTS)[["text"]]
+    texts["words"] = texts["text"].str.split().str.len().astype(float)
+    source = tmp_path_factory.mktemp("lengths") / "lengths.csv"
+    texts.to_csv(source, index=False)
+    return _trained(
+        {
+            "name": LORA_NAME,
+            "data": {"source": str(source), "label_column": "words"},
+            "task": "regression",
+            "preprocess": {"tokenizer": {"name": str(tiny_bert), "max_length": 32}},
+            "model": {"kind": f"hf:{tiny_bert}"},
+            "train": {"epochs": 6, "batch_size": 32, "lr": 0.01, "lora": {"r": 4, "merge": True}},
+            "registry": {"min_value": None},
+        }
+    )
+
+
+def test_a_fine_tuned_classifier_answers_raw_text_with_label_names(classifier):
+    model = trainflow.load_model(f"{NAME}@champion")
+    assert model.preprocessor.raw_columns == ["text"]
+    assert set(model.spec["inputs"]) >= {"input_ids", "attention_mask"}
+    assert model.spec["hf"]["config"]["id2label"] == {"0": "numpy", "1": "pandas", "2": "torch"}
+    # The tokenizer went with the registered version; the base model's folder is not needed.
+    assert (model.path / "tokenizer" / "tokenizer.json").is_file()
+    texts = pd.read_csv(TEXTS)
+    accuracy = (model.predict(texts[["text"]]) == texts["library"].to_numpy()).mean()
+    assert accuracy > 0.5, accuracy  # three classes, the largest a third of the rows
+    assert set(model.predict(pd.DataFrame({"text": QUESTIONS}))) <= {"numpy", "pandas", "torch"}
+    counts = model.spec["parameters"]
+    assert counts["trainable"] == counts["total"]
+
+
+def test_batch_prediction_and_the_served_endpoint_take_the_raw_text(classifier, tmp_path):
+    from ray import serve
+
+    from trainflow.pipelines.serving import QUIET_LOGS, app
+
+    rows = pd.DataFrame({"id": np.arange(30), "text": pd.read_csv(TEXTS)["text"][:30]})
+    rows.to_csv(tmp_path / "input.csv", index=False)
+    result = batch_predict(model=f"{NAME}/1", input=str(tmp_path / "input.csv"), output=str(tmp_path / "out"))
+    assert result.rows == 30
+    out = pd.read_parquet(tmp_path / "out").sort_values("id")
+    expected = trainflow.load_model(f"{NAME}/1").predict(rows[["text"]])
+    assert out["prediction"].tolist() == expected.tolist()
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start_serve(port)
+    try:
+        serve.run(app(NAME, cpus_per_replica=0.2), name="hf", route_prefix="/hf", logging_config=QUIET_LOGS)
+        answer = http.post(
+            f"http://127.0.0.1:{port}/hf/predict", json={"rows": [{"text": q} for q in QUESTIONS]}
+        )
+        assert answer.status_code == 200, answer.text
+        expected = trainflow.load_model(f"{NAME}/1").predict(pd.DataFrame({"text": QUESTIONS}))
+        assert answer.json()["predictions"] == expected.tolist()
+    finally:
+        serve.shutdown()
+
+
+def test_a_lora_regression_trains_the_adapter_alone_and_loads_merged_or_not(regression, tiny_bert, tmp_path):
+    model = trainflow.load_model(f"{LORA_NAME}@champion")
+    counts = model.spec["parameters"]
+    assert counts["trainable"] < counts["total"] / 4, counts  # the adapter and the head
+    assert model.spec["lora"]["r"] == 4
+    # Merged when loaded: a plain transformers model, no LoRA layer left.
+    names = [name for name, _ in model.model.named_modules()]
+    assert not any("lora" in name for name in names)
+    texts = pd.read_csv(TEXTS)[["text"]]
+    merged = model.predict(texts)
+    words = texts["text"].str.split().str.len().to_numpy()
+    assert np.corrcoef(merged, words)[0, 1] > 0.5
+    # The same checkpoint, kept as base plus adapter, predicts the same numbers.
+    apart = tmp_path / "apart"
+    shutil.copytree(model.path, apart)
+    spec = json.loads((apart / "model.json").read_text())
+    spec["lora"]["merge"] = False
+    (apart / "model.json").write_text(json.dumps(spec))
+    from trainflow.pipelines.models.checkpoint import load_checkpoint
+
+    unmerged = load_checkpoint(apart)
+    assert any("lora_A" in name for name, _ in unmerged.model.named_modules())
+    np.testing.assert_allclose(unmerged.predict(texts), merged, rtol=1e-4, atol=1e-4)
+    card = next(a.data for a in read_artifacts() if a.key == f"{LORA_NAME}-card")
+    assert f"| model kind | `hf:{tiny_bert}` |" in card
+    assert "| LoRA adapter | r 4, alpha 16, dropout 0.05, on PEFT's defaults; merged into the base" in card
+
+
+def test_a_model_id_missing_offline_fails_in_one_line_before_ray(tmp_path):
+    out = trainflow_cli(
+        "run",
+        "--set",
+        "model.kind=hf:nobody/no-such-model",
+        "--set",
+        "preprocess.tokenizer={column: text}",
+        home=tmp_path / "home",
+        env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")},
+    )
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert lines == [
+        "error: model.kind hf:nobody/no-such-model: not in the Hugging Face cache and HF_HUB_OFFLINE is "
+        "set; fetch it where the hub answers (hf download nobody/no-such-model) or give a local folder"
+    ], out.stderr
+    assert not list((tmp_path / "home").glob("runs/*"))

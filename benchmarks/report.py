@@ -32,6 +32,7 @@ SECTIONS = (
     "serve",
     "gpu",
     "sweep",
+    "hf_models",
     "suite",
 )
 # The script of each section, for results written before each JSON recorded its command.

@@ -23,6 +23,9 @@ def make_tiny_model(folder: str | Path, texts: list[str], *, vocab_size: int = 5
     import torch
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
 
     folder = Path(folder)
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -167,9 +167,10 @@ class Preprocessor:
         if self.transform:
             missing = [c for c in self.raw_columns if c not in frame]
             if missing:
+                field, value = tf.named(self.transform["path"])
                 raise DataError(
                     f"input lacks the columns {', '.join(map(repr, missing))} that the model's "
-                    f"{tf.FIELD} {self.transform['path']} takes"
+                    f"{field} {value} takes"
                 )
             frame = tf.apply(self.transform["path"], pd.DataFrame({c: frame[c] for c in self.raw_columns}))
         inputs = self.inputs(frame)

@@ -155,8 +155,9 @@ class LoraConfig(Section):
     )
     merge: bool = Field(
         False,
-        description="Register the adapter merged into the base weights (one plain model, no PEFT "
-        "to load it); false keeps base and adapter apart.",
+        description="Merge the adapter into the base weights wherever the version is loaded (one "
+        "plain model, without the adapter's extra steps at prediction); false keeps base and "
+        "adapter apart.",
     )
 
 

@@ -8,6 +8,7 @@ logger at errors, as trainflow's own lines say what a user can act on.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import warnings
@@ -37,18 +38,25 @@ def resolve(name: str, field: str, prefix: str = "") -> str:
         return str(path.resolve())
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise ConfigError(f"{field} {shown}: no such folder; give a folder written by save_pretrained")
-    from huggingface_hub import snapshot_download
-
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     try:
-        with quiet():
-            return snapshot_download(name, allow_patterns=FILES, local_files_only=offline)
+        return _snapshot(name, offline)
     except Exception as e:
         why = "HF_HUB_OFFLINE is set" if offline else f"the hub did not give it ({type(e).__name__})"
         raise ConfigError(
             f"{field} {shown}: not in the Hugging Face cache and {why}; fetch it where the hub answers "
             f"(hf download {name}) or give a local folder"
         ) from None
+
+
+@functools.lru_cache(maxsize=16)
+def _snapshot(name: str, offline: bool) -> str:
+    """The cache's folder of model id ``name``, asked of the hub once per process: a run's
+    checks, ingest and model each look for it."""
+    from huggingface_hub import snapshot_download
+
+    with quiet():
+        return snapshot_download(name, allow_patterns=FILES, local_files_only=offline)
 
 
 def require(field: str, name: str) -> None:

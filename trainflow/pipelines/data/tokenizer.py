@@ -58,13 +58,14 @@ def transform_of(config) -> str | None:
     """The data's transform in ``config`` (a PipelineConfig): the user's
     ``preprocess.transform``, the tokenizer's reference, or None. Resolves the tokenizer's
     folder (ConfigError when it is not there)."""
+    from trainflow.config.training import HF
     from trainflow.pipelines.hf_hub import resolve
 
     if config.preprocess.transform or config.preprocess.tokenizer is None:
         return config.preprocess.transform
     tok = config.preprocess.tokenizer
     if tok.name is None:
-        folder = resolve(config.model.kind.removeprefix("hf:"), "model.kind", "hf:")
+        folder = resolve(config.model.kind.removeprefix(HF), "model.kind", HF)
     else:
         folder = resolve(tok.name, "preprocess.tokenizer.name")
     return reference(folder, tok.column, tok.max_length)
@@ -117,7 +118,9 @@ def identity(path: str) -> str:
     """A hash of the tokenizer's files and settings: a prepared entry's key part."""
     found = settings(path)
     digest = hashlib.sha256(json.dumps({k: v for k, v in found.items() if k != "folder"}).encode())
-    for name in FILES[:-1]:
+    for name in FILES:
+        if name == "config.json":  # the model's, not the tokenizer's
+            continue
         file = Path(found["folder"]) / name
         if file.is_file():
             digest.update(name.encode() + file.read_bytes())

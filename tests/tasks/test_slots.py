@@ -104,12 +104,12 @@ def test_a_slot_whose_holder_died_before_training_is_freed_by_the_next_run(
 
     limit = "trainflow-model-died-early"
     with get_client(sync_client=True) as client:
-        client.create_global_concurrency_limit(
+        limit_id = client.create_global_concurrency_limit(
             GlobalConcurrencyLimitCreate(name=limit, limit=1, active_slots=1)
         )
-    holders = slot_holders(limit)
+    holders = slot_holders(limit, limit_id)
     database = get_current_settings().server.database.connection_url.get_secret_value()
-    assert database.endswith(f"{holders.parent.parent}/{Path(database).name}")
+    assert database.endswith(f"{holders.parents[2]}/{Path(database).name}")
     assert trainflow_home not in holders.parents
     holders.mkdir(parents=True)
     gone = dead_driver()
@@ -151,10 +151,10 @@ def test_a_live_holder_keeps_its_slot_beside_a_dead_holders_record(prefect_harne
 
     limit = "trainflow-model-held"
     with get_client(sync_client=True) as client:
-        client.create_global_concurrency_limit(
+        limit_id = client.create_global_concurrency_limit(
             GlobalConcurrencyLimitCreate(name=limit, limit=1, active_slots=1)
         )
-    holders = slot_holders(limit)
+    holders = slot_holders(limit, limit_id)
     holders.mkdir(parents=True)
     (holders / "gone.json").write_text(SlotHolder(driver=dead_driver(), since=1.0).model_dump_json())
     live = Driver.this()
@@ -174,3 +174,22 @@ def test_a_live_holder_keeps_its_slot_beside_a_dead_holders_record(prefect_harne
         client.release_concurrency_slots(names=[limit], slots=1, occupancy_seconds=1.0)
     assert entered.wait(60), "the waiting run never got the released slot"
     waiter.join(60)
+
+
+def test_a_run_leaves_the_holders_of_another_servers_slot_of_that_name_alone(prefect_harness, trainflow_home):
+    """A machine whose runs use two Prefect servers (a team's, and the temporary one) under
+    one PREFECT_HOME: a run on one server neither frees nor forgets a dead driver that
+    holds the other server's slot of the same model, which the next run there frees."""
+    import uuid
+
+    from tests.pipelines.test_runs import dead_driver
+    from trainflow.tasks.slots import SlotHolder, slot_holders
+
+    elsewhere = slot_holders("trainflow-model-two-servers", uuid.uuid4())
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "gone.json").write_text(SlotHolder(driver=dead_driver(), since=1.0).model_dump_json())
+
+    with one_training_at_a_time("two-servers"):
+        pass
+
+    assert [p.name for p in elsewhere.iterdir()] == ["gone.json"]

@@ -58,14 +58,15 @@ def one_training_at_a_time(
         # Look before creating: the server logs a refused duplicate as an error with a
         # traceback, which users read as a failure of their run.
         try:
-            taken = client.read_global_concurrency_limit_by_name(limit).active_slots
+            found = client.read_global_concurrency_limit_by_name(limit)
         except ObjectNotFound:
-            taken = 0
             try:
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=limit, limit=1))
             except ObjectAlreadyExists:  # another run created it in between
                 pass
-        if taken and _free_dead_slots(client, limit, taken, storage, name, logger):
+            found = client.read_global_concurrency_limit_by_name(limit)
+        taken, holders = found.active_slots, slot_holders(limit, found.id)
+        if taken and _free_dead_slots(client, holders, taken, storage, name, logger):
             taken = 0
     if taken:
         logger.warning(
@@ -76,7 +77,7 @@ def one_training_at_a_time(
             limit,
             limit,
         )
-    with concurrency(limit, occupy=1, strict=True), _slot_holder(limit):
+    with concurrency(limit, occupy=1, strict=True), _slot_holder(holders):
         yield
 
 
@@ -90,11 +91,13 @@ class SlotHolder(BaseModel):
     since: float
 
 
-def slot_holders(limit: str) -> Path:
+def slot_holders(limit: str, limit_id: object) -> Path:
     """The folder naming who holds ``limit``'s slot, beside the Prefect database the slot
     is kept in: a temporary server's (``PREFECT_HOME/prefect.db`` unless set otherwise),
     which outlives any one run and whichever TRAINFLOW_HOME the run had. On a server
-    elsewhere, PREFECT_HOME: the drivers of this machine that share it."""
+    elsewhere, PREFECT_HOME: the drivers of this machine that share it. Named after the
+    limit's id, which its database gave it, so that a run on one server never takes the
+    holders of another server's slot of the same name for its own."""
     from prefect.settings import get_current_settings
 
     settings = get_current_settings()
@@ -102,11 +105,10 @@ def slot_holders(limit: str) -> Path:
     _, _, database = url.partition(":///")
     on_file = url.startswith("sqlite") and database and ":memory:" not in database
     folder = Path(database).parent if on_file else settings.home
-    return folder / "trainflow-slots" / limit
+    return folder / "trainflow-slots" / limit / str(limit_id)
 
 
-def _holders(limit: str) -> dict[Path, SlotHolder]:
-    folder = slot_holders(limit)
+def _holders(folder: Path) -> dict[Path, SlotHolder]:
     holders = {}
     for path in folder.glob("*.json"):
         try:
@@ -117,17 +119,17 @@ def _holders(limit: str) -> dict[Path, SlotHolder]:
 
 
 @contextmanager
-def _slot_holder(limit: str) -> Iterator[None]:
-    """Record this driver as the holder of ``limit``'s slot until the block ends."""
+def _slot_holder(folder: Path) -> Iterator[None]:
+    """Record this driver in ``folder`` as the holder of its limit's slot until the block ends."""
     # The slot is this run's (a limit of 1): any other holder recorded here died and its
     # slot was given back already (by hand, or by _free_dead_slots elsewhere).
-    for path, holder in _holders(limit).items():
+    for path, holder in _holders(folder).items():
         if holder.driver.alive() is False:
             path.unlink(missing_ok=True)
     me = SlotHolder(
         driver=Driver.this(), flow_run=str(flow_run.id) if flow_run.id else None, since=time.time()
     )
-    path = slot_holders(limit) / f"{me.driver.host}-{me.driver.pid}-{me.driver.start}.json"
+    path = folder / f"{me.driver.host}-{me.driver.pid}-{me.driver.start}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     partial.write_text(me.model_dump_json())
@@ -138,18 +140,18 @@ def _slot_holder(limit: str) -> Iterator[None]:
         path.unlink(missing_ok=True)
 
 
-def _free_dead_slots(client, limit: str, taken: int, storage: str | None, name: str, logger) -> bool:
+def _free_dead_slots(client, folder: Path, taken: int, storage: str | None, name: str, logger) -> bool:
     """Give back the slots whose holders died on this machine (killed outright, the
     machine restarted): each took one and could not release it. Only when every taken
     slot is such a one (a driver alive, or on another machine, holds its slot). The runs
     they left under ``storage`` become ``interrupted`` (``--resume`` continues them) and
     their flow runs Crashed. Whether the slots were freed."""
-    holders = _holders(limit)
+    holders = _holders(folder)
     dead = {path: h for path, h in holders.items() if h.driver.alive() is False}
     if not dead or len(dead) < taken or len(dead) < len(holders):
         return False  # a live holder (or one on another machine) may hold what is taken
     held = max(time.time() - min(h.since for h in dead.values()), 1.0)  # the server takes only > 0
-    client.release_concurrency_slots(names=[limit], slots=taken, occupancy_seconds=held)
+    client.release_concurrency_slots(names=[f"trainflow-model-{name}"], slots=taken, occupancy_seconds=held)
     for path in dead:
         path.unlink(missing_ok=True)
     died = {h.flow_run: h for h in dead.values()}

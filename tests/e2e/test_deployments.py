@@ -92,6 +92,22 @@ def server(tmp_path_factory):
     stop(proc)
 
 
+@pytest.fixture(scope="module")
+def deployed(server):
+    """The server with trainflow's work pool and every deployment of
+    deployments/prefect.yaml, deployed once for the module's tests."""
+    env, tmp = server
+    assert (
+        run([BIN / "prefect", "work-pool", "create", "trainflow", "--type", "process"], env).returncode == 0
+    )
+    deployed = run([BIN / "trainflow", "deploy"], env)
+    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+    trainings = [f"training-pipeline/{name}" for name in ("nightly", "on-demand", "on-demand-git")]
+    for name in [*trainings, "watch-data/watch-data", "retrain-on-new-data/on-new-data"]:
+        assert name in deployed.stdout, deployed.stdout
+    return env, tmp
+
+
 def flow_runs(env, deployment_name: str) -> list[dict]:
     api = env["PREFECT_API_URL"]
     deployments = http.post(
@@ -112,16 +128,9 @@ def models_show(env, model: str):
         return trainflow_in_process("models", "show", model)
 
 
-def test_deployments_run_on_a_worker_and_a_schedule_of_its_own_fires(server, ray_cluster):
-    env, tmp = server
+def test_deployments_run_on_a_worker_and_a_schedule_of_its_own_fires(deployed, ray_cluster):
+    env, tmp = deployed
     runs_env = {**env, **session_services(prefect_api=False)}  # for the flow runs' processes
-    assert (
-        run([BIN / "prefect", "work-pool", "create", "trainflow", "--type", "process"], env).returncode == 0
-    )
-    deployed = run([BIN / "trainflow", "deploy"], env)
-    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
-    for name in ("nightly", "on-demand", "on-demand-git"):
-        assert f"training-pipeline/{name}" in deployed.stdout
 
     # The nightly deployment carries its cron schedule.
     nightly = http.post(
@@ -217,16 +226,12 @@ def await_completed(env, deployment: str, count: int, log: Path) -> list[dict]:
 
 
 def test_new_data_trains_once_through_the_event_trigger_and_data_trained_on_trains_nothing(
-    server, ray_cluster, tmp_path
+    deployed, ray_cluster, tmp_path
 ):
     from sklearn.datasets import load_digits
 
-    env, tmp = server
+    env, tmp = deployed
     runs_env = {**env, **session_services(prefect_api=False)}
-    run([BIN / "prefect", "work-pool", "create", "trainflow", "--type", "process"], env)  # may exist
-    deployed = run([BIN / "trainflow", "deploy"], env)
-    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
-    assert "watch-data/watch-data" in deployed.stdout and "retrain-on-new-data/on-new-data" in deployed.stdout
 
     data = tmp_path / "incoming" / "digits.csv"
     data.parent.mkdir()

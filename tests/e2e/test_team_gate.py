@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS = 3
-ROUNDS = 20
+ROUNDS = 8
 
 # One run's side: its versions made first, each with its run's test accuracy (from the
 # command line), then one gated per line read from stdin, through the register step's gate.

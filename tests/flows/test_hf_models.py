@@ -160,6 +160,35 @@ def test_a_lora_regression_trains_the_adapter_alone_and_loads_merged_or_not(regr
     assert "| LoRA adapter | r 4, alpha 16, dropout 0.05, on PEFT's defaults; merged into the base" in card
 
 
+def test_the_preparation_tokenizes_each_text_once(tiny_bert, ray_cluster, tmp_path):
+    """The preparation's passes (the row checks and the split, the fit, the write) each read
+    every batch; the tokenizer runs on each batch once."""
+    from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
+    from trainflow.pipelines.data import tokenizer
+    from trainflow.pipelines.data.prepare import prepare
+    from trainflow.pipelines.data.schema import inspect_source
+
+    ref = tokenizer.reference(str(tiny_bert), "text", 16)
+    tokenize, texts = tokenizer.load(ref), []
+    real = tokenize.tokenizer
+
+    def counted(batch, **kwargs):
+        texts.extend(batch)
+        return real(batch, **kwargs)
+
+    tokenize.tokenizer = counted
+    try:
+        info = inspect_source(DataConfig(source=str(TEXTS), label_column="library"), tmp_path, transform=ref)
+        texts.clear()  # what the schema's check of a sample tokenized
+        pre = PreprocessConfig(tokenizer={"name": str(tiny_bert), "column": "text", "max_length": 16})
+        entry = prepare(info, SplitConfig(), pre, tmp_path)
+    finally:
+        tokenize.tokenizer = real
+    rows = len(pd.read_csv(TEXTS))
+    assert sum(entry.counts.values()) == rows
+    assert len(texts) == rows
+
+
 def test_a_model_id_missing_offline_fails_in_one_line_before_ray(tmp_path):
     out = trainflow_cli(
         "run",

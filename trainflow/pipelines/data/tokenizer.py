@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json
 import shutil
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -81,12 +82,21 @@ def _tokenizer(folder: str):
         return AutoTokenizer.from_pretrained(folder)
 
 
+# What a process keeps of the batches it tokenized: the preparation's passes (scan, fit,
+# write) each read the same batches, and a prediction's re-score reads a split again.
+MEMO_BYTES = 256 << 20
+
+
 class Tokenize:
-    """The tokenizer as a batch transform: the text column replaced by the model's inputs."""
+    """The tokenizer as a batch transform: the text column replaced by the model's inputs.
+    A batch of texts met again in this process (another pass of the preparation over the
+    same rows) is answered from memory, up to :data:`MEMO_BYTES` of inputs."""
 
     def __init__(self, path: str):
         self.settings = settings(path)
         self.tokenizer = _tokenizer(self.settings["folder"])
+        self._memo: OrderedDict[bytes, dict[str, np.ndarray]] = OrderedDict()
+        self._memo_bytes = 0
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         column = self.settings["column"]
@@ -95,17 +105,34 @@ class Tokenize:
                 f"preprocess.tokenizer.column {column!r} is not a column here; the columns are: "
                 + ", ".join(map(str, batch.columns))
             )
+        encoded = self._encode(batch[column].fillna("").astype(str))
+        out = batch.drop(columns=[column]).reset_index(drop=True)
+        for name, values in encoded.items():
+            out[name] = list(values)
+        return out
+
+    def _encode(self, texts: pd.Series) -> dict[str, np.ndarray]:
+        """Each input's int64 array of the texts, remembered by the texts' hash."""
+        key = hashlib.sha256(pd.util.hash_pandas_object(texts, index=False).to_numpy().tobytes()).digest()
+        if key in self._memo:
+            self._memo.move_to_end(key)
+            return self._memo[key]
         encoded = self.tokenizer(
-            batch[column].fillna("").astype(str).tolist(),
+            texts.tolist(),
             padding="max_length",
             truncation=True,
             max_length=self.settings["max_length"],
             return_tensors="np",
         )
-        out = batch.drop(columns=[column]).reset_index(drop=True)
-        for name, values in encoded.items():
-            out[name] = list(np.asarray(values, dtype=np.int64))
-        return out
+        arrays = {name: np.asarray(values, dtype=np.int64) for name, values in encoded.items()}
+        size = sum(a.nbytes for a in arrays.values())
+        if size <= MEMO_BYTES:
+            self._memo[key] = arrays
+            self._memo_bytes += size
+            while self._memo_bytes > MEMO_BYTES:
+                _, old = self._memo.popitem(last=False)
+                self._memo_bytes -= sum(a.nbytes for a in old.values())
+        return arrays
 
 
 @functools.lru_cache(maxsize=8)

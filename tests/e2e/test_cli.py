@@ -166,3 +166,23 @@ def test_the_command_imports_a_configs_own_code_from_the_current_folder(tmp_path
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("ok: digits-resmlp ")
+
+
+def test_every_commands_summary_in_help_is_one_whole_sentence():
+    """`trainflow --help` and each group's list every command by its docstring's first
+    paragraph: one line, a sentence ending in a full stop."""
+    import typer
+
+    from trainflow.cli import app
+
+    def commands(group: typer.Typer, prefix: str):
+        for info in group.registered_commands:
+            yield f"{prefix}{info.name or info.callback.__name__}", info.callback
+        for sub in group.registered_groups:
+            yield from commands(sub.typer_instance, f"{prefix}{sub.name} ")
+
+    found = dict(commands(app, ""))
+    assert {"run", "ui", "models promote", "models drift", "stack up"} <= set(found), sorted(found)
+    for name, callback in found.items():
+        summary = (callback.__doc__ or "").strip().split("\n\n")[0]
+        assert "\n" not in summary and summary.endswith("."), f"{name}: {summary!r}"

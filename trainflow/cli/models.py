@@ -87,9 +87,10 @@ def models_promote(
         ),
     ] = False,
 ) -> None:
-    """Make VERSION the champion, whatever its gate said; `rollback` undoes it. With
-    --min-agreement or --feedback-win, only if its shadow comparison with the champion
-    shows it."""
+    """Make VERSION the champion, whatever its gate said.
+
+    `rollback` undoes it. With --min-agreement or --feedback-win, only if its shadow
+    comparison with the champion shows it."""
     registry, ws = _registry()
     reason = "promoted by hand"
     with registry_errors(), one_line_errors():
@@ -190,11 +191,11 @@ def models_reproduce(
         ),
     ] = False,
 ) -> None:
-    """Train a version again with its exact config, register it as a new version tagged
-    reproduces=VERSION and print each test metric beside the version's.
+    """Train a version again with its exact config and compare the test metrics.
 
-    Refused in one line, before Ray starts, when the data's fingerprint or the code's git
-    commit differs from the version's lineage, unless --force.
+    The new version is registered tagged reproduces=VERSION, each test metric printed
+    beside the version's. Refused in one line, before Ray starts, when the data's
+    fingerprint or the code's git commit differs from the version's lineage, unless --force.
     """
     from trainflow import checks, startup
     from trainflow.cli.app import call_flow, check_before_start
@@ -238,8 +239,9 @@ def models_drift(
     ] = _drift_default("ks_pvalue"),
     check: Annotated[bool, typer.Option("--check", help="Exit with 1 when a feature drifted.")] = False,
 ) -> None:
-    """Score what a served model was asked against its champion's train split: each
-    feature's PSI and KS test, from the sample of requests each replica of `trainflow
+    """Score what a served model was asked against its champion's train split.
+
+    Each feature's PSI and KS test, from the sample of requests each replica of `trainflow
     models serve` keeps under serving/NAME/ of the model's storage, else of TRAINFLOW_HOME."""
     from trainflow.pipelines.serving.sampled import served_drift
 

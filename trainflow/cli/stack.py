@@ -99,8 +99,9 @@ def _show(folder: Path) -> bool:
 
 @stack_app.command("env")
 def env(folder: FolderOpt = None) -> None:
-    """The export lines that point a shell's trainflow, MLflow, Prefect and Ray at the stack:
-    eval "$(trainflow stack env)"."""
+    """Print the export lines that point a shell's trainflow, MLflow, Prefect and Ray at the stack.
+
+    Use them as `eval "$(trainflow stack env)"`."""
     from trainflow.stack import StackError, env_lines
 
     try:

@@ -64,10 +64,11 @@ PortOpt = Annotated[int, typer.Option(min=1, max=65535, help="MLflow's UI port."
 
 @app.command("ui")
 def ui(host: HostOpt = "127.0.0.1", port: PortOpt = 5000) -> None:
-    """Open MLflow's UI over trainflow's registry (models, versions, aliases, runs) until
-    Ctrl-C, and print the Prefect UI's address when a Prefect server is configured.
+    """Open MLflow's UI over trainflow's registry until Ctrl-C.
 
-    The first run installs MLflow's UI into an environment of its own (a minute or two); later runs reuse it.
+    It shows the models, their versions, aliases and runs; the Prefect UI's address is
+    printed too when a Prefect server is configured. The first run installs MLflow's UI
+    into an environment of its own (a minute or two); later runs reuse it.
     """
     ws, uri = _registry()
     if uri.startswith(("http://", "https://")):

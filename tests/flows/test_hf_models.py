@@ -160,6 +160,45 @@ def test_a_lora_regression_trains_the_adapter_alone_and_loads_merged_or_not(regr
     assert "| LoRA adapter | r 4, alpha 16, dropout 0.05, on PEFT's defaults; merged into the base" in card
 
 
+def test_the_trainer_example_registers_the_trainers_checkpoint_which_answers_raw_text(
+    tiny_bert, ray_cluster, prefect_harness, module_trainflow_home, tmp_path
+):
+    """examples/hf_trainer as a user's project runs it: a transformers.Trainer as
+    train.loop, through prepare_trainer and RayTrainReportCallback; its save_pretrained
+    checkpoint is registered and answers raw text with label names."""
+    from tests.e2e.test_cli import trainflow_in_process
+    from tests.flows.test_training_pipeline import flow_logs
+    from trainflow.pipelines import registry
+    from trainflow.workspace import workspace
+
+    example = EXAMPLES / "hf_trainer"
+    shutil.copy(example / "trainer_loop.py", tmp_path / "trainer_loop.py")
+    sets = [f"data.source={TEXTS}", f"model.kind=hf:{tiny_bert}", "train.epochs=3", "registry.min_value=null"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(tmp_path))  # as the project's folder is, run from there
+        out = trainflow_in_process(
+            "run", example / "texts-trainer.yaml", *[a for s in sets for a in ("--set", s)]
+        )
+    assert out.returncode == 0, out.output
+
+    c = registry.client(workspace())
+    version = c.get_model_version("hf-trainer-texts", "1")
+    run = c.get_run(version.run_id)
+    assert run.data.params["train.loop"] == "trainer_loop:train_func"
+    reported = sorted(c.get_metric_history(version.run_id, "eval_accuracy"), key=lambda m: m.step)
+    assert [m.step for m in reported] == [1, 2, 3]  # an evaluation and a checkpoint each epoch
+    best_epoch = int(version.tags["trainflow.best_epoch"])
+    assert reported[best_epoch - 1].value == max(m.value for m in reported)
+    logs = flow_logs(run.data.tags["prefect.flow_run_id"])
+    epoch_lines = [line for line in logs if line.startswith("epoch ")]
+    assert [line.split()[1] for line in epoch_lines] == ["1/3", "2/3", "3/3"], epoch_lines
+
+    model = trainflow.load_model("hf-trainer-texts@champion")
+    assert model.spec["kind"] == f"hf:{tiny_bert}"
+    answers = model.predict(pd.DataFrame({"text": QUESTIONS}))
+    assert set(answers) <= set(pd.read_csv(TEXTS)["library"])
+
+
 def test_the_preparation_tokenizes_each_text_once(tiny_bert, ray_cluster, tmp_path):
     """The preparation's passes (the row checks and the split, the fit, the write) each read
     every batch; the tokenizer runs on each batch once."""

@@ -120,7 +120,13 @@ def _trained(config: PipelineConfig, prepared: Prepared, run_name: str, result: 
 
 def prepared_splits(prepared: Prepared) -> PreparedSplits:
     """What training reads of the preprocess task's result."""
-    return PreparedSplits(prepared.path, prepared.preprocessor, prepared.num_features, prepared.num_outputs)
+    return PreparedSplits(
+        prepared.path,
+        prepared.preprocessor,
+        prepared.num_features,
+        prepared.num_outputs,
+        counts=dict(prepared.counts),
+    )
 
 
 def _describe_weights(weights: list[float] | None, config: PipelineConfig) -> str:

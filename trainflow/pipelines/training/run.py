@@ -184,6 +184,7 @@ def trainer_inputs(
             if config.train.class_weights == "balanced"
             else None
         ),
+        split_rows=prepared.counts,
         progress=progress,
         placements=placements,
         resume_from=max(

@@ -47,6 +47,7 @@ class TrainSettings:
     memory_splits: dict[str, str] = field(default_factory=dict)
     # train.class_weights: balanced: one weight per class for the loss (None: unweighted).
     class_weights: list[float] | None = None
+    split_rows: dict[str, int] = field(default_factory=dict)  # the prepared rows of each split
     progress: str | None = None  # the ProgressLog the driver follows; None: nobody follows
     placements: str | None = None  # the PlacementTracker rank 0 records its group in (sweeps)
     # A checkpoint folder of this run newer than the one Ray Train will hand back, with its
@@ -72,6 +73,7 @@ class TrainSettings:
         num_outputs: int,
         memory_splits: Mapping[str, str] = {},
         class_weights: list[float] | None = None,
+        split_rows: Mapping[str, int] = {},
         progress: str | None = None,
         placements: str | None = None,
         resume_from: tuple[str, int] | None = None,
@@ -104,6 +106,7 @@ class TrainSettings:
             preprocessor=preprocessor,
             memory_splits=dict(memory_splits),
             class_weights=class_weights,
+            split_rows=dict(split_rows),
             progress=progress,
             placements=placements,
             resume_from=resume_from[0] if resume_from else None,
@@ -160,6 +163,7 @@ class PreparedSplits:
     preprocessor: dict[str, Any]
     num_features: int
     num_outputs: int
+    counts: dict[str, int] = field(default_factory=dict)  # rows per split
 
 
 def balanced_class_weights(path: str, num_classes: int) -> list[float]:

@@ -12,7 +12,8 @@ What the loop gets, as Ray Train's own examples read it:
   ``train.loop_config``, as given; and under ``"trainflow"`` the run's whole config as
   plain JSON (``config["trainflow"]["model"]["kind"]``) with ``"model_spec"``, the model
   ``model.kind`` builds for the data (``kind``, ``num_features``, ``num_outputs`` and
-  ``input_shape`` or ``image_shape``).
+  ``input_shape`` or ``image_shape``), and ``"rows"``, the prepared rows of each split
+  (what a loop that needs its steps ahead, as a ``transformers.Trainer``, counts them by).
 - The prepared splits as Ray Train dataset shards, ``ray.train.get_dataset_shard("train")``
   and ``("val")``, streamed from Ray Data whatever ``train.in_memory`` says: batches of
   ``features`` (float32, ``[N, num_features]``) and ``label`` (class indices; for a
@@ -38,6 +39,7 @@ from trainflow.files import publishing_folder
 from trainflow.pipelines.hooks import describe, load_hook
 from trainflow.pipelines.models.build import Reshaped, build_model
 from trainflow.pipelines.models.checkpoint import METRICS, MODEL, save_checkpoint
+from trainflow.pipelines.models.hf import HFClassifier
 
 if TYPE_CHECKING:
     from trainflow.pipelines.training.settings import TrainSettings
@@ -73,7 +75,11 @@ def loop_config(settings: TrainSettings) -> dict[str, Any]:
     return {
         **{name: getattr(config.train, name) for name in LOOP_SETTINGS},
         **config.train.loop_config,
-        LOOP_RESERVED: {**config.model_dump(mode="json"), "model_spec": settings.model_spec},
+        LOOP_RESERVED: {
+            **config.model_dump(mode="json"),
+            "model_spec": settings.model_spec,
+            "rows": settings.split_rows,
+        },
     }
 
 
@@ -119,16 +125,40 @@ def without_wrappers(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tenso
     return state
 
 
+# A transformers model's weights as ``save_pretrained`` writes them, and the folder Ray's
+# RayTrainReportCallback copies a Trainer's checkpoint into.
+PRETRAINED_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+TRAINER_FOLDER = "checkpoint"
+
+
+def pretrained_weights(folder: Path) -> Path | None:
+    """The weights file of a ``save_pretrained`` folder in a loop's checkpoint: the
+    checkpoint itself, or its ``checkpoint/`` (a ``transformers.Trainer``'s, reported by
+    Ray's RayTrainReportCallback); None when there is none."""
+    for where in (folder, folder / TRAINER_FOLDER):
+        for name in PRETRAINED_WEIGHTS:
+            if (where / name).is_file():
+                return where / name
+    return None
+
+
 def read_loop_state(folder: Path, path: str) -> dict[str, torch.Tensor]:
-    """The state dict in ``model.pt`` of a checkpoint of the loop ``path``, its wrappers'
-    prefixes taken off; a ConfigError saying what is wrong when there is none."""
+    """The state dict in ``model.pt`` of a checkpoint of the loop ``path``, or in the
+    weights of a ``save_pretrained`` folder there, its wrappers' prefixes taken off; a
+    ConfigError saying what is wrong when there is none."""
     file = folder / MODEL
+    weights = None if file.is_file() else pretrained_weights(folder)
+    if weights is not None and weights.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return without_wrappers(load_file(weights))
+    file = weights or file
     if not file.is_file():
         held = ", ".join(sorted(p.name for p in folder.iterdir())[:6]) or "nothing"
         raise ConfigError(
             f"{FIELD} {path}: its checkpoint holds no {MODEL} ({held}); save the model's state "
             f"dict there as Ray's guide does, torch.save(model.module.state_dict(), "
-            f"os.path.join(folder, '{MODEL}'))"
+            f"os.path.join(folder, '{MODEL}')), or for model.kind hf: a save_pretrained folder"
         )
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
@@ -150,9 +180,13 @@ def loop_model(folder: Path, spec: dict[str, Any], path: str) -> nn.Module:
     A ConfigError naming both when the state dict does not fit the model."""
     state = read_loop_state(folder, path)
     model = build_model(spec)
-    target = model
-    if isinstance(model, Reshaped) and not all(key.startswith("net.") for key in state):
-        target = model.net
+    # trainflow's wrappers (Reshaped around a torchvision, user's or transformers model,
+    # HFClassifier around the transformers model) each hold what they wrap as ``net``: the
+    # loop's state dict is that of the one whose names it shares most.
+    chain = [model]
+    while isinstance(chain[-1], (Reshaped, HFClassifier)):
+        chain.append(chain[-1].net)
+    target = max(chain, key=lambda m: len(state.keys() & m.state_dict().keys()))
     own = target.state_dict()
     problems = [
         *(f"{key} missing" for key in own if key not in state),

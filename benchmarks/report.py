@@ -33,6 +33,7 @@ SECTIONS = (
     "gpu",
     "sweep",
     "hf_models",
+    "hf_finetune",
     "suite",
 )
 # The script of each section, for results written before each JSON recorded its command.

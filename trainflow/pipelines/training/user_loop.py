@@ -147,12 +147,8 @@ def read_loop_state(folder: Path, path: str) -> dict[str, torch.Tensor]:
     weights of a ``save_pretrained`` folder there, its wrappers' prefixes taken off; a
     ConfigError saying what is wrong when there is none."""
     file = folder / MODEL
-    weights = None if file.is_file() else pretrained_weights(folder)
-    if weights is not None and weights.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return without_wrappers(load_file(weights))
-    file = weights or file
+    if not file.is_file():
+        file = pretrained_weights(folder) or file
     if not file.is_file():
         held = ", ".join(sorted(p.name for p in folder.iterdir())[:6]) or "nothing"
         raise ConfigError(
@@ -161,13 +157,18 @@ def read_loop_state(folder: Path, path: str) -> dict[str, torch.Tensor]:
             f"os.path.join(folder, '{MODEL}')), or for model.kind hf: a save_pretrained folder"
         )
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        if file.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(file)
+        else:
+            state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:
         first = (str(e).strip().splitlines() or [""])[0]
-        raise ConfigError(f"{FIELD} {path}: its checkpoint's {MODEL} does not load: {first}") from None
+        raise ConfigError(f"{FIELD} {path}: its checkpoint's {file.name} does not load: {first}") from None
     if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ConfigError(
-            f"{FIELD} {path}: its checkpoint's {MODEL} holds {describe(state)}, not a state dict "
+            f"{FIELD} {path}: its checkpoint's {file.name} holds {describe(state)}, not a state dict "
             "(names to tensors, model.state_dict())"
         )
     return without_wrappers(state)
@@ -175,9 +176,9 @@ def read_loop_state(folder: Path, path: str) -> dict[str, torch.Tensor]:
 
 def loop_model(folder: Path, spec: dict[str, Any], path: str) -> nn.Module:
     """The model ``spec`` describes (model.kind's), with the weights of the loop's
-    checkpoint ``folder``. For a kind trainflow wraps in Reshaped (torchvision's, a user's),
-    the loop's state dict is the inner model's, or Reshaped's own (``net.`` names).
-    A ConfigError naming both when the state dict does not fit the model."""
+    checkpoint ``folder``: the state dict of the model itself or of one it wraps (a
+    torchvision, user's or transformers model in Reshaped, a transformers model in
+    HFClassifier). A ConfigError naming both when the state dict does not fit the model."""
     state = read_loop_state(folder, path)
     model = build_model(spec)
     # trainflow's wrappers (Reshaped around a torchvision, user's or transformers model,

@@ -4,6 +4,7 @@ checkpoint's model.pt made trainflow's checkpoint, and its runs resumed. Fits ru
 Ray Train workers over the prepared digits (tests/pipelines/own_loops.py holds the loops)."""
 
 import json
+import logging
 import pickle
 import shutil
 import subprocess
@@ -298,7 +299,7 @@ def test_a_guide_style_loop_trains_on_two_workers_from_shards_and_its_best_check
 
 
 @pytest.mark.slow
-def test_a_loop_without_a_checkpoint_or_its_metric_fails_in_one_line(prepared, loops, tmp_path):
+def test_a_loop_without_a_checkpoint_or_its_metric_fails_in_one_line(prepared, loops, tmp_path, caplog):
     with pytest.raises(
         ConfigError, match=rf"^train\.loop {loops}:no_checkpoint: reported no checkpoint; "
     ) as e:
@@ -313,6 +314,18 @@ def test_a_loop_without_a_checkpoint_or_its_metric_fails_in_one_line(prepared, l
         r"metric with its checkpoints; it reports loss: name one of them$",
     ):
         fit(config, prepared, tmp_path)
+
+    # The same metric left at its default, which the loop need not know: its latest
+    # checkpoint is kept, as Ray keeps it, and the log says so once.
+    config = loop_run_config(f"{loops}:returns_a_tensor", train={"epochs": 2}, checkpoint={})
+    with caplog.at_level(logging.WARNING, logger="trainflow"):
+        result, _ = fit(config, prepared, tmp_path)
+    assert result.epoch == 2 and result.best_metrics["epoch"] == 2
+    warned = [r.getMessage() for r in caplog.records if "checkpoint.metric" in r.getMessage()]
+    assert warned == [
+        f"train.loop {loops}:returns_a_tensor reports no val_accuracy (checkpoint.metric's default): its "
+        "latest checkpoint is kept; set checkpoint.metric to one it reports (loss) to keep its best"
+    ]
 
 
 @pytest.mark.slow

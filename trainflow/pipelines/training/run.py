@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -292,7 +293,8 @@ def loop_training_result(
     """What came of the fit of a user's loop (``train.loop``): its best checkpoint by
     checkpoint.metric, converted to trainflow's checkpoint folder, with the history the
     run's checkpoints keep (:mod:`.loop_reports`). ConfigError, in one line, when the loop
-    reported no checkpoint, or none with checkpoint.metric."""
+    reported no checkpoint, or none with a checkpoint.metric the config names; with the
+    metric left at its default, the latest checkpoint, and a warning saying so."""
     from trainflow.pipelines.training.loop_reports import LoopHistory, read_history
 
     config = settings.config
@@ -304,12 +306,23 @@ def loop_training_result(
             "with the model's state dict saved in that folder as model.pt"
         )
     reported = [m for _, m in result.best_checkpoints]
-    if not any(metric in m for m in reported):
+    named = ", ".join(sorted(reported[-1])) or "none"
+    if any(metric in m for m in reported):
+        best = result.get_best_checkpoint(metric, config.checkpoint.mode)
+    elif "metric" in config.checkpoint.model_fields_set:
         raise ConfigError(
             f"checkpoint.metric {metric}: train.loop {loop} reports no such metric with its "
-            f"checkpoints; it reports {', '.join(sorted(reported[-1])) or 'none'}: name one of them"
+            f"checkpoints; it reports {named}: name one of them"
         )
-    best = result.get_best_checkpoint(metric, config.checkpoint.mode)
+    else:  # left at its default, which the loop need not know: the latest, as Ray keeps it
+        logging.getLogger("trainflow").warning(
+            "train.loop %s reports no %s (checkpoint.metric's default): its latest checkpoint is "
+            "kept; set checkpoint.metric to one it reports (%s) to keep its best",
+            loop,
+            metric,
+            named,
+        )
+        best = result.checkpoint
     best_reported = next(m for c, m in result.best_checkpoints if c.path == best.path)
     # The epochs up to the best checkpoint, as it keeps them; a checkpoint without them
     # (its controller stopped before it wrote them) counts as its own first epoch.

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,7 @@ import numpy as np
 from trainflow.config import PreprocessConfig, SplitConfig
 from trainflow.files import filesystem as location_filesystem
 from trainflow.files import join
-from trainflow.pipelines.data import readers, runner, sources
+from trainflow.pipelines.data import readers, runner, sources, tokenizer
 from trainflow.pipelines.data import split as sp
 from trainflow.pipelines.data.entry import PreparedEntry, cache_key, finish_entry, finished_entry, staging
 from trainflow.pipelines.data.preprocess import LABEL, Preprocessor
@@ -317,8 +318,22 @@ def prepare(
     found = finished_entry(cache_root, key)
     if found:
         return found
-    clock = time.perf_counter()
     in_driver = prepares_in_driver(info)
+    # In the driver the passes run one after another here: a tokenizer's batches are kept
+    # between them (in Ray tasks each pass is a task of its own).
+    with tokenizer.remembered() if in_driver else nullcontext():
+        return _prepare(info, split, cfg, cache_root, key, in_driver)
+
+
+def _prepare(
+    info: SourceInfo,
+    split: SplitConfig,
+    cfg: PreprocessConfig,
+    cache_root: str | Path,
+    key: str,
+    in_driver: bool,
+) -> PreparedEntry:
+    clock = time.perf_counter()
     tasks_info = replace(info, dataset=None)  # what each Ray task is handed
     fragments = plan(info, in_driver)
     shape = image_shape(info, cfg)

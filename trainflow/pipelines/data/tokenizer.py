@@ -17,6 +17,10 @@ import hashlib
 import json
 import shutil
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -82,21 +86,38 @@ def _tokenizer(folder: str):
         return AutoTokenizer.from_pretrained(folder)
 
 
-# What a process keeps of the batches it tokenized: the preparation's passes (scan, fit,
-# write) each read the same batches, and a prediction's re-score reads a split again.
+# The tokens of the batches met while the preparation's passes run one after another in
+# one process (:func:`remembered`): each pass (scan, fit, write) reads every batch.
 MEMO_BYTES = 256 << 20
 
 
+@dataclass
+class _Memo:
+    arrays: OrderedDict[tuple[str, bytes], dict[str, np.ndarray]] = field(default_factory=OrderedDict)
+    bytes: int = 0
+
+
+_memo: ContextVar[_Memo | None] = ContextVar("trainflow_tokens", default=None)
+
+
+@contextmanager
+def remembered() -> Iterator[None]:
+    """Within the block, a batch of texts tokenized again is answered from memory, up to
+    :data:`MEMO_BYTES` of inputs; forgotten when the block ends."""
+    token = _memo.set(_Memo())
+    try:
+        yield
+    finally:
+        _memo.reset(token)
+
+
 class Tokenize:
-    """The tokenizer as a batch transform: the text column replaced by the model's inputs.
-    A batch of texts met again in this process (another pass of the preparation over the
-    same rows) is answered from memory, up to :data:`MEMO_BYTES` of inputs."""
+    """The tokenizer as a batch transform: the text column replaced by the model's inputs."""
 
     def __init__(self, path: str):
+        self.path = path
         self.settings = settings(path)
         self.tokenizer = _tokenizer(self.settings["folder"])
-        self._memo: OrderedDict[bytes, dict[str, np.ndarray]] = OrderedDict()
-        self._memo_bytes = 0
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         column = self.settings["column"]
@@ -105,18 +126,24 @@ class Tokenize:
                 f"preprocess.tokenizer.column {column!r} is not a column here; the columns are: "
                 + ", ".join(map(str, batch.columns))
             )
-        encoded = self._encode(batch[column].fillna("").astype(str))
+        texts = batch[column].fillna("").astype(str)
+        memo = _memo.get()
+        if memo is None:
+            encoded = self._encode(texts)
+        else:
+            key = (
+                self.path,
+                hashlib.sha256(pd.util.hash_pandas_object(texts, index=False).to_numpy()).digest(),
+            )
+            encoded = memo.arrays.get(key) or self._encode(texts)
+            _keep(memo, key, encoded)
         out = batch.drop(columns=[column]).reset_index(drop=True)
         for name, values in encoded.items():
             out[name] = list(values)
         return out
 
     def _encode(self, texts: pd.Series) -> dict[str, np.ndarray]:
-        """Each input's int64 array of the texts, remembered by the texts' hash."""
-        key = hashlib.sha256(pd.util.hash_pandas_object(texts, index=False).to_numpy().tobytes()).digest()
-        if key in self._memo:
-            self._memo.move_to_end(key)
-            return self._memo[key]
+        """Each input's int64 array of the texts."""
         encoded = self.tokenizer(
             texts.tolist(),
             padding="max_length",
@@ -124,15 +151,19 @@ class Tokenize:
             max_length=self.settings["max_length"],
             return_tensors="np",
         )
-        arrays = {name: np.asarray(values, dtype=np.int64) for name, values in encoded.items()}
-        size = sum(a.nbytes for a in arrays.values())
-        if size <= MEMO_BYTES:
-            self._memo[key] = arrays
-            self._memo_bytes += size
-            while self._memo_bytes > MEMO_BYTES:
-                _, old = self._memo.popitem(last=False)
-                self._memo_bytes -= sum(a.nbytes for a in old.values())
-        return arrays
+        return {name: np.asarray(values, dtype=np.int64) for name, values in encoded.items()}
+
+
+def _keep(memo: _Memo, key: tuple[str, bytes], arrays: dict[str, np.ndarray]) -> None:
+    """``arrays`` as the memo's newest, the oldest forgotten beyond :data:`MEMO_BYTES`."""
+    if key in memo.arrays:
+        memo.arrays.move_to_end(key)
+        return
+    memo.arrays[key] = arrays
+    memo.bytes += sum(a.nbytes for a in arrays.values())
+    while memo.bytes > MEMO_BYTES:
+        _, old = memo.arrays.popitem(last=False)
+        memo.bytes -= sum(a.nbytes for a in old.values())
 
 
 @functools.lru_cache(maxsize=8)

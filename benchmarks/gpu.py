@@ -3,7 +3,7 @@
 plain PyTorch on the same GPU.
 
 Runs when ``torch.cuda.is_available()``; otherwise records that the section was skipped
-and why. Two parts, each against a plain PyTorch loop over the same model and batches:
+and why. Three parts, each against a plain PyTorch loop over the same model and batches:
 
 1. The loop alone: trainflow's ``train_epoch`` with ``Precision("bf16-mixed")`` (what
    ``train.precision: bf16-mixed`` runs on each worker) against a plain step under
@@ -19,6 +19,9 @@ and why. Two parts, each against a plain PyTorch loop over the same model and ba
    batch size in this process, from a pinned ``DataLoader`` (against the streamed rows)
    and from tensors on the GPU (against ``always``). The first epoch (start-up) is left
    out.
+3. A transformer: an ``hf:`` BERT (width 256, 4 layers, 128 tokens) through ``train_epoch``
+   under ``train.precision: auto`` (bf16 on a GPU that has it) against the same
+   transformers model in a plain step under the same autocast, over batches on the GPU.
 
     python benchmarks/gpu.py                 # part 1: 50 steps of batch 256; part 2: 20,000 images, 4 epochs
     python benchmarks/gpu.py --quick         # 10 steps; 4,000 images, 3 epochs
@@ -43,6 +46,8 @@ import numpy as np
 from common import EPOCH_LOG, add_results_arg, ratio, start_ray, workers_import_here, write_section
 
 SHAPE, CLASSES = (3, 32, 32), 10
+# Part 3's transformer: a BERT of this width and depth over texts of TOKENS tokens.
+BERT_WIDTH, BERT_LAYERS, TOKENS, VOCAB = 256, 4, 128, 8_000
 FEATURES = SHAPE[0] * SHAPE[1] * SHAPE[2]
 # Part 2's runs: (what runs, train.in_memory, train.loop, the plain loop it is held against).
 PATHS = [
@@ -116,13 +121,89 @@ def measure_loop(device_name: str, steps: int, warmup: int, batch_size: int) -> 
     precision = Precision("bf16-mixed", device)
     for name, loop in (("plain", plain), ("trainflow", trainflow)):
         model, optimizer = fresh()
-        loop(warmup)
-        synchronize(device)
-        start = time.perf_counter()
-        loop(steps)
-        synchronize(device)
-        out[f"{name}_images_per_s"] = round(steps * batch_size / (time.perf_counter() - start), 1)
+        out[f"{name}_images_per_s"] = timed(loop, device, steps, warmup, batch_size)
     out["ratio"] = ratio(out["trainflow_images_per_s"], out["plain_images_per_s"])
+    return out
+
+
+def timed(loop, device, steps: int, warmup: int, batch_size: int) -> float:
+    """Rows per second of ``loop(steps)`` after ``loop(warmup)``, the device synchronized."""
+    loop(warmup)
+    synchronize(device)
+    start = time.perf_counter()
+    loop(steps)
+    synchronize(device)
+    return round(steps * batch_size / (time.perf_counter() - start), 1)
+
+
+def measure_transformer(device_name: str, steps: int, warmup: int, batch_size: int) -> dict:
+    """Part 3: an ``hf:`` BERT through trainflow's ``train_epoch`` under
+    ``Precision("auto")`` (bf16 on a GPU that has it, fp32 elsewhere) against the same
+    transformers model in a plain step under the same autocast, over token batches on the device."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, BertConfig, BertModel
+
+    from trainflow.config import ModelConfig
+    from trainflow.pipelines.data.preprocess import LABEL
+    from trainflow.pipelines.hf_hub import quiet
+    from trainflow.pipelines.models.build import build_model, model_spec
+    from trainflow.pipelines.training.loop import Precision, resolved_precision, train_epoch
+
+    device = torch.device(device_name)
+    precision = Precision("auto", device)
+    folder = Path(tempfile.mkdtemp(prefix="gpu-bert-"))
+    try:
+        torch.manual_seed(0)
+        config = BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=BERT_WIDTH,
+            num_hidden_layers=BERT_LAYERS,
+            num_attention_heads=BERT_WIDTH // 64,
+            intermediate_size=BERT_WIDTH * 4,
+            max_position_embeddings=TOKENS,
+        )
+        with quiet():
+            BertModel(config).save_pretrained(folder)
+        inputs = {name: {"shape": [TOKENS], "dtype": "int64"} for name in ("input_ids", "attention_mask")}
+        spec = model_spec(ModelConfig(kind=f"hf:{folder}"), 2 * TOKENS, 2, inputs=inputs, classes=["a", "b"])
+        plain_model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    batch = {
+        "input_ids": torch.randint(0, VOCAB, (batch_size, TOKENS), device=device),
+        "attention_mask": torch.ones(batch_size, TOKENS, dtype=torch.int64, device=device),
+    }
+    y = torch.randint(0, 2, (batch_size,), device=device)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def plain(n: int) -> None:
+        for _ in range(n):
+            optimizer.zero_grad(set_to_none=True)
+            with precision.autocast():
+                loss = loss_fn(model(**batch).logits, y)
+            loss.backward()
+            optimizer.step()
+
+    def trainflow(n: int) -> None:
+        train_epoch(model, ({**batch, LABEL: y} for _ in range(n)), optimizer, loss_fn, precision)
+
+    out = {
+        "width": BERT_WIDTH,
+        "layers": BERT_LAYERS,
+        "tokens": TOKENS,
+        "batch_size": batch_size,
+        "steps": steps,
+        "precision": resolved_precision("auto", device),
+    }
+    for name, model in (
+        ("plain", plain_model.to(device).train()),
+        ("trainflow", build_model(spec).to(device)),
+    ):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5)
+        out[f"{name}_texts_per_s"] = timed(
+            plain if name == "plain" else trainflow, device, steps, warmup, batch_size
+        )
+    out["ratio"] = ratio(out["trainflow_texts_per_s"], out["plain_texts_per_s"])
     return out
 
 
@@ -296,6 +377,16 @@ def markdown(args, loop: dict, runs: list[dict], device: str) -> str:
     )
 
 
+def transformer_markdown(out: dict) -> str:
+    return (
+        f"\n\nA transformer (`model.kind: hf:`): a BERT of width {out['width']} and {out['layers']} layers, "
+        f"batch {out['batch_size']} of {out['tokens']} tokens held on the device, AdamW, "
+        f"{out['steps']} timed steps. `train.precision: auto` ran `{out['precision']}`. trainflow's "
+        f"`train_epoch`: {out['trainflow_texts_per_s']:,.0f} texts/s; the same transformers model in "
+        f"a plain step under the same autocast: {out['plain_texts_per_s']:,.0f}; **{out['ratio']:.2f}x**.\n"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -303,6 +394,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--text-batch-size", type=int, default=64, help="texts per batch in part 3")
     parser.add_argument("--rows", type=int, default=20_000, help="images in the Ray Train path's train split")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="10 timed steps; 4,000 images, 3 epochs")
@@ -315,6 +407,7 @@ def main() -> None:
         args.steps, args.warmup, args.rows, args.epochs = 10, 3, 4_000, 3
     if args.cpu_check:
         args.steps, args.batch_size, args.rows, args.epochs = 3, 64, 256, 2
+        args.text_batch_size = 8
     reason = None if args.cpu_check else skipped_reason()
     if reason:
         figures = {"quick": args.quick, "skipped": True, "reason": reason}
@@ -323,7 +416,9 @@ def main() -> None:
         import torch
 
         device = "CPU (check)" if args.cpu_check else torch.cuda.get_device_name(0)
-        loop = measure_loop("cpu" if args.cpu_check else "cuda", args.steps, args.warmup, args.batch_size)
+        device_name = "cpu" if args.cpu_check else "cuda"
+        loop = measure_loop(device_name, args.steps, args.warmup, args.batch_size)
+        transformer = measure_transformer(device_name, args.steps, args.warmup, args.text_batch_size)
         runs = measure_ray_train(args, gpu=not args.cpu_check)
         figures = {
             "quick": args.quick or args.cpu_check,
@@ -331,6 +426,7 @@ def main() -> None:
             "skipped": False,
             "device": device,
             "loop": loop,
+            "transformer": transformer,
             "ray_train": {
                 "rows": args.rows,
                 "epochs": args.epochs,
@@ -338,7 +434,7 @@ def main() -> None:
                 "runs": runs,
             },
         }
-        md = markdown(args, loop, runs, device)
+        md = markdown(args, loop, runs, device) + transformer_markdown(transformer)
     path = write_section("gpu", figures, md, args.results)
     print(path.read_text())
 

@@ -88,7 +88,8 @@ def test_gpu_section_runs_or_says_why_it_was_skipped(tmp_path: Path):
 def test_the_gpu_script_runs_each_of_its_paths_on_the_cpu_where_there_is_no_gpu(tmp_path: Path):
     """``gpu.py --cpu-check``: the loop alone and the three Ray Train paths (trainflow's loop
     on in-memory and streamed splits, a train.loop of the user's own) run on one CPU worker
-    with gloo, each against its plain PyTorch loop; figures for no GPU."""
+    with gloo, each against its plain PyTorch loop, and an hf: transformer's loop under
+    train.precision auto (full precision on a CPU); figures for no GPU."""
     doc = run_script("gpu", "--cpu-check", results=tmp_path)
 
     assert doc["cpu_check"] is True and doc["skipped"] is False
@@ -98,6 +99,9 @@ def test_the_gpu_script_runs_each_of_its_paths_on_the_cpu_where_there_is_no_gpu(
     for run in runs:
         assert run["device"] == "cpu" and run["backend"] == "gloo", run
         assert run["images_per_s"] > 0 and run["baseline_images_per_s"] > 0 and run["ratio"] > 0, run
+    text = doc["transformer"]
+    assert text["precision"] == "32"  # train.precision: auto on a CPU
+    assert text["trainflow_texts_per_s"] > 0 and text["plain_texts_per_s"] > 0 and text["ratio"] > 0
     assert "CPU check" in (tmp_path / "gpu.md").read_text()
 
 

@@ -122,6 +122,17 @@ def test_mixed_precision_autocasts_on_the_cpu(precision):
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
+def test_auto_precision_is_full_on_the_cpu():
+    p = tl.Precision("auto", torch.device("cpu"))
+    assert p.dtype is None and not p.scaler.is_enabled()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_auto_precision_is_bf16_on_a_gpu_that_has_it():
+    expected = torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    assert tl.Precision("auto", torch.device("cuda")).dtype == expected
+
+
 def test_gradient_clipping_bounds_each_update():
     torch.manual_seed(0)
     model = nn.Linear(8, 3)

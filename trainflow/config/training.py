@@ -219,10 +219,11 @@ class TrainConfig(Section):
         gt=0.0,
         description="Clip the global gradient norm to this value; null: no clipping.",
     )
-    precision: Literal["32", "bf16-mixed", "16-mixed"] = Field(
+    precision: Literal["32", "bf16-mixed", "16-mixed", "auto"] = Field(
         "32",
         description="32: full precision. bf16-mixed, 16-mixed: torch.autocast in bfloat16 or "
-        "float16 (float16 with a gradient scaler); bf16 also runs on CPUs.",
+        "float16 (float16 with a gradient scaler); bf16 also runs on CPUs. auto: bf16-mixed on a "
+        "GPU that has bfloat16 (Ampere and later), 32 elsewhere.",
     )
     seed: int = Field(
         0,

@@ -72,10 +72,19 @@ def make_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig):
 AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
+def resolved_precision(precision: str, device: torch.device) -> str:
+    """``train.precision`` on ``device``: ``auto`` is bf16-mixed on a GPU with bfloat16 and 32
+    elsewhere (a CPU without bf16 units runs bf16 slower than fp32)."""
+    if precision != "auto":
+        return precision
+    return "bf16-mixed" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "32"
+
+
 class Precision:
     """``train.precision`` on one device: the autocast context and, for fp16, a gradient scaler."""
 
     def __init__(self, precision: str, device: torch.device):
+        precision = resolved_precision(precision, device)
         self.device_type = device.type
         self.dtype = AUTOCAST_DTYPES.get(precision)
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range.

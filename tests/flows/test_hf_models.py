@@ -245,3 +245,88 @@ def test_a_model_id_missing_offline_fails_in_one_line_before_ray(tmp_path):
         "set; fetch it where the hub answers (hf download nobody/no-such-model) or give a local folder"
     ], out.stderr
     assert not list((tmp_path / "home").glob("runs/*"))
+
+
+@pytest.fixture(scope="module")
+def tiny_vit(tmp_path_factory):
+    """A two-layer ViT for 16x16 images and its image processor, as save_pretrained writes them."""
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    folder = tmp_path_factory.mktemp("hub") / "tiny-vit"
+    config = ViTConfig(
+        image_size=16,
+        patch_size=4,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+    ViTForImageClassification(config).save_pretrained(folder)
+    ViTImageProcessor(
+        size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+    ).save_pretrained(folder)
+    return folder
+
+
+def _colour_folder(root: Path, per_class: int = 24) -> Path:
+    """Reddish and bluish noise, 20x20 PNGs (the model takes 16x16) in a folder per class."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for name, channel in (("blue", 2), ("red", 0)):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 120, size=(20, 20, 3))
+            pixels[..., channel] += 120
+            Image.fromarray(pixels.astype(np.uint8)).save(root / name / f"{i}.png")
+    return root
+
+
+def test_an_image_model_fine_tunes_through_its_image_processor_and_lora(
+    tiny_vit, ray_cluster, prefect_harness, module_trainflow_home, tmp_path
+):
+    from PIL import Image
+
+    root = _colour_folder(tmp_path / "colours")
+    _trained(
+        {
+            "name": "hf-colours",
+            "data": {"source": str(root)},
+            "model": {"kind": f"hf:{tiny_vit}"},
+            "train": {
+                "epochs": 4,
+                "batch_size": 8,
+                "lr": 0.01,
+                "lora": {"r": 4, "target_modules": ["q_proj", "v_proj"]},
+            },
+            "registry": {"min_value": None},
+        }
+    )
+    model = trainflow.load_model("hf-colours@champion")
+    # The processor's size and normalization, not the images' own size or statistics.
+    assert model.preprocessor.image == {
+        "shape": [3, 16, 16],
+        "mean": [0.5] * 3,
+        "std": [0.5] * 3,
+        "augment": False,
+    }
+    assert model.spec["hf"]["config"]["id2label"] == {"0": "blue", "1": "red"}
+    counts = model.spec["parameters"]
+    assert counts["trainable"] < counts["total"] / 2
+    images = [np.asarray(Image.open(path)) for path in sorted(root.glob("*/*.png"))]
+    labels = [path.parent.name for path in sorted(root.glob("*/*.png"))]
+    accuracy = (model.predict(pd.DataFrame({"image": images})) == np.array(labels)).mean()
+    assert accuracy > 0.8, accuracy
+
+
+def test_lora_on_an_architecture_peft_has_no_default_for_names_the_field(tiny_vit):
+    from trainflow.config import ConfigError, ModelConfig
+    from trainflow.pipelines.models.build import model_spec
+
+    lora = {"r": 4, "alpha": 16, "dropout": 0.0, "target_modules": None}
+    with pytest.raises(
+        ConfigError, match=r"^train.lora.target_modules: PEFT has no default for model type vit; .*: .*v_proj"
+    ):
+        model_spec(
+            ModelConfig(kind=f"hf:{tiny_vit}"), 768, 2, image_shape=[3, 16, 16], classes=["a", "b"], lora=lora
+        )

@@ -139,6 +139,24 @@ def test_an_image_folders_test_split_read_again_holds_the_images_preparing_wrote
     np.testing.assert_allclose(again, _prepared(entry, "test"), rtol=1e-6)
 
 
+def test_images_are_normalized_by_a_given_mean_and_std_of_their_channels(tmp_path, ray_cluster):
+    from tests.pipelines.test_sources import write_image_folder
+    from trainflow.config import ConfigError
+
+    root = write_image_folder(tmp_path / "imgs", per_class=6)
+    info = inspect_source(DataConfig(source=str(root)))
+    imagenet = PreprocessConfig(image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])
+    entry = prepare(info, SplitConfig(val=0.25, test=0.25), imagenet, tmp_path / "cache")
+    assert entry.preprocessor.image["mean"] == imagenet.image_mean
+    assert entry.preprocessor.image["std"] == imagenet.image_std
+    grey = PreprocessConfig(image_mean=[0.5], image_std=[0.5])
+    with pytest.raises(
+        ConfigError,
+        match=r"^preprocess.image_mean and image_std: one value per channel, and the images have 3 .*not 1$",
+    ):
+        prepare(info, SplitConfig(), grey, tmp_path / "cache")
+
+
 def test_a_ray_dataset_source_prepares_as_the_same_rows_in_a_file_do(tmp_path, ray_cluster):
     import ray.data
 

@@ -138,7 +138,19 @@ class PreprocessConfig(Section):
     image_size: list[int] | None = Field(
         None,
         description="Images (image folders, torchvision datasets): the [height, width] every image "
-        "is resized to; null: the size of the input's first image.",
+        "is resized to; null: an hf: model's image processor's size, else the size of the input's "
+        "first image.",
+    )
+    image_mean: list[float] | None = Field(
+        None,
+        description="Images: the per-channel mean that pixels in [0, 1] are normalized by "
+        "(ImageNet's: [0.485, 0.456, 0.406]); null: an hf: model's image processor's, else the "
+        "train split's own under scaler standard (0, and a std of 1, under the others).",
+    )
+    image_std: list[float] | None = Field(
+        None,
+        description="Images: the per-channel standard deviation pixels are divided by (ImageNet's: "
+        "[0.229, 0.224, 0.225]); null: as image_mean's.",
     )
     augment: bool = Field(
         False,
@@ -166,6 +178,21 @@ class PreprocessConfig(Section):
         if v is not None and (len(v) != 2 or min(v) < 1):
             raise ValueError(f"must be [height, width] of positive integers, got {v}")
         return v
+
+    @field_validator("image_std")
+    @classmethod
+    def _positive(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and min(v, default=0.0) <= 0.0:
+            raise ValueError(f"must be positive per channel, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _mean_with_std(self) -> PreprocessConfig:
+        if (self.image_mean is None) != (self.image_std is None) or (
+            self.image_mean is not None and len(self.image_mean) != len(self.image_std)
+        ):
+            raise ValueError("image_mean and image_std go together, one number per channel each")
+        return self
 
     @field_validator("transform")
     @classmethod

@@ -49,6 +49,8 @@ HASHED_WHEN_SET = (
     ("preprocess", "transform"),
     ("checkpoint", "every_n_steps"),
     ("preprocess", "tokenizer"),
+    ("preprocess", "image_mean"),
+    ("preprocess", "image_std"),
     ("train", "lora"),
 )
 

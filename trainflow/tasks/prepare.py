@@ -10,7 +10,8 @@ from typing import Any
 from prefect import get_run_logger
 
 from trainflow.cluster.session import connected
-from trainflow.config import ConfigError, PipelineConfig
+from trainflow.config import ConfigError, PipelineConfig, PreprocessConfig
+from trainflow.config.training import HF
 from trainflow.files import is_uri, redacted
 from trainflow.pipelines.data import entry, schema, tokenizer, transform
 from trainflow.pipelines.data import prepare as prep
@@ -52,7 +53,8 @@ def preprocess_cache_key(context, parameters: dict[str, Any]) -> str | None:
     config = as_config(parameters["config"], "preprocess")
     if is_uri(cache_location(config)) or not isinstance(parameters["source"], schema.SourceInfo):
         return None
-    key = entry.cache_key(parameters["source"], config.data.split, config.preprocess)
+    source = parameters["source"]
+    key = entry.cache_key(source, config.data.split, preprocessing(config, source))
     return str(cache_folder(config) / key / "prefect-task-record")
 
 
@@ -101,7 +103,7 @@ def preprocess(config: PipelineConfig | dict | str, source: schema.SourceInfo) -
     expect(source, schema.SourceInfo, "preprocess", "source", "ingest")
     if not prep.prepares_in_driver(source):
         connected(config, get_run_logger())
-    prepared = prep.prepare(source, config.data.split, config.preprocess, cache_location(config))
+    prepared = prep.prepare(source, config.data.split, preprocessing(config, source), cache_location(config))
     _log_prepared(get_run_logger(), prepared)
     pre = prepared.preprocessor
     return Prepared(
@@ -116,6 +118,20 @@ def preprocess(config: PipelineConfig | dict | str, source: schema.SourceInfo) -
         source_fingerprint=source.fingerprint,
         preparation=config.preparation_hash(),
     )
+
+
+def preprocessing(config: PipelineConfig, source: schema.SourceInfo) -> PreprocessConfig:
+    """``config.preprocess``; for an ``hf:`` model on images, the fields the config leaves
+    null (``image_size``, ``image_mean``, ``image_std``) as the model's image processor has them."""
+    cfg = config.preprocess
+    if not (source.is_images and config.model.kind.startswith(HF)):
+        return cfg
+    from trainflow.pipelines.models.hf import image_processing
+
+    found = image_processing(config.model.kind)
+    if cfg.image_mean is not None:  # the config's normalization, with the processor's size
+        found = {k: v for k, v in found.items() if k == "image_size"}
+    return cfg.model_copy(update={k: v for k, v in found.items() if getattr(cfg, k) is None})
 
 
 def _log_prepared(logger, prepared: entry.PreparedEntry) -> None:

@@ -109,6 +109,10 @@ def code_version() -> str:
     return h.hexdigest()[:16]
 
 
+# Preprocessing fields that arrived after entries were first keyed.
+_ADDED = ("tokenizer", "image_mean", "image_std")
+
+
 def cache_key(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig) -> str:
     """What a prepared entry depends on: the input, the columns, the split, the preprocessing
     (a transform's code too: a changed transform prepares again) and trainflow's code (a
@@ -125,8 +129,8 @@ def cache_key(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig) -> st
         "image_mode": info.image_mode,
         "limit": info.limit,
         "split": split.model_dump(),
-        # Without a tokenizer, as before there was one: the same data keeps its entry.
-        "preprocess": cfg.model_dump(exclude={"tokenizer"} if cfg.tokenizer is None else None),
+        # Fields added since, while unset, are left out: the same data keeps its entry.
+        "preprocess": cfg.model_dump(exclude={k for k in _ADDED if getattr(cfg, k) is None}),
         "code": code_version(),
     }
     if info.transform:  # the user's transform, or the tokenizer's reference

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trainflow.config import PreprocessConfig, SplitConfig
+from trainflow.config import ConfigError, PreprocessConfig, SplitConfig
 from trainflow.files import filesystem as location_filesystem
 from trainflow.files import join
 from trainflow.pipelines.data import readers, runner, sources, tokenizer
@@ -247,10 +247,15 @@ def plan(info: SourceInfo, in_driver: bool) -> list[Fragment]:
 def image_shape(info: SourceInfo, cfg: PreprocessConfig) -> list[int] | None:
     """[channels, height, width] every image is resized to: data.image_size, else the
     size of the input's first image (read from its header; a torchvision dataset's, from
-    its conversion)."""
+    its conversion). A normalization of other channels fails here (ConfigError)."""
     if not info.is_images:
         return None
     channels = 3 if info.image_mode == "RGB" else 1
+    if cfg.image_mean is not None and len(cfg.image_mean) != channels:
+        raise ConfigError(
+            "preprocess.image_mean and image_std: one value per channel, and the images have "
+            f"{channels} (data.image_mode {info.image_mode}), not {len(cfg.image_mean)}"
+        )
     if cfg.image_size is not None:
         return [channels, *cfg.image_size]
     if info.format == "image_parquet":
@@ -337,11 +342,12 @@ def _prepare(
     tasks_info = replace(info, dataset=None)  # what each Ray task is handed
     fragments = plan(info, in_driver)
     shape = image_shape(info, cfg)
-    placed = place_rows(tasks_info, split, fragments, in_driver, scaler=cfg.scaler, shape=shape)
+    # Images normalized by a given mean and std need no pixel statistics.
+    scaler = "none" if info.is_images and cfg.image_mean is not None else cfg.scaler
+    placed = place_rows(tasks_info, split, fragments, in_driver, scaler=scaler, shape=shape)
     if placed.train is None:  # each row's split given: fitting is a pass of its own
-        calls = [
-            (tasks_info, f, split, cfg.scaler, c, shape) for f, c in zip(fragments, placed.codes, strict=True)
-        ]
+        codes = zip(fragments, placed.codes, strict=True)
+        calls = [(tasks_info, f, split, scaler, c, shape) for f, c in codes]
         fits = runner.run(fit_fragment, calls, in_driver)
         placed.codes, placed.train = [s.codes for s in fits], FitStats()
         for s in fits:

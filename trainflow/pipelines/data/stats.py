@@ -296,7 +296,9 @@ class FitStats:
     def _image_state(self, shape: list[int], cfg: PreprocessConfig) -> dict[str, Any]:
         channels = shape[0]
         image = {"shape": shape, "mean": [0.0] * channels, "std": [1.0] * channels, "augment": cfg.augment}
-        if cfg.scaler == "standard" and self.pixels:
+        if cfg.image_mean is not None:
+            image["mean"], image["std"] = list(cfg.image_mean), list(cfg.image_std)
+        elif cfg.scaler == "standard" and self.pixels:
             mean = self.channel_sums / self.pixels
             var = self.channel_squares / self.pixels - mean**2
             image["mean"] = [float(m) for m in mean]

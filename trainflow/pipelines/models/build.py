@@ -73,7 +73,7 @@ def model_spec(
         spec["hidden_sizes"] = list(cfg.hidden_sizes)
     elif cfg.kind.startswith(HF):
         del spec["dropout"]
-        spec.update(_hf_spec(cfg, num_features, num_outputs, inputs, classes, lora))
+        spec.update(_hf_spec(cfg, num_features, num_outputs, inputs, classes, lora, image_shape))
     else:
         if cfg.kind.startswith(TORCHVISION):
             shape = _image_shape(cfg, num_features, image_shape)
@@ -101,15 +101,21 @@ def model_spec(
     return spec
 
 
-def _hf_spec(cfg: ModelConfig, num_features: int, num_outputs: int, inputs, classes, lora) -> dict[str, Any]:
-    """An ``hf:`` model's part of the spec: its inputs by name (the tokenizer's), its config."""
-    if not inputs:
+def _hf_spec(
+    cfg: ModelConfig, num_features: int, num_outputs: int, inputs, classes, lora, image_shape
+) -> dict[str, Any]:
+    """An ``hf:`` model's part of the spec: its inputs by name (the tokenizer's) or the
+    images' shape, its config."""
+    if image_shape is not None:
+        part: dict[str, Any] = {"input_shape": _image_shape(cfg, num_features, image_shape)}
+    elif inputs:
+        part = {"input_shape": [num_features], "by_name": True}
+    else:
         raise ConfigError(
             f"model.kind {cfg.kind}: takes a text column through preprocess.tokenizer "
-            "(such as {column: text, max_length: 128})"
+            "(such as {column: text, max_length: 128}), or images"
         )
-    part = {"input_shape": [num_features], "by_name": True}
-    part["hf"] = hf_models.spec_part(cfg.kind, cfg.args, num_outputs, classes)
+    part["hf"] = hf_models.spec_part(cfg.kind, cfg.args, num_outputs, classes, images=image_shape is not None)
     return {**part, "lora": lora} if lora else part
 
 
@@ -248,7 +254,7 @@ def build_model(spec: dict[str, Any]) -> nn.Module:
         # Data of several inputs reaches them joined into their flat rows.
         return Reshaped(net, [spec["num_features"]], inputs) if inputs else net
     if kind.startswith(HF):
-        return Reshaped(hf_models.build(spec), spec["input_shape"], inputs, by_name=True)
+        return Reshaped(hf_models.build(spec), spec["input_shape"], inputs, by_name=bool(inputs))
     shape, args = spec["input_shape"], spec.get("args", {})
     make = model_kinds.builder(kind)
     if kind.startswith(TORCHVISION):
@@ -289,8 +295,8 @@ def initial_model(spec: dict[str, Any]) -> nn.Module:
     node (torch's hub cache or the path given), as it is on a single machine. An ``hf:``
     model starts from its pretrained weights, read from its folder on the node."""
     if spec["kind"].startswith(HF):
-        inputs = {name: s["shape"] for name, s in spec["inputs"].items()}
-        model = Reshaped(hf_models.pretrained(spec), spec["input_shape"], inputs, by_name=True)
+        inputs = {name: s["shape"] for name, s in spec.get("inputs", {}).items()}
+        model = Reshaped(hf_models.pretrained(spec), spec["input_shape"], inputs, by_name=bool(inputs))
     else:
         model = build_model(spec)
     inner = inner_model(model)

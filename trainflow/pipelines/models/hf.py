@@ -1,6 +1,7 @@
 """``model.kind: hf:<model id or folder>``: a pretrained Hugging Face transformers model,
 fine-tuned for the run's task with a head sized from the data (``id2label`` names the
-classes; a regression has one output).
+classes; a regression has one output): a sequence classifier on the tokenizer's inputs,
+an image classifier on images prepared as its image processor says (:func:`image_processing`).
 
 The model's spec holds its transformers config as a dict, so a checkpoint rebuilds the
 architecture from ``model.json`` alone (:func:`build`) and its ``model.pt`` loads into it;
@@ -11,6 +12,8 @@ by PEFT's LoRA (:func:`with_lora`): only the adapter and the head train.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,15 +25,52 @@ from trainflow.pipelines.hf_hub import quiet, resolve
 
 
 class HFClassifier(nn.Module):
-    """A transformers model for sequence classification called with its inputs by name
-    (``input_ids``, ``attention_mask``, ...); returns its logits."""
+    """A transformers classifier (or regressor) called with its inputs by name
+    (``input_ids``, ``attention_mask``, ...), or with a batch of images as its
+    ``pixel_values``; returns its logits."""
 
     def __init__(self, net: nn.Module):
         super().__init__()
         self.net = net
 
-    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    def forward(self, inputs: dict[str, torch.Tensor] | torch.Tensor) -> torch.Tensor:
+        if isinstance(inputs, torch.Tensor):
+            return self.net(pixel_values=inputs).logits
         return self.net(**inputs).logits
+
+
+def _auto_class(part: dict[str, Any]):
+    import transformers
+
+    if part.get("input") == "images":
+        return transformers.AutoModelForImageClassification
+    return transformers.AutoModelForSequenceClassification
+
+
+def image_processing(kind: str) -> dict[str, list]:
+    """What the image processor of ``model.kind: hf:...`` does to an image, as the
+    preprocess fields that do it: ``image_size`` (its size, or its crop where it crops)
+    and ``image_mean``/``image_std`` (0 and 1 where it does not normalize); from its
+    ``preprocessor_config.json``, else the size alone from the model's ``image_size``."""
+    folder = Path(source(kind))
+    found: dict[str, list] = {}
+    processor = folder / "preprocessor_config.json"
+    if processor.is_file():
+        settings = json.loads(processor.read_text())
+        size = settings.get("crop_size") if settings.get("do_center_crop") else settings.get("size")
+        if isinstance(size, int):
+            found["image_size"] = [size, size]
+        elif isinstance(size, dict) and "height" in size:
+            found["image_size"] = [size["height"], size["width"]]
+        elif isinstance(size, dict) and "shortest_edge" in size:
+            found["image_size"] = [size["shortest_edge"]] * 2
+        if settings.get("do_normalize", True) and settings.get("image_mean") is not None:
+            found["image_mean"], found["image_std"] = settings["image_mean"], settings["image_std"]
+    if "image_size" not in found:
+        side = json.loads((folder / "config.json").read_text()).get("image_size")
+        if isinstance(side, int):
+            found["image_size"] = [side, side]
+    return found
 
 
 def source(kind: str) -> str:
@@ -38,9 +78,12 @@ def source(kind: str) -> str:
     return resolve(kind.removeprefix(HF), "model.kind", HF)
 
 
-def spec_part(kind: str, args: dict[str, Any], num_outputs: int, classes: list | None) -> dict[str, Any]:
+def spec_part(
+    kind: str, args: dict[str, Any], num_outputs: int, classes: list | None, images: bool = False
+) -> dict[str, Any]:
     """``{"source": folder, "config": the model's config dict}``: the pretrained config with
-    the head sized for ``num_outputs`` (its classes' names as ``id2label``) and ``args``."""
+    the head sized for ``num_outputs`` (its classes' names as ``id2label``) and ``args``;
+    ``"input": "images"`` for an image classifier."""
     from transformers import AutoConfig
 
     folder = source(kind)
@@ -60,7 +103,7 @@ def spec_part(kind: str, args: dict[str, Any], num_outputs: int, classes: list |
         raise ConfigError(f"model.kind {kind}: its config does not load: {type(e).__name__}: {e}") from None
     values = config.to_dict()
     values["id2label"] = {str(i): name for i, name in values["id2label"].items()}  # JSON's keys
-    return {"source": folder, "config": values}
+    return {"source": folder, "config": values, **({"input": "images"} if images else {})}
 
 
 def _config(part: dict[str, Any]):
@@ -72,47 +115,60 @@ def _config(part: dict[str, Any]):
 
 def build(spec: dict[str, Any]) -> nn.Module:
     """The architecture with fresh weights (a checkpoint's state dict loads into it)."""
-    from transformers import AutoModelForSequenceClassification
-
     with quiet():
-        net = AutoModelForSequenceClassification.from_config(_config(spec["hf"]))
-    return with_lora(net, spec.get("lora"))
+        net = _auto_class(spec["hf"]).from_config(_config(spec["hf"]))
+    return with_lora(net, spec.get("lora"), spec["hf"])
 
 
 def pretrained(spec: dict[str, Any]) -> nn.Module:
     """The model a run starts from: the pretrained weights, a head of the data's size."""
-    from transformers import AutoModelForSequenceClassification
-
     part = spec["hf"]
+    what = "an image classifier" if part.get("input") == "images" else "a sequence classifier"
     try:
         with quiet():
-            net = AutoModelForSequenceClassification.from_pretrained(part["source"], config=_config(part))
+            net = _auto_class(part).from_pretrained(part["source"], config=_config(part))
     except Exception as e:
         raise ConfigError(
-            f"model.kind {spec['kind']}: {part['source']} does not load as a sequence classifier: "
+            f"model.kind {spec['kind']}: {part['source']} does not load as {what}: "
             f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
         ) from None
-    return with_lora(net, spec.get("lora"))
+    return with_lora(net, spec.get("lora"), part)
 
 
-def with_lora(net: nn.Module, lora: dict[str, Any] | None) -> nn.Module:
-    """``net`` under a LoRA adapter of these settings (PEFT), or as it is."""
+def with_lora(net: nn.Module, lora: dict[str, Any] | None, part: dict[str, Any]) -> nn.Module:
+    """``net`` under a LoRA adapter of these settings (PEFT), or as it is. The head trains
+    beside the adapter: PEFT's sequence-classification task keeps it so; an image
+    classifier names it (``classifier``) among the modules PEFT saves whole."""
     if not lora:
         return HFClassifier(net)
     from peft import LoraConfig, TaskType, get_peft_model
 
+    images = part.get("input") == "images"
     config = LoraConfig(
-        task_type=TaskType.SEQ_CLS,
+        task_type=None if images else TaskType.SEQ_CLS,
         r=lora["r"],
         lora_alpha=lora["alpha"],
         lora_dropout=lora["dropout"],
         target_modules=lora.get("target_modules"),
+        modules_to_save=[_head_name(net)] if images else None,
     )
     try:
         with quiet():
             return HFClassifier(get_peft_model(net, config))
     except ValueError as e:
+        if lora.get("target_modules") is None and "target_modules" in str(e):
+            linear = {name.rpartition(".")[2] for name, m in net.named_modules() if isinstance(m, nn.Linear)}
+            raise ConfigError(
+                "train.lora.target_modules: PEFT has no default for model type "
+                f"{part['config']['model_type']}; name the layers to adapt among its linear ones: "
+                + ", ".join(sorted(linear - {_head_name(net)}))
+            ) from None
         raise ConfigError(f"train.lora: {str(e).strip().splitlines()[0]}") from None
+
+
+def _head_name(net: nn.Module) -> str:
+    """The last Linear layer's name: an image classifier's head (``classifier``)."""
+    return [name for name, module in net.named_modules() if isinstance(module, nn.Linear)][-1]
 
 
 def merge_lora(model: nn.Module) -> nn.Module:

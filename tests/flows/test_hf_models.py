@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 import trainflow
 from tests.e2e.test_cli import trainflow as trainflow_cli
@@ -137,6 +138,12 @@ def test_a_lora_regression_trains_the_adapter_alone_and_loads_merged_or_not(regr
     counts = model.spec["parameters"]
     assert counts["trainable"] < counts["total"] / 4, counts  # the adapter and the head
     assert model.spec["lora"]["r"] == 4
+    # The run's checkpoint holds what trained, the adapter and the head; the registered
+    # version the whole model, base and adapter, so it loads where the base model is not.
+    trained = torch.load(Path(regression.checkpoint) / "model.pt", weights_only=True)
+    registered = torch.load(model.path / "model.pt", weights_only=True)
+    assert sum(v.numel() for v in trained.values()) == counts["trainable"]
+    assert set(trained) < set(registered) and any(".base_layer." in k for k in registered)
     # Merged when loaded: a plain transformers model, no LoRA layer left.
     names = [name for name, _ in model.model.named_modules()]
     assert not any("lora" in name for name in names)
@@ -288,7 +295,7 @@ def test_an_image_model_fine_tunes_through_its_image_processor_and_lora(
     from PIL import Image
 
     root = _colour_folder(tmp_path / "colours")
-    _trained(
+    result = _trained(
         {
             "name": "hf-colours",
             "data": {"source": str(root)},
@@ -313,6 +320,9 @@ def test_an_image_model_fine_tunes_through_its_image_processor_and_lora(
     assert model.spec["hf"]["config"]["id2label"] == {"0": "blue", "1": "red"}
     counts = model.spec["parameters"]
     assert counts["trainable"] < counts["total"] / 2
+    adapter = torch.load(Path(result.checkpoint) / "model.pt", weights_only=True)
+    assert sum(v.numel() for v in adapter.values()) == counts["trainable"]
+    assert any(k.startswith("net.net.base_model.model.classifier.") for k in adapter)  # the head trains
     images = [np.asarray(Image.open(path)) for path in sorted(root.glob("*/*.png"))]
     labels = [path.parent.name for path in sorted(root.glob("*/*.png"))]
     accuracy = (model.predict(pd.DataFrame({"image": images})) == np.array(labels)).mean()

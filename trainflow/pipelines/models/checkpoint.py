@@ -5,6 +5,11 @@ architecture spec), ``preprocessor.json``, ``config.json`` and ``metrics.json``;
 ``train_state.pt`` adds the optimizer and epoch so a run can resume. Loading needs
 trainflow and the folder, nothing pickled with code in it; for a user's model or
 ``preprocess.transform``, its module too (:func:`user_modules`).
+
+Under a LoRA adapter (``train.lora``), a training checkpoint's ``model.pt`` holds what
+trains alone, the adapter and the head (:func:`model_state`), and loads onto the
+pretrained base read from the ``hf:`` model's folder; a registered version holds the
+whole state dict (:func:`complete_weights`), so it loads where the base model is not.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from torch import nn
 from trainflow.pipelines.data import tokenizer
 from trainflow.pipelines.data import transform as tf
 from trainflow.pipelines.data.preprocess import Preprocessor
-from trainflow.pipelines.models.build import build_model
-from trainflow.pipelines.models.hf import merge_lora
+from trainflow.pipelines.models.build import build_model, initial_model
+from trainflow.pipelines.models.hf import has_adapter, is_adapter_state, merge_lora
 
 log = logging.getLogger("trainflow")
 
@@ -60,12 +65,52 @@ def save_checkpoint(
         # The tokenizer goes with the model, named relative to the folder.
         saved = {**transform, "path": tokenizer.saved(transform["path"], folder)}
         preprocessor = {**preprocessor, "transform": saved}
-    torch.save(_unwrap(model).state_dict(), folder / MODEL)
+    torch.save(model_state(model), folder / MODEL)
     for name, value in ((SPEC, spec), (PREPROCESSOR, preprocessor), (CONFIG, config), (METRICS, metrics)):
         (folder / name).write_text(json.dumps(value, indent=2))
     if train_state is not None:
         torch.save(train_state, folder / TRAIN_STATE)
     return folder
+
+
+def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """What ``model.pt`` holds of ``model``: its state dict; under a LoRA adapter, only the
+    entries that train (the adapter's and the head's), as the base weights are the
+    pretrained ones."""
+    model = _unwrap(model)
+    state = model.state_dict()
+    if not has_adapter(model):
+        return state
+    trains = {name for name, p in model.named_parameters() if p.requires_grad}
+    return {name: value for name, value in state.items() if name in trains}
+
+
+def model_with_state(spec: dict[str, Any], state: dict[str, torch.Tensor]) -> nn.Module:
+    """The model of ``spec`` holding ``state``: a whole state dict loads into the bare
+    architecture; an adapter's alone onto the pretrained base (from the ``hf:`` folder)."""
+    if not is_adapter_state(spec, state):
+        model = build_model(spec)
+        model.load_state_dict(state)
+        return model
+    model = initial_model(spec)
+    unexpected = model.load_state_dict(state, strict=False).unexpected_keys
+    if unexpected:
+        raise ValueError(f"the adapter's state holds {', '.join(unexpected[:3])}: not the model's parameters")
+    return model
+
+
+def complete_weights(folder: str | Path) -> None:
+    """Make the checkpoint's ``model.pt`` the whole state dict where it holds an adapter
+    alone: base and adapter, unmerged (a registered version loads without the base)."""
+    folder = Path(folder)
+    spec = read_json(folder, SPEC)
+    if not spec.get("lora"):
+        return
+    state = torch.load(folder / MODEL, map_location="cpu", weights_only=True)
+    if is_adapter_state(spec, state):
+        tmp = folder / f".{MODEL}.tmp"
+        torch.save(model_with_state(spec, state).state_dict(), tmp)
+        tmp.replace(folder / MODEL)
 
 
 def read_json(folder: str | Path, name: str) -> Any:
@@ -187,8 +232,7 @@ def load_checkpoint(folder: str | Path) -> Predictor:
     if missing:
         raise FileNotFoundError(f"checkpoint {folder}: missing {', '.join(missing)}")
     spec = read_json(folder, SPEC)
-    model = build_model(spec)
-    model.load_state_dict(torch.load(folder / MODEL, map_location="cpu", weights_only=True))
+    model = model_with_state(spec, torch.load(folder / MODEL, map_location="cpu", weights_only=True))
     if (spec.get("lora") or {}).get("merge"):
         model = merge_lora(model)
     model.eval()

@@ -171,6 +171,17 @@ def _head_name(net: nn.Module) -> str:
     return [name for name, module in net.named_modules() if isinstance(module, nn.Linear)][-1]
 
 
+def has_adapter(model: nn.Module) -> bool:
+    """Whether ``model`` holds a LoRA adapter (PEFT's ``lora_`` parameters)."""
+    return any("lora_" in name for name, _ in model.named_parameters())
+
+
+def is_adapter_state(spec: dict[str, Any], state: dict[str, torch.Tensor]) -> bool:
+    """Whether ``state``, of a model of ``spec``, holds a LoRA adapter without the base
+    weights it adapts (PEFT keeps those as ``base_layer``)."""
+    return bool(spec.get("lora")) and not any(".base_layer." in name for name in state)
+
+
 def merge_lora(model: nn.Module) -> nn.Module:
     """``model`` with each LoRA adapter merged into its base weights (``train.lora.merge``):
     one plain transformers model, without the adapter's extra steps at prediction."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainflow.pipelines.models.checkpoint import complete_weights
 from trainflow.pipelines.registry.gate import GateDecision, Reevaluate, gate_version
 from trainflow.pipelines.registry.lineage import (
     HASHES_FILE,
@@ -180,6 +181,7 @@ def _log_checkpoint(c: MlflowClient, run_id: str, checkpoint_dir: str) -> dict[s
     try:
         shutil.copytree(checkpoint_dir, staged)
         verify_files(staged, hashes, f"checkpoint {checkpoint_dir}")
+        complete_weights(staged)  # a LoRA adapter's alone: with its base, so it loads anywhere
         write_flavor(staged)
         hashes = file_hashes(staged)
         (staged / HASHES_FILE).write_text(json.dumps(hashes, indent=2))

@@ -25,6 +25,7 @@ from trainflow.pipelines.data.preprocess import LABEL
 from trainflow.pipelines.metrics import load_metrics
 from trainflow.pipelines.models.build import initial_model
 from trainflow.pipelines.models.checkpoint import save_checkpoint
+from trainflow.pipelines.models.hf import has_adapter
 from trainflow.pipelines.training.inputs import Batch, epoch_batches, model_input, open_splits
 from trainflow.pipelines.training.losses import make_loss, on_device
 from trainflow.pipelines.training.placements import record_placement
@@ -318,7 +319,8 @@ class TrainingParts:
         if state is None:
             return 0, 0, []
         train_state, model_state = state
-        _unwrap(self.model).load_state_dict(model_state)
+        # An adapter's state alone (train.lora) loads onto the pretrained base built here.
+        _unwrap(self.model).load_state_dict(model_state, strict=not has_adapter(_unwrap(self.model)))
         # The optimizer's moments and the schedule's place come from the checkpoint, its
         # hyperparameters from this run's config (a PBT trial goes on from another's
         # checkpoint with its own learning rate and weight decay).

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainflow.pipelines.models.checkpoint import METRICS, MODEL, TRAIN_STATE
+from trainflow.pipelines.models.checkpoint import METRICS, MODEL, TRAIN_STATE, model_state
 
 if TYPE_CHECKING:
     from trainflow.pipelines.training.progress import ProgressLog
@@ -104,8 +104,7 @@ class StepSaver:
         name = f"epoch-{self.epoch}-step-{step}"
         tmp = self.folder / f".{name}.{uuid.uuid4().hex[:8]}"
         tmp.mkdir(parents=True)
-        model = self.parts.model
-        torch.save((model.module if hasattr(model, "module") else model).state_dict(), tmp / MODEL)
+        torch.save(model_state(self.parts.model), tmp / MODEL)
         state: dict[str, Any] = {**self.parts.train_state(self.epoch, self.history), "step": step}
         torch.save(state, tmp / TRAIN_STATE)
         os.replace(tmp, self.folder / name)

@@ -150,6 +150,25 @@ def test_sweep_values_must_fit_their_field():
         load_config({"sweep": {"space": {"train.lr": {"loguniform": [0.1, 1], "uniform": [0, 1]}}}})
 
 
+def test_a_sweep_varies_a_lora_adapters_settings_as_any_train_field(tmp_path):
+    from trainflow.config import trial_config
+
+    (tmp_path / "config.json").write_text("{}")  # a folder save_pretrained wrote
+    space = {"train.lora.r": {"grid": [2, 8]}, "train.lora.dropout": {"uniform": [0.0, 0.2]}}
+    config = load_config(
+        {"model": {"kind": f"hf:{tmp_path}"}, "train": {"lora": {"alpha": 32}}, "sweep": {"space": space}}
+    )
+    trial = trial_config(config, {"train.lora.r": 8, "train.lora.dropout": 0.1})
+    assert (trial.train.lora.r, trial.train.lora.alpha, trial.train.lora.dropout) == (8, 32, 0.1)
+    with pytest.raises(
+        ConfigError,
+        match=r"sweep\.space\.train\.lora\.r: grid value 0 does not fit: .*greater than or equal to 1",
+    ):
+        load_config(
+            {"model": {"kind": f"hf:{tmp_path}"}, "sweep": {"space": {"train.lora.r": {"grid": [0, 4]}}}}
+        )
+
+
 def test_sweep_varies_only_model_and_train_fields():
     with pytest.raises(ConfigError, match=r"sweep\.space\.data\.limit: only model\.\* and train\.\* fields"):
         load_config({"sweep": {"space": {"data.limit": {"choice": [100, 200]}}}})

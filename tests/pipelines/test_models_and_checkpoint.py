@@ -7,7 +7,7 @@ import torch
 
 from trainflow.config import ConfigError, ModelConfig, PipelineConfig
 from trainflow.pipelines.data.preprocess import Preprocessor
-from trainflow.pipelines.models.build import build_model, model_spec
+from trainflow.pipelines.models.build import build_model, initial_model, model_spec
 from trainflow.pipelines.models.checkpoint import load_checkpoint, save_checkpoint
 
 
@@ -47,6 +47,43 @@ def test_checkpoint_round_trip_predicts_the_same(tmp_path):
     assert set(loaded.predict(frame)) <= {"x", "y", "z"}
     np.testing.assert_allclose(loaded.predict_proba(frame).sum(axis=1), 1.0, rtol=1e-5)
     assert loaded.config["name"] == "digits"
+
+
+def test_a_lora_checkpoint_holds_the_adapter_and_loads_onto_its_base_or_whole(tmp_path):
+    """model.pt of a LoRA model holds what trains; it loads onto the base from the hf:
+    folder, and complete_weights makes it whole, loading without that folder."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    from trainflow.pipelines.models.checkpoint import complete_weights
+
+    base = tmp_path / "base"
+    config = ViTConfig(image_size=8, patch_size=4, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+    ViTForImageClassification(config).save_pretrained(base)
+    lora = {"r": 2, "alpha": 4, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+    spec = model_spec(
+        ModelConfig(kind=f"hf:{base}"), 192, 2, image_shape=[3, 8, 8], classes=["a", "b"], lora=lora
+    )
+    model = initial_model(spec).eval()
+    with torch.no_grad():  # an adapter that has trained: B is zeros at the start
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_()
+    pre = Preprocessor(
+        [], "label", ["a", "b"], image={"shape": [3, 8, 8], "mean": [0.5] * 3, "std": [0.5] * 3}
+    )
+    folder = tmp_path / "checkpoint"
+    save_checkpoint(folder, model=model, spec=spec, preprocessor=pre.to_dict(), config={}, metrics={})
+    held = torch.load(folder / "model.pt", weights_only=True)
+    assert sum(v.numel() for v in held.values()) == spec["parameters"]["trainable"]
+    x = torch.randn(3, 192)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    np.testing.assert_allclose(load_checkpoint(folder).predict_logits(x.numpy()), expected, rtol=1e-5)
+    complete_weights(folder)
+    assert len(torch.load(folder / "model.pt", weights_only=True)) == len(model.state_dict())
+    for path in base.iterdir():
+        path.unlink()  # the base model is gone; the whole checkpoint needs it no more
+    np.testing.assert_allclose(load_checkpoint(folder).predict_logits(x.numpy()), expected, rtol=1e-5)
 
 
 def test_a_checkpoint_missing_a_file_is_refused(tmp_path):

@@ -19,12 +19,20 @@ from trainflow.tasks.steps import step
 
 
 class Predicted(BaseModel):
+    """What the predict step wrote, and from what."""
+
     model: str
+    """The model asked for, as MLflow names it (``models:/digits@champion``)."""
     version: str
+    """The version number that predicted."""
     input: str
+    """The rows read: a file, a folder or a URI."""
     output: str
+    """Where the predictions were written."""
     rows: int
+    """Rows predicted."""
     seconds: float
+    """Wall time of the prediction."""
 
 
 def _retry_unless_refused(_task, _task_run, state) -> bool:

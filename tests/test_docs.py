@@ -112,3 +112,41 @@ def test_the_home_page_and_the_config_reference_render_in_headless_chromium(tmp_
         assert top == THEME_PRIMARY, f"{png.name}: the header is {top}, the theme did not load"
     # The flow picture: its boxes fill a good part of the home page.
     assert _png_facts(home)[3] > 5000
+
+
+def test_the_troubleshooting_pages_errors_are_what_trainflow_says(tmp_path, monkeypatch, trainflow_home):
+    """Each ``error:`` line the page quotes is what the run's checks say for that mistake
+    (the CLI prints ``error: `` and the message); paths under /tmp are the test's own."""
+    import trainflow
+    from trainflow import checks
+    from trainflow.config import load_config
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "guides" / "troubleshooting.md"
+    quoted = [
+        line.removeprefix("error: ") for line in page.read_text().splitlines() if line.startswith("error: ")
+    ]
+    (tmp_path / "t.csv").write_text("a,b\n1,2\n3,4\n")
+    mistakes = [
+        ({"train": {"lr": -1}}, {}),
+        ({"data": {"source": str(tmp_path / "nope.csv")}}, {}),
+        ({"data": {"source": str(tmp_path / "t.csv")}}, {}),
+        ({"model": {"kind": "torchvision:resnet999"}}, {}),
+        ({"model": {"kind": "mypkg.mod:build"}}, {}),
+        ({"scaling": {"num_workers": 64}}, {}),
+        ({}, {"RAY_ADDRESS": "127.0.0.1:9"}),
+        ({}, {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}),
+    ]
+    said = []
+    for overrides, env in mistakes:
+        with monkeypatch.context() as patch:
+            for key, value in env.items():
+                patch.setenv(key, value)
+            with pytest.raises(Exception) as caught:
+                checks.before_run(load_config(overrides))
+        said.append(str(caught.value).replace(str(tmp_path), "/tmp"))
+    with pytest.raises(Exception) as caught:
+        trainflow.load_model("nosuch@champion")
+    said.append(str(caught.value))
+    # The CPUs a local cluster would have are this machine's: the page shows a 2-core one's.
+    shortage = "the local Ray cluster on this machine would have"
+    assert [m.split(shortage)[0] for m in quoted] == [m.split(shortage)[0] for m in said]

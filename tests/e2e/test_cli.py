@@ -186,3 +186,11 @@ def test_every_commands_summary_in_help_is_one_whole_sentence():
     for name, callback in found.items():
         summary = (callback.__doc__ or "").strip().split("\n\n")[0]
         assert "\n" not in summary and summary.endswith("."), f"{name}: {summary!r}"
+
+
+def test_a_command_that_opens_a_new_registry_says_only_what_matters(tmp_path):
+    """The first command in a new TRAINFLOW_HOME creates the registry's tables; MLflow's
+    log of it is not shown (a check before the start-up opens the store, too)."""
+    out = trainflow("models", "list", "digits", home=tmp_path / "home")
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines() == ["error: unknown model 'digits'; registered models: none"], out.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -168,6 +169,9 @@ def client(ws: Workspace) -> MlflowClient:
         # A process's first client creates or upgrades the database's tables: two
         # processes doing it at once collide ("duplicate column name"), so each does it
         # under the lock, registry tables included.
+        # MLflow logs its creation of the tables, which a new user reads as a problem;
+        # a command's start-up quiets MLflow's logger, a check before it does not.
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
         with registry_lock(ws):
             c = MlflowClient(tracking_uri=uri, registry_uri=uri)
             c.search_registered_models(max_results=1)

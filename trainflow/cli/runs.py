@@ -126,9 +126,14 @@ def predict(
         from trainflow.flows.batch_predict import batch_predict  # imported by the start-up
 
         return batch_predict(
-            model=ref.uri, input=str(input), output=str(output), batch_size=batch_size,
-            concurrency=concurrency, use_gpu=gpu, checked=checked,
-        )  # fmt: skip
+            model=ref.uri,
+            input=str(input),
+            output=str(output),
+            batch_size=batch_size,
+            concurrency=concurrency,
+            use_gpu=gpu,
+            checked=checked,
+        )
 
     starting = startup.started(ref.cluster(), imports="trainflow.flows.batch_predict", open_registry=False)
     result = call_flow("batch-predict", starting, run_predict)

@@ -145,8 +145,10 @@ def preflight(config: PipelineConfig, logger: logging.Logger | logging.LoggerAda
                 logger,
                 "scaling.num_workers %s: this local Ray cluster holds %d workers beside Ray Data's "
                 "CPU; the run grows to %d at most",
-                list(scaling.num_workers), grown.max_workers, grown.max_workers,
-            )  # fmt: skip
+                list(scaling.num_workers),
+                grown.max_workers,
+                grown.max_workers,
+            )
         fitted = grown
     check_cluster(config, logger)
     return config.model_copy(update={"scaling": fitted})

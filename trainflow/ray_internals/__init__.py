@@ -85,8 +85,9 @@ def _kv(name: str) -> Callable | None:
         log.warning(
             "Ray %s has no ray.experimental.internal_kv._internal_kv_%s: training progress is not "
             "logged per epoch, and a sweep leaves stopped trials' placement groups to Ray's cleaner",
-            ray.__version__, name,
-        )  # fmt: skip
+            ray.__version__,
+            name,
+        )
     return function
 
 

@@ -84,15 +84,28 @@ def predict(
     ref = model if isinstance(model, ModelRef) else checks.model(model, pin=True)
     info = input if isinstance(input, InputInfo) else checks.predict_input(input, output, ref)
     _connected(ref)
-    rows = pr.predict_to_parquet(
-        info, ref.checkpoint, output, version=ref.version, input_columns=ref.input_columns,
-        batch_size=batch_size, concurrency=concurrency, num_gpus=1 if use_gpu else 0,
-    )  # fmt: skip
+    rows = _predicted_rows(ref, info, output, batch_size, concurrency, use_gpu)
     get_run_logger().info("wrote %d predictions of %s v%s to %s", rows, ref.name, ref.version, output)
+    seconds = time.perf_counter() - start
     return Predicted(
-        model=ref.uri, version=ref.version, input=info.path, output=output, rows=rows,
-        seconds=time.perf_counter() - start,
-    )  # fmt: skip
+        model=ref.uri, version=ref.version, input=info.path, output=output, rows=rows, seconds=seconds
+    )
+
+
+def _predicted_rows(
+    ref: ModelRef, info: InputInfo, output: str, batch_size: int, concurrency: int, use_gpu: bool
+) -> int:
+    """Predict ``info``'s rows with ``ref`` into ``output`` on Ray Data; the rows written."""
+    return pr.predict_to_parquet(
+        info,
+        ref.checkpoint,
+        output,
+        version=ref.version,
+        input_columns=ref.input_columns,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        num_gpus=1 if use_gpu else 0,
+    )
 
 
 def _connected(ref: ModelRef) -> None:

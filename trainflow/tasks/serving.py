@@ -27,12 +27,25 @@ def serve_endpoint(
     or ``stop_after_s`` after it is ready; returns the URL it served at. The model, the
     port and the replicas' CPUs are checked before Ray starts. ``shadow``: an alias or
     version of the model that also answers every request, off the answer's path."""
-    logger, served = get_run_logger(), []
     app = _checked_app(model, host, port, replicas, max_replicas, cpus_per_replica, ray_address, shadow)
+    return _served(app, model, host, port, ray_address, stop_after_s)
+
+
+def _served(
+    app, model: str, host: str, port: int, ray_address: str | None, stop_after_s: float | None
+) -> str:
+    """Serve ``app`` until stopped, logging where; the URL it served at ("" if never ready)."""
+    logger = get_run_logger()
+    served: list[str] = []
     serving.serve_until_stopped(
-        app, host=host, port=port, on_ready=_announce(logger, model, served),
-        ray_address=ray_address, stop_after_s=stop_after_s, model_kind=serving.model_kind(model),
-    )  # fmt: skip
+        app,
+        host=host,
+        port=port,
+        on_ready=_announce(logger, model, served),
+        ray_address=ray_address,
+        stop_after_s=stop_after_s,
+        model_kind=serving.model_kind(model),
+    )
     logger.info("stopped serving %s", model)
     return served[0] if served else ""
 

@@ -33,20 +33,32 @@ def sweep(
     default as many as the cluster holds, ``cluster.preflight.preflight_sweep``); the best one's
     checkpoint and config. ``name``: the Tune experiment's folder under ``storage``, by
     default one per call of this task. Connects to Ray when the caller has not."""
-    config, logger = as_config(config, "sweep"), get_run_logger()
+    config = as_config(config, "sweep")
+    logger = get_run_logger()
     expect(prepared, Prepared, "sweep", "prepared", "preprocess")
     prepared.check_made_for(config, "sweep")
     connected(config, logger)
     max_concurrent = max_concurrent or preflight_sweep(config, logger)
     name = name or f"{config.name}-sweep-{run_id()}"
     storage = storage_location(config).removeprefix("file://")  # a folder: the checks refuse a URI
+    outcome = _run(config, prepared, name, storage, max_concurrent, logger)
+    return _swept(name, storage, outcome, prepared)
+
+
+def _run(config: PipelineConfig, prepared: Prepared, name: str, storage: str, max_concurrent: int, logger):
+    """The trials on Ray Tune, their plan, events and outcome logged as they come."""
     _log_plan(logger, config, name, max_concurrent, storage)
     outcome = sw.run_sweep(
-        config, prepared_splits(prepared), name=name, storage_path=storage, max_concurrent=max_concurrent,
-        on_event=_log_event(logger), on_trials=_publish_trials(logger, config, name),
-    )  # fmt: skip
+        config,
+        prepared_splits(prepared),
+        name=name,
+        storage_path=storage,
+        max_concurrent=max_concurrent,
+        on_event=_log_event(logger),
+        on_trials=_publish_trials(logger, config, name),
+    )
     _log_outcome(logger, config, outcome)
-    return _swept(name, storage, outcome, prepared)
+    return outcome
 
 
 def _swept(name: str, storage: str, outcome: sw.SweepOutcome, prepared: Prepared) -> Swept:
@@ -151,8 +163,11 @@ def _log_event(logger):
             epochs[trial] = int(event["epoch"])
             logger.info(
                 "trial %s goes on from trial %s's checkpoint after epoch %d: %s",
-                trial, event["source"], event["epoch"], render.trial_params(event["params"]),
-            )  # fmt: skip
+                trial,
+                event["source"],
+                event["epoch"],
+                render.trial_params(event["params"]),
+            )
         elif event["kind"] == "epoch":
             epochs[trial] = int(event.get("epoch", epochs.get(trial, 0) + 1))
             logger.info("trial %s epoch %d  %s", trial, epochs[trial], render.epoch_metrics(event))

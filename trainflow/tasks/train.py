@@ -90,9 +90,12 @@ def _run(
     meter = _ProgressMeter(config.name, config.train.epochs, logger)
     try:
         result = run_training(
-            config, prepared_splits(prepared), run_name=run_name, storage=storage,
+            config,
+            prepared_splits(prepared),
+            run_name=run_name,
+            storage=storage,
             on_row=_log_row(logger, config, meter),
-        )  # fmt: skip
+        )
     except TrainingDiverged:
         record.status = "diverged"  # it would diverge again: nothing to resume
         raise
@@ -192,8 +195,10 @@ def _log_row(logger, config: PipelineConfig, meter: _ProgressMeter):
                 logger.warning(
                     "checkpoint.metric %s is not among the metrics train.loop %s reports (%s): the "
                     "run fails when training ends; set checkpoint.metric to one of them",
-                    metric, config.train.loop, ", ".join(k for k in row if k != "kind"),
-                )  # fmt: skip
+                    metric,
+                    config.train.loop,
+                    ", ".join(k for k in row if k != "kind"),
+                )
 
     return on_row
 
@@ -207,8 +212,11 @@ def _log_preempting(logger, row: dict[str, Any]) -> None:
     logger.warning(
         "%s being preempted%s: saved the state at step %d of epoch %d, which the run goes on from "
         "when Ray Train restarts it",
-        which, gone, row["step"], row["epoch"],
-    )  # fmt: skip
+        which,
+        gone,
+        row["step"],
+        row["epoch"],
+    )
 
 
 def _log_start(

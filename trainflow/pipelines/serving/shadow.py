@@ -148,8 +148,13 @@ class ShadowLedger:
             self.pairs[key] = _Pair(champion, challenger, task)
         return self.pairs[key]
 
-    def record(self, versions: tuple[str, str], task: str, answers: list[tuple[str, list, list]],
-               times: tuple[list[float], float]) -> None:  # fmt: skip
+    def record(
+        self,
+        versions: tuple[str, str],
+        task: str,
+        answers: list[tuple[str, list, list]],
+        times: tuple[list[float], float],
+    ) -> None:
         """Requests both models answered: per request its answer's id, the champion's and
         the challenger's predictions; the champion's time per request, for each, and the
         challenger's, for all."""

@@ -123,9 +123,14 @@ def run_training(
     """
     # The trainer's inputs: the workers' settings and the streamed splits' Datasets.
     settings, datasets, in_memory = trainer_inputs(
-        config, prepared, run_name=run_name, storage=storage, follow=on_row is not None,
-        placements=placements, start_from=start_from,
-    )  # fmt: skip
+        config,
+        prepared,
+        run_name=run_name,
+        storage=storage,
+        follow=on_row is not None,
+        placements=placements,
+        start_from=start_from,
+    )
     trainer = build_trainer(settings, datasets, run_name=run_name, storage_path=storage, callbacks=callbacks)
     if on_row is not None:
         on_row(plan_row(settings, in_memory, redacted(join(storage, run_name))))
@@ -139,17 +144,29 @@ def run_training(
         result = fit(trainer)
     timeline("train fit returned")
 
-    # The result: how training ended and its best checkpoint.
-    if config.train.loop:
-        run_path = stored_run_path(storage, run_name, result)
-        trained = loop_training_result(result, settings, run_path=run_path, seen=seen)
-    else:
-        trained = training_result(
-            result, config, storage=storage, run_name=run_name, seen=seen, in_memory=in_memory
-        )
+    trained = _ended(
+        config, result, settings, storage=storage, run_name=run_name, seen=seen, in_memory=in_memory
+    )
     # The train split's profile goes with the model: what drift is measured against later.
     profiles.attach(prepared.path, trained.best_checkpoint)
     return trained
+
+
+def _ended(
+    config: PipelineConfig,
+    result: ray.train.Result,
+    settings: TrainSettings,
+    *,
+    storage: str,
+    run_name: str,
+    seen: Progress,
+    in_memory: tuple[str, ...],
+) -> TrainingResult:
+    """How the fit ended and its best checkpoint: trainflow's loop's, or a ``train.loop``'s."""
+    if config.train.loop:
+        run_path = stored_run_path(storage, run_name, result)
+        return loop_training_result(result, settings, run_path=run_path, seen=seen)
+    return training_result(result, config, storage=storage, run_name=run_name, seen=seen, in_memory=in_memory)
 
 
 def trainer_inputs(

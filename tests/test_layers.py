@@ -254,6 +254,26 @@ def test_the_formatter_is_turned_off_only_for_tables_of_data():
     assert skipped == []
 
 
+def _imported(node: ast.Import | ast.ImportFrom, alias: ast.alias) -> str:
+    """The dotted name an import brings in: ``a.b.c`` for ``from a.b import c``."""
+    module = node.module if isinstance(node, ast.ImportFrom) else None
+    return f"{module}.{alias.name}" if module else alias.name
+
+
+def test_trainflows_own_modules_are_imported_under_names_that_say_what_they_are():
+    """No alias of a trainflow module shorter than three letters (``as ev``, ``as tf``): a
+    reader meets ``scoring.`` or ``transforms.``; the ecosystem's ``np``, ``pd``, ``pa``, ``nn``
+    stay."""
+    short = [
+        f"{module}: {ast.unparse(node)}"
+        for module, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom | ast.Import)
+        and any(_imported(node, a).startswith("trainflow") and len(a.asname or "xyz") < 3 for a in node.names)
+    ]
+    assert short == []
+
+
 def test_only_ray_internals_names_rays_private_modules_and_attributes():
     import re
 

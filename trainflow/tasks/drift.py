@@ -13,7 +13,7 @@ from trainflow.config import DriftConfig, PipelineConfig
 from trainflow.files import write_text
 from trainflow.pipelines.data import profile as profiles
 from trainflow.pipelines.data.schema import DataError
-from trainflow.pipelines.evaluation import drift as dr
+from trainflow.pipelines.evaluation import drift as drift_measure
 from trainflow.pipelines.evaluation import reports
 from trainflow.tasks import render
 from trainflow.tasks.results import Drifted, Prepared
@@ -33,11 +33,11 @@ def drift(config: PipelineConfig | dict | str, prepared: Prepared) -> Drifted:
     config = as_config(config, "drift")
     expect(prepared, Prepared, "drift", "prepared", "preprocess")
     settings, logger = config.drift or DriftConfig(), get_run_logger()
-    reference = dr.registered_profile(workspace(), config.name)
+    reference = drift_measure.registered_profile(workspace(), config.name)
     if reference is None or reference.profile is None:
         logger.info(line := _nothing_to_compare(config.name, reference))
         return Drifted(action=settings.action, summary=line, prepared=prepared.fingerprint)
-    report = dr.compare_with(reference.profile, _new_profile(prepared), settings)
+    report = drift_measure.compare_with(reference.profile, _new_profile(prepared), settings)
     report.reference = str(reference)
     files = _write(report, workspace().home / "drift" / f"{config.name}-{run_id()}")
     create_markdown_artifact(
@@ -48,7 +48,7 @@ def drift(config: PipelineConfig | dict | str, prepared: Prepared) -> Drifted:
     return _decided(settings, report, files, prepared, logger)
 
 
-def _nothing_to_compare(name: str, reference: dr.Reference | None) -> str:
+def _nothing_to_compare(name: str, reference: drift_measure.Reference | None) -> str:
     if reference is None:
         return f"drift: {name} has no champion to compare with; training goes on"
     return (
@@ -66,19 +66,21 @@ def _new_profile(prepared: Prepared) -> dict:
     return found
 
 
-def _write(report: dr.DriftReport, folder: Path) -> list[str]:
+def _write(report: drift_measure.DriftReport, folder: Path) -> list[str]:
     """The report as JSON (every feature, its bins' shares) and its plot, in ``folder``."""
     data = json.dumps({"summary": report.summary(), **report.to_dict()}, indent=1)
     write_text(folder / REPORT, data)
     return [str(folder / REPORT), str(reports.drift_png(report, folder / reports.DRIFT))]
 
 
-def _decided(settings: DriftConfig, report: dr.DriftReport, files: list[str], prepared: Prepared, logger):
+def _decided(
+    settings: DriftConfig, report: drift_measure.DriftReport, files: list[str], prepared: Prepared, logger
+):
     """The step's result; DataDrift when a feature drifted and drift.action is block."""
     if not report.drifted:
         logger.info("drift: %s", report.summary())
     elif settings.action == "block":
-        raise dr.DataDrift(
+        raise drift_measure.DataDrift(
             f"drift.action block: {report.summary()}; training stopped. To train anyway, set "
             "drift.action: warn (or raise drift.psi, lower drift.ks_pvalue)"
         )

@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.cluster.session import connected
 from trainflow.config import PipelineConfig
 from trainflow.files import is_uri
-from trainflow.pipelines.evaluation import evaluate as ev
+from trainflow.pipelines.evaluation import evaluate as scoring
 from trainflow.tasks import render
 from trainflow.tasks.results import Evaluated, Prepared, Trained
 from trainflow.tasks.steps import as_config, expect, step
@@ -28,13 +28,13 @@ def evaluate(config: PipelineConfig | dict | str, prepared: Prepared, trained: T
     trained.check_trained_on(prepared, "evaluate")
     if prepared.counts["test"] > config.evaluation.in_driver_max_rows:  # Ray Data actors score it
         connected(config, get_run_logger())
-    metrics, where = ev.evaluate_split(
+    metrics, where = scoring.evaluate_split(
         trained.best_checkpoint, prepared.split_path("test"), prepared.counts["test"], config.evaluation
     )
     get_run_logger().info(
         "test %s on %d examples (predicted %s)", render.test_scores(metrics), metrics["num_examples"], where
     )
-    plots = ev.evaluation_plots(trained.history, metrics, _reports_folder(trained))
+    plots = scoring.evaluation_plots(trained.history, metrics, _reports_folder(trained))
     _publish(config.name, metrics, plots)
     return Evaluated(checkpoint=trained.best_checkpoint, metrics=metrics, reports=[str(p) for p in plots])
 

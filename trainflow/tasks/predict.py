@@ -13,7 +13,7 @@ from trainflow.checks import ModelRef
 from trainflow.cluster.checks import check_shipped
 from trainflow.cluster.session import connected
 from trainflow.pipelines import registry
-from trainflow.pipelines.evaluation import predict as pr
+from trainflow.pipelines.evaluation import predict as prediction
 from trainflow.pipelines.evaluation.predict_input import InputInfo
 from trainflow.tasks.steps import step
 
@@ -96,7 +96,7 @@ def _predicted_rows(
     ref: ModelRef, info: InputInfo, output: str, batch_size: int, concurrency: int, use_gpu: bool
 ) -> int:
     """Predict ``info``'s rows with ``ref`` into ``output`` on Ray Data; the rows written."""
-    return pr.predict_to_parquet(
+    return prediction.predict_to_parquet(
         info,
         ref.checkpoint,
         output,

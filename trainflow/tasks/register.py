@@ -11,7 +11,7 @@ from trainflow.cluster.session import connected
 from trainflow.config import PipelineConfig
 from trainflow.pipelines import registry
 from trainflow.pipelines.data import schema
-from trainflow.pipelines.evaluation import evaluate as ev
+from trainflow.pipelines.evaluation import evaluate as scoring
 from trainflow.pipelines.registry.registration import FLOW_NAME_TAG, FLOW_RUN_NAME_TAG
 from trainflow.pipelines.registry.versions import server_in_one_line
 from trainflow.pipelines.training.runs import mark_registered
@@ -136,7 +136,9 @@ def _rescore(
         logger.info("the champion was evaluated on other test data; scoring it on this run's test split")
         connected(config, logger)
         kept = sum(prepared.counts.values())
-        metrics = ev.score_on_raw_test_split(champion_dir, source, config.data.split, kept, config.evaluation)
+        metrics = scoring.score_on_raw_test_split(
+            champion_dir, source, config.data.split, kept, config.evaluation
+        )
         metric = config.registry.gate_metric
         if metric in metrics:
             logger.info("champion on this test split: %s %.4f", metric, metrics[metric])

@@ -39,7 +39,7 @@ from trainflow.files import (
     write_text,
 )
 from trainflow.pipelines.data import profile as profiles
-from trainflow.pipelines.data import transform as tf
+from trainflow.pipelines.data import transform as transforms
 from trainflow.pipelines.data.preprocess import Preprocessor
 from trainflow.pipelines.data.schema import DataError, SourceInfo
 from trainflow.pipelines.data.split import SPLIT_NAMES
@@ -134,7 +134,7 @@ def cache_key(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig) -> st
         "code": code_version(),
     }
     if info.transform:  # the user's transform, or the tokenizer's reference
-        parts["transform"] = tf.code_hash(info.transform)
+        parts["transform"] = transforms.code_hash(info.transform)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 

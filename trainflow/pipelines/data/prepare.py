@@ -33,7 +33,7 @@ from trainflow.config import ConfigError, PreprocessConfig, SplitConfig
 from trainflow.files import filesystem as location_filesystem
 from trainflow.files import join
 from trainflow.pipelines.data import readers, runner, sources, tokenizer
-from trainflow.pipelines.data import split as sp
+from trainflow.pipelines.data import split as splits
 from trainflow.pipelines.data.entry import PreparedEntry, cache_key, finish_entry, finished_entry, staging
 from trainflow.pipelines.data.preprocess import LABEL, Preprocessor
 from trainflow.pipelines.data.readers import Fragment, fragment_batches
@@ -97,12 +97,12 @@ def scan_fragment(
     for batch in fragment_batches(info, fragment):
         scan.counts.add(batch, info)
         kept = kept_rows(batch, info)
-        keys = sp.row_keys(kept, info, split.seed)
+        keys = splits.row_keys(kept, info, split.seed)
         if exact:
             scan.keys.append(keys)
             scan.labels.append(kept[info.label_column].to_numpy())
         else:
-            scan.placed.append(sp.hash_split_codes(keys, val=split.val, test=split.test))
+            scan.placed.append(splits.hash_split_codes(keys, val=split.val, test=split.test))
             scan.train.add(kept[scan.placed[-1] == 0], info, scaler, image_shape)
     return scan
 
@@ -121,8 +121,8 @@ def fit_fragment(
     for batch in fragment_batches(info, fragment):
         kept = kept_rows(batch, info)
         if codes is None:
-            keys = sp.row_keys(kept, info, split.seed)
-            scan.placed.append(sp.hash_split_codes(keys, val=split.val, test=split.test))
+            keys = splits.row_keys(kept, info, split.seed)
+            scan.placed.append(splits.hash_split_codes(keys, val=split.val, test=split.test))
         else:
             scan.placed.append(codes[offset : offset + len(kept)])
         scan.train.add(kept[scan.placed[-1] == 0], info, scaler, image_shape)
@@ -148,7 +148,7 @@ def write_fragment(
     pre = Preprocessor.from_dict(state)
     rng = np.random.default_rng([split.seed, fragment.index])
     writers: dict[str, pq.ParquetWriter] = {}
-    counts = dict.fromkeys(sp.SPLIT_NAMES, 0)
+    counts = dict.fromkeys(splits.SPLIT_NAMES, 0)
     offset = 0
     # Without rows to drop, the columns go to the transform as arrays, not a DataFrame.
     frames = info.missing == "drop"
@@ -162,7 +162,7 @@ def write_fragment(
             for start in range(0, n, step):
                 part = _rows(kept, slice(start, start + step))
                 x, y = pre.inputs(part), pre.labels(part[info.label_column])
-                for i, split_name in enumerate(sp.SPLIT_NAMES):
+                for i, split_name in enumerate(splits.SPLIT_NAMES):
                     rows = np.flatnonzero(where[start : start + step] == i)
                     if split_name == "train":
                         rows = rng.permutation(rows)
@@ -220,8 +220,8 @@ def select_fragment(info: SourceInfo, fragment: Fragment, split: SplitConfig, co
         batch = readers.transformed(info, raw) if info.transform else raw
         kept = kept_rows(batch, info)
         if codes is None:
-            keys = sp.row_keys(kept, info, split.seed)
-            where = sp.hash_split_codes(keys, val=split.val, test=split.test)
+            keys = splits.row_keys(kept, info, split.seed)
+            where = splits.hash_split_codes(keys, val=split.val, test=split.test)
         else:
             where = codes[offset : offset + len(kept)]
         offset += len(kept)
@@ -290,7 +290,7 @@ def place_rows(
     """The scan: the rows checked and each kept row's split (exact for small inputs).
     ``kept``: the kept rows when already known (a split rebuilt later), which decides
     exact or hashed without a pass for a hashed split."""
-    candidate = sp.small_input(info) and (kept is None or sp.split_is_exact(info, kept))
+    candidate = splits.small_input(info) and (kept is None or splits.split_is_exact(info, kept))
     if kept is not None and not candidate:
         return Placement(RowCounts(), [None] * len(fragments), exact=False)
     calls = [(info, f, split, scaler, candidate, shape) for f in fragments]
@@ -302,9 +302,9 @@ def place_rows(
     counts.check(info)
     if not candidate:
         return Placement(counts, [s.codes for s in scans], exact=False, train=train)
-    if not sp.split_is_exact(info, counts.kept):
+    if not splits.split_is_exact(info, counts.kept):
         return Placement(counts, [None] * len(fragments), exact=False)
-    codes = sp.exact_split_codes(
+    codes = splits.exact_split_codes(
         [np.concatenate(s.keys or [np.zeros(0, np.uint64)]) for s in scans],
         [np.concatenate(s.labels or [np.zeros(0)]) for s in scans],
         # A regression's label is a number, not a class to stratify by.
@@ -360,7 +360,7 @@ def _prepare(
     names = np.random.default_rng(split.seed).permutation(len(fragments))
     dropped = placed.counts.missing_rows  # the checks let them through only for data.missing=drop
     with staging(join(cache_root, key)) as tmp:
-        counts = dict.fromkeys(sp.SPLIT_NAMES, 0)
+        counts = dict.fromkeys(splits.SPLIT_NAMES, 0)
         calls = [
             (tasks_info, f, split, c, pre.to_dict(), tmp, f"part-{names[f.index]:05d}.parquet")
             for f, c in zip(fragments, placed.codes, strict=True)
@@ -394,6 +394,6 @@ def raw_split(info: SourceInfo, split: SplitConfig, name: str, *, kept_rows: int
     tasks_info = replace(info, dataset=None)
     fragments = plan(info, in_driver)
     placed = place_rows(tasks_info, split, fragments, in_driver, kept=kept_rows)
-    code = sp.SPLIT_NAMES.index(name)
+    code = splits.SPLIT_NAMES.index(name)
     calls = [(tasks_info, f, split, c, code) for f, c in zip(fragments, placed.codes, strict=True)]
     return runner.run_to_dataset(select_fragment, calls, in_driver)

@@ -25,7 +25,7 @@ import pandas as pd
 
 from trainflow.files import is_uri, read_text, write_text
 from trainflow.pipelines.data import tokenizer
-from trainflow.pipelines.data import transform as tf
+from trainflow.pipelines.data import transform as transforms
 from trainflow.pipelines.data.schema import IMAGE, DataError
 
 if TYPE_CHECKING:
@@ -132,7 +132,7 @@ class Preprocessor:
         array column. None without array columns: ``features`` alone, the model's one input."""
         if not self.arrays:
             return None
-        flat = self.num_features - sum(tf.width(spec) for spec in self.arrays.values())
+        flat = self.num_features - sum(transforms.width(spec) for spec in self.arrays.values())
         out = {FEATURES: {"shape": [flat], "dtype": "float32"}} if flat else {}
         return out | {c: {"shape": list(s["shape"]), "dtype": s["dtype"]} for c, s in self.arrays.items()}
 
@@ -158,7 +158,7 @@ class Preprocessor:
     def num_features(self) -> int:
         """The numbers of a row's inputs, flat: the model's input width."""
         image = int(np.prod(self.image["shape"])) if self.image else 0
-        arrays = sum(tf.width(spec) for spec in self.arrays.values())
+        arrays = sum(transforms.width(spec) for spec in self.arrays.values())
         return image + len(self.numeric_columns) + sum(len(v) for v in self.categorical.values()) + arrays
 
     def model_inputs(self, frame: pd.DataFrame | dict[str, Any]) -> np.ndarray | dict[str, np.ndarray]:
@@ -167,12 +167,14 @@ class Preprocessor:
         if self.transform:
             missing = [c for c in self.raw_columns if c not in frame]
             if missing:
-                field, value = tf.named(self.transform["path"])
+                field, value = transforms.named(self.transform["path"])
                 raise DataError(
                     f"input lacks the columns {', '.join(map(repr, missing))} that the model's "
                     f"{field} {value} takes"
                 )
-            frame = tf.apply(self.transform["path"], pd.DataFrame({c: frame[c] for c in self.raw_columns}))
+            frame = transforms.apply(
+                self.transform["path"], pd.DataFrame({c: frame[c] for c in self.raw_columns})
+            )
         inputs = self.inputs(frame)
         return inputs[FEATURES] if self.layout is None else inputs
 
@@ -189,7 +191,7 @@ class Preprocessor:
     def _array(self, values, column: str, spec: dict[str, Any]) -> np.ndarray:
         """An array column as its prepared array: integers as they are, floats scaled
         number by number when the scaler fitted them."""
-        x = tf.stack(values, column, spec, self.transform["path"] if self.transform else "")
+        x = transforms.stack(values, column, spec, self.transform["path"] if self.transform else "")
         if "offset" not in spec or not len(x):
             return x
         # Centred in float64, then narrowed, as the numeric columns are.

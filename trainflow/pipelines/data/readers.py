@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from trainflow.pipelines.data import sources
-from trainflow.pipelines.data import transform as tf
+from trainflow.pipelines.data import transform as transforms
 from trainflow.pipelines.data.schema import (
     IMAGE,
     INDEX,
@@ -173,7 +173,9 @@ def fragment_batches(
 def transformed(info: SourceInfo, frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of the source through the transform: its output's input columns and label,
     a row per row of ``frame``, in order."""
-    return tf.apply(info.transform, frame, label=info.label_column)[[*info.input_columns, info.label_column]]
+    return transforms.apply(info.transform, frame, label=info.label_column)[
+        [*info.input_columns, info.label_column]
+    ]
 
 
 def _read(info: SourceInfo, fragment: Fragment) -> Iterator[Any]:

@@ -26,7 +26,7 @@ import pyarrow.dataset as pads
 
 from trainflow.config import ConfigError, DataConfig
 from trainflow.pipelines.data import sources
-from trainflow.pipelines.data import transform as tf
+from trainflow.pipelines.data import transform as transforms
 from trainflow.pipelines.data.sources import SourceError
 
 if TYPE_CHECKING:
@@ -92,7 +92,11 @@ class SourceInfo:
     @property
     def width(self) -> int:
         """The numbers in one row's input columns (an array column counts each of its)."""
-        return len(self.input_columns) - len(self.arrays) + sum(tf.width(a) for a in self.arrays.values())
+        return (
+            len(self.input_columns)
+            - len(self.arrays)
+            + sum(transforms.width(a) for a in self.arrays.values())
+        )
 
     @property
     def is_images(self) -> bool:
@@ -176,7 +180,9 @@ def inspect_source(
     columns, arrays = found.schema, {}
     if transform:
         if images:
-            raise ConfigError(f"{tf.FIELD} {transform}: applies to tables, not to {cfg.source}'s images")
+            raise ConfigError(
+                f"{transforms.FIELD} {transform}: applies to tables, not to {cfg.source}'s images"
+            )
         columns, arrays = transformed_schema(transform, _first_rows(cfg, found), cfg.label_column)
     features = _check_columns(
         cfg, columns, cfg.source, task, images=images, arrays=arrays, transform=transform
@@ -208,7 +214,7 @@ def transformed_schema(
 ) -> tuple[pa.Schema, dict[str, dict[str, Any]]]:
     """The columns of the transform's output on ``sample`` (an array column as a list of
     its numbers) and the spec of each array column."""
-    out, arrays = tf.check_sample(transform, sample, label)
+    out, arrays = transforms.check_sample(transform, sample, label)
     scalars = pa.Schema.from_pandas(out.drop(columns=list(arrays)), preserve_index=False)
     types = {f.name: f.type for f in scalars}
     for column, spec in arrays.items():
@@ -219,7 +225,7 @@ def transformed_schema(
 def _first_rows(cfg: DataConfig, found: _Metadata) -> pd.DataFrame:
     """The first rows of the source's first file (at most data.limit), as the readers
     give them: what the transform is tried on before any worker starts."""
-    rows = min(tf.SAMPLE_ROWS, cfg.limit or tf.SAMPLE_ROWS)
+    rows = min(transforms.SAMPLE_ROWS, cfg.limit or transforms.SAMPLE_ROWS)
     if found.format == "builtin":
         return sources.BUILTINS[cfg.source]().head(rows)
     fs, path = sources.resolve(found.location)[0], found.files[0]
@@ -335,7 +341,9 @@ def inspect_dataset(
     raw = schema = pa.schema(list(zip(found.names, types, strict=True)))
     arrays = {}
     if transform:
-        schema, arrays = transformed_schema(transform, ds.limit(tf.SAMPLE_ROWS).to_pandas(), cfg.label_column)
+        schema, arrays = transformed_schema(
+            transform, ds.limit(transforms.SAMPLE_ROWS).to_pandas(), cfg.label_column
+        )
     features = _check_columns(cfg, schema, DATASET, task, images=False, arrays=arrays, transform=transform)
     ds = (ds if transform else ds.select_columns([*features, cfg.label_column])).materialize()
     return SourceInfo(
@@ -452,7 +460,7 @@ def _check_features(
     if as_arrays:
         raise ConfigError(
             f"data.categorical_columns: {', '.join(map(repr, as_arrays))} hold arrays from "
-            f"{tf.FIELD} {transform}; an array column is numbers, not a category"
+            f"{transforms.FIELD} {transform}; an array column is numbers, not a category"
         )
     not_numeric = [
         f"{c} ({schema.field(c).type})"
@@ -461,7 +469,7 @@ def _check_features(
     ]
     if not_numeric and transform:
         raise ConfigError(
-            f"{tf.FIELD} {transform} leaves the columns {', '.join(not_numeric)}, neither numbers "
+            f"{transforms.FIELD} {transform} leaves the columns {', '.join(not_numeric)}, neither numbers "
             "nor arrays of numbers; drop them in the transform, or list them in data.categorical_columns"
         )
     if not_numeric:

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from trainflow.config import PreprocessConfig
-from trainflow.pipelines.data import transform as tf
+from trainflow.pipelines.data import transform as transforms
 from trainflow.pipelines.data.preprocess import MAX_VOCABULARY, Preprocessor, image_chunk_rows, image_features
 from trainflow.pipelines.data.profile import Profile, profile_columns
 from trainflow.pipelines.data.schema import IMAGE, DataError, SourceInfo
@@ -58,7 +58,7 @@ class RowCounts:
             self.inf[c] = self.inf.get(c, 0) + int(np.isinf(values).sum())
         for c, spec in info.arrays.items():
             # Each row's array of the one shape and kind (else ConfigError); of floats, finite.
-            arr = tf.stack(batch[c][batch[c].notna()], c, spec, info.transform)
+            arr = transforms.stack(batch[c][batch[c].notna()], c, spec, info.transform)
             if arr.dtype.kind == "f":
                 bad = ~np.isfinite(arr.reshape(len(arr), -1))
                 self.inf[c] = self.inf.get(c, 0) + int(bad.any(axis=1).sum())
@@ -184,7 +184,7 @@ class FitStats:
             return
         parts = [frame[numeric].to_numpy(dtype=np.float64)] if numeric else []
         for c, spec in floats.items():
-            arr = tf.stack(frame[c], c, spec, info.transform)
+            arr = transforms.stack(frame[c], c, spec, info.transform)
             parts.append(arr.reshape(len(arr), -1).astype(np.float64))
         x = parts[0] if len(parts) == 1 else np.hstack(parts)
         if scaler == "standard":
@@ -272,13 +272,13 @@ class FitStats:
             pre.offset, pre.scale = offset[: len(numeric)], spread[: len(numeric)]
             start = len(numeric)
             for c, spec in float_arrays(info).items():  # each float array's numbers follow, in order
-                end = start + tf.width(spec)
+                end = start + transforms.width(spec)
                 pre.arrays[c].update(offset=offset[start:end], scale=spread[start:end])
                 start = end
         if info.transform:
             pre.transform = {
                 "path": info.transform,
-                "hash": tf.code_hash(info.transform),
+                "hash": transforms.code_hash(info.transform),
                 "columns": dict(info.raw_columns),
             }
         for c in info.categorical_columns:

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from trainflow.pipelines.data import tokenizer
-from trainflow.pipelines.data import transform as tf
+from trainflow.pipelines.data import transform as transforms
 from trainflow.pipelines.data.preprocess import Preprocessor
 from trainflow.pipelines.models.build import build_model, initial_model
 from trainflow.pipelines.models.hf import has_adapter, is_adapter_state, merge_lora
@@ -216,11 +216,11 @@ def check_transform(pre: Preprocessor, folder: Path) -> None:
     if not pre.transform:
         return
     path = pre.transform["path"]
-    if tf.code_hash(path) != pre.transform["hash"]:
+    if transforms.code_hash(path) != pre.transform["hash"]:
         log.warning(
             "%s %s: its module's code differs from the one the model at %s was trained with; "
             "predictions go through the code here",
-            tf.FIELD,
+            transforms.FIELD,
             path,
             folder,
         )

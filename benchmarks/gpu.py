@@ -141,11 +141,11 @@ def measure_transformer(device_name: str, steps: int, warmup: int, batch_size: i
     ``Precision("auto")`` (bf16 on a GPU that has it, fp32 elsewhere) against the same
     transformers model in a plain step under the same autocast, over token batches on the device."""
     import torch
-    from transformers import AutoModelForSequenceClassification, BertConfig, BertModel
+    from hf_finetune import save_bert
+    from transformers import AutoModelForSequenceClassification
 
     from trainflow.config import ModelConfig
     from trainflow.pipelines.data.preprocess import LABEL
-    from trainflow.pipelines.hf_hub import quiet
     from trainflow.pipelines.models.build import build_model, model_spec
     from trainflow.pipelines.training.loop import Precision, resolved_precision, train_epoch
 
@@ -153,17 +153,7 @@ def measure_transformer(device_name: str, steps: int, warmup: int, batch_size: i
     precision = Precision("auto", device)
     folder = Path(tempfile.mkdtemp(prefix="gpu-bert-"))
     try:
-        torch.manual_seed(0)
-        config = BertConfig(
-            vocab_size=VOCAB,
-            hidden_size=BERT_WIDTH,
-            num_hidden_layers=BERT_LAYERS,
-            num_attention_heads=BERT_WIDTH // 64,
-            intermediate_size=BERT_WIDTH * 4,
-            max_position_embeddings=TOKENS,
-        )
-        with quiet():
-            BertModel(config).save_pretrained(folder)
+        save_bert(folder, VOCAB, BERT_WIDTH, BERT_LAYERS, positions=TOKENS)
         inputs = {name: {"shape": [TOKENS], "dtype": "int64"} for name in ("input_ids", "attention_mask")}
         spec = model_spec(ModelConfig(kind=f"hf:{folder}"), 2 * TOKENS, 2, inputs=inputs, classes=["a", "b"])
         plain_model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2)

@@ -36,22 +36,31 @@ SPLIT = {"val": 0.1, "test": 0.1}
 
 def make_model(folder: Path) -> Path:
     """The tokenizer of the texts and a BERT of WIDTH and LAYERS on its vocabulary."""
+    folder = make_tokenizer(folder)
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    save_bert(folder, vocab, WIDTH, LAYERS, positions=MAX_LENGTH + 2)
+    return folder
+
+
+def save_bert(folder: Path, vocab: int, width: int, layers: int, positions: int) -> None:
+    """A BERT of ``width`` and ``layers`` (heads of 64), random weights seeded 0, written
+    with ``save_pretrained`` as a hub download is."""
     import torch
     from transformers import BertConfig, BertModel
 
-    folder = make_tokenizer(folder)
-    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    from trainflow.pipelines.hf_hub import quiet
+
     torch.manual_seed(0)
     config = BertConfig(
         vocab_size=vocab,
-        hidden_size=WIDTH,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=WIDTH // 64,
-        intermediate_size=WIDTH * 4,
-        max_position_embeddings=MAX_LENGTH + 2,
+        hidden_size=width,
+        num_hidden_layers=layers,
+        num_attention_heads=width // 64,
+        intermediate_size=width * 4,
+        max_position_embeddings=positions,
     )
-    BertModel(config).save_pretrained(folder)
-    return folder
+    with quiet():
+        BertModel(config).save_pretrained(folder)
 
 
 def config(args, source: Path, model: Path):

@@ -329,6 +329,29 @@ def test_an_image_model_fine_tunes_through_its_image_processor_and_lora(
     assert accuracy > 0.8, accuracy
 
 
+@pytest.mark.parametrize(
+    ("processor", "expected"),
+    [
+        ({"size": {"height": 16, "width": 16}, "image_mean": [0.5] * 3, "image_std": [0.2] * 3},
+         {"image_size": [16, 16], "image_mean": [0.5] * 3, "image_std": [0.2] * 3}),
+        ({"size": {"shortest_edge": 20}, "do_center_crop": True, "crop_size": 16, "do_normalize": False},
+         {"image_size": [16, 16], "image_mean": [0.0] * 3, "image_std": [1.0] * 3}),
+        (None, {"image_size": [16, 16]}),  # no processor: the model's own image_size
+    ],
+)  # fmt: skip
+def test_an_image_processor_becomes_the_preparations_size_and_normalization(
+    tiny_vit, tmp_path, processor, expected
+):
+    from trainflow.pipelines.models.hf import image_processing
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_vit, folder)
+    (folder / "preprocessor_config.json").unlink()
+    if processor is not None:
+        (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    assert image_processing(f"hf:{folder}") == expected
+
+
 def test_lora_on_an_architecture_peft_has_no_default_for_names_the_field(tiny_vit):
     from trainflow.config import ConfigError, ModelConfig
     from trainflow.pipelines.models.build import model_spec

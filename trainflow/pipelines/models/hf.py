@@ -53,6 +53,7 @@ def image_processing(kind: str) -> dict[str, list]:
     and ``image_mean``/``image_std`` (0 and 1 where it does not normalize); from its
     ``preprocessor_config.json``, else the size alone from the model's ``image_size``."""
     folder = Path(source(kind))
+    model = json.loads((folder / "config.json").read_text())
     found: dict[str, list] = {}
     processor = folder / "preprocessor_config.json"
     if processor.is_file():
@@ -64,12 +65,13 @@ def image_processing(kind: str) -> dict[str, list]:
             found["image_size"] = [size["height"], size["width"]]
         elif isinstance(size, dict) and "shortest_edge" in size:
             found["image_size"] = [size["shortest_edge"]] * 2
-        if settings.get("do_normalize", True) and settings.get("image_mean") is not None:
+        if not settings.get("do_normalize", True):
+            channels = model.get("num_channels", 3)
+            found["image_mean"], found["image_std"] = [0.0] * channels, [1.0] * channels
+        elif settings.get("image_mean") is not None:
             found["image_mean"], found["image_std"] = settings["image_mean"], settings["image_std"]
-    if "image_size" not in found:
-        side = json.loads((folder / "config.json").read_text()).get("image_size")
-        if isinstance(side, int):
-            found["image_size"] = [side, side]
+    if "image_size" not in found and isinstance(model.get("image_size"), int):
+        found["image_size"] = [model["image_size"]] * 2
     return found
 
 

@@ -322,6 +322,7 @@ def test_a_local_module_is_uploaded_to_the_cluster_as_a_gcs_uri(ray_cluster, tmp
         ray_internals.STREAMING_EXECUTOR_LOGGER,
         ray_internals.TRAIN_ERRORS_LOGGER,
         ray_internals.TRAIN_CONTROLLER_LOGGER,
+        ray_internals.CHECKPOINT_SCORE_LOGGER,
         *ray_internals.ERRORS_ONLY_LOGGERS,
     ],
 )

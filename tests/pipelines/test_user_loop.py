@@ -305,15 +305,17 @@ def test_a_loop_without_a_checkpoint_or_its_metric_fails_in_one_line(prepared, l
     ) as e:
         fit(loop_run_config(f"{loops}:no_checkpoint"), prepared, tmp_path)
     assert "\n" not in str(e.value)
-    # A checkpoint.metric the loop never reports, found once the loop has returned (a
-    # tensor, which the workers keep: Ray's controller never unpickles it).
-    config = loop_run_config(f"{loops}:returns_a_tensor", train={"epochs": 2})
+    # A checkpoint.metric the config names and the loop does not report: the run stops at
+    # the loop's first checkpoint, before any epoch is logged, however many it would train.
+    config = loop_run_config(f"{loops}:returns_a_tensor", train={"epochs": 1000})
+    rows = []
     with pytest.raises(
         ConfigError,
         match=rf"^checkpoint\.metric val_accuracy: train\.loop {loops}:returns_a_tensor reports no such "
         r"metric with its checkpoints; it reports loss: name one of them$",
     ):
-        fit(config, prepared, tmp_path)
+        run_training(config, prepared, run_name="no-metric", storage=str(tmp_path), on_row=rows.append)
+    assert [r["kind"] for r in rows if r["kind"] == "epoch"] == []
 
     # The same metric left at its default, which the loop need not know: its latest
     # checkpoint is kept, as Ray keeps it, and the log says so once.

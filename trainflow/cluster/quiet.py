@@ -119,6 +119,9 @@ def quiet_worker() -> None:
     controller = logging.getLogger(ray_internals.TRAIN_CONTROLLER_LOGGER)
     if not any(isinstance(f, _StartupTimeoutInOneLine) for f in controller.filters):
         controller.addFilter(_StartupTimeoutInOneLine())
+    score = logging.getLogger(ray_internals.CHECKPOINT_SCORE_LOGGER)
+    if not any(isinstance(f, _NoMissingScore) for f in score.filters):
+        score.addFilter(_NoMissingScore())
     # Tune's own lines, where its loop runs in a worker (through Ray Client): a sweep logs
     # each trial itself, as in the driver (pipelines/training/sweep.py).
     logging.getLogger("ray.tune").setLevel(logging.ERROR)
@@ -157,16 +160,29 @@ class _NoExpectedTrainErrors(logging.Filter):
 class _StartupTimeoutInOneLine(logging.Filter):
     """Ray Train's controller logs a worker group that did not start in time as an error
     with its traceback, and tries again: what an elastic run does when it shrinks (it
-    first tries the size it had, then the size that fits). Kept as one warning line."""
+    first tries the size it had, then the size that fits). Kept as one warning line.
+    A trainflow error its callbacks raise there (a user's loop without the
+    checkpoint.metric the config names) is dropped: the driver reports it in one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
+        if _NoExpectedTrainErrors.EXPECTED.match(f"{type(error).__module__}.{type(error).__name__}: "):
+            return False
         if type(error).__name__ == "WorkerGroupStartupTimeoutError":
             first = str(error).split(". ", 1)[0]
             record.msg, record.args = f"{first}; Ray Train tries again", None
             record.levelno, record.levelname = logging.WARNING, "WARNING"
             record.exc_info = record.exc_text = None
         return True
+
+
+class _NoMissingScore(logging.Filter):
+    """Drops Ray Train's error line for each checkpoint of a user's loop reported without
+    the checkpoint.metric: trainflow says it once (``loop_training_result``), or stops the
+    run at the first such checkpoint where the config names the metric (``LoopReports``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Result dict has no key:")
 
 
 class _ErrorsOnly(logging.Filter):

@@ -277,6 +277,8 @@ STREAMING_EXECUTOR_LOGGER = "ray.data._internal.execution.streaming_executor"
 TRAIN_ERRORS_LOGGER = "ray.train.v2._internal.util"
 # Train's controller: a traceback when a worker group is late to start (an elastic shrink).
 TRAIN_CONTROLLER_LOGGER = "ray.train.v2._internal.execution.controller.controller"
+# Train's checkpoint manager: an error line for each checkpoint reported without the score attribute.
+CHECKPOINT_SCORE_LOGGER = "ray.train._internal.checkpoint_manager"
 # Loggers whose records below ERROR a run keeps off the console: the cleaner's warning when it removes a
 # dead controller's group (a trial a sweep stopped); the autoscaling coordinator client's traceback when a
 # call misses its timeout on a busy machine, and the backend's when a sweep stops a trial whose workers are

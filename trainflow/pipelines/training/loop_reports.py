@@ -16,6 +16,7 @@ from typing import Any
 
 import ray.train
 
+from trainflow.config import ConfigError
 from trainflow.pipelines.training.progress import ProgressLog
 
 # The file a user's loop's checkpoints gain beside its own: the epochs so far.
@@ -116,6 +117,15 @@ def resumed_history(storage: str, run_name: str) -> dict[str, Any] | None:
     return read_history(result.checkpoint)
 
 
+def missing_metric(loop: str, metric: str, reported: Mapping[str, Any]) -> ConfigError:
+    """The one line for a loop whose checkpoints lack the checkpoint.metric a config names."""
+    named = ", ".join(sorted(reported)) or "none"
+    return ConfigError(
+        f"checkpoint.metric {metric}: train.loop {loop} reports no such metric with its "
+        f"checkpoints; it reports {named}: name one of them"
+    )
+
+
 def last_epoch(history: Mapping[str, Any] | None) -> int:
     """The epoch a :data:`HISTORY` ends after (0 for none)."""
     rows = (history or {}).get("history") or []
@@ -126,13 +136,24 @@ class LoopReports(ray.train.UserCallback):
     """Runs in Ray Train's controller: each report of a user's loop becomes an epoch row of
     the ProgressLog ``progress`` (None: nobody follows the run) and a row of the history
     every checkpoint keeps. ``history``: the :data:`HISTORY` of the checkpoint the run
-    resumes from (a run fitted again), else None."""
+    resumes from (a run fitted again), else None. ``required``: the loop's path and the
+    checkpoint.metric the config names, which the first checkpoint reported without it
+    ends the run for (:func:`missing_metric`, raised in the controller); None when the
+    metric is left at its default, which the loop need not report."""
 
-    def __init__(self, progress: str | None, history: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        progress: str | None,
+        history: Mapping[str, Any] | None = None,
+        required: tuple[str, str] | None = None,
+    ):
         self.progress = progress
         self.history = LoopHistory.from_json(history)
+        self.required = required
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
+        if checkpoint is not None and self.required and self.required[1] not in metrics[0]:
+            raise missing_metric(*self.required, metrics[0])
         row = self.history.add(metrics[0])
         if checkpoint is not None:
             write_history(checkpoint, self.history.checkpoint())

@@ -93,6 +93,19 @@ def expected_worker_error(error: Exception) -> Exception | None:
         return raised[0]
 
 
+def expected_controller_error(error: Exception) -> ConfigError | None:
+    """The ConfigError one of trainflow's Ray Train callbacks raised in the run's controller
+    (a user's loop whose checkpoint lacks the checkpoint.metric the config names), else None."""
+    failure = getattr(error, "controller_failure", None)
+    return failure if isinstance(failure, ConfigError) else None
+
+
+def required_metric(config: PipelineConfig) -> bool:
+    """Whether the config names its checkpoint.metric, which a user's loop must then report
+    with each checkpoint; one left at its default the loop need not know."""
+    return "metric" in config.checkpoint.model_fields_set
+
+
 def run_training(
     config: PipelineConfig,
     prepared: PreparedSplits,
@@ -260,7 +273,7 @@ def fit(trainer: TorchTrainer) -> ray.train.Result:
     try:
         return trainer.fit()
     except TrainingFailedError as e:
-        expected = expected_worker_error(e)
+        expected = expected_worker_error(e) or expected_controller_error(e)
         if expected is None:
             raise
         raise expected from None
@@ -312,10 +325,11 @@ def loop_training_result(
     run's checkpoints keep (:mod:`.loop_reports`). ConfigError, in one line, when the loop
     reported no checkpoint, or none with a checkpoint.metric the config names; with the
     metric left at its default, the latest checkpoint, and a warning saying so."""
-    from trainflow.pipelines.training.loop_reports import LoopHistory, read_history
+    from trainflow.pipelines.training.loop_reports import LoopHistory, missing_metric, read_history
 
     config = settings.config
-    loop, metric = config.train.loop, config.checkpoint.metric
+    loop = config.train.loop
+    metric = config.checkpoint.metric
     if not result.best_checkpoints:
         raise ConfigError(
             f"train.loop {loop}: reported no checkpoint; report one as Ray's guide does, "
@@ -326,11 +340,8 @@ def loop_training_result(
     named = ", ".join(sorted(reported[-1])) or "none"
     if any(metric in m for m in reported):
         best = result.get_best_checkpoint(metric, config.checkpoint.mode)
-    elif "metric" in config.checkpoint.model_fields_set:
-        raise ConfigError(
-            f"checkpoint.metric {metric}: train.loop {loop} reports no such metric with its "
-            f"checkpoints; it reports {named}: name one of them"
-        )
+    elif required_metric(config):  # (LoopReports stops such a run at its first checkpoint)
+        raise missing_metric(loop, metric, reported[-1])
     else:  # left at its default, which the loop need not know: the latest, as Ray keeps it
         logging.getLogger("trainflow").warning(
             "train.loop %s reports no %s (checkpoint.metric's default): its latest checkpoint is "
@@ -438,7 +449,9 @@ def worker_function(
     # Here, not at the top: the module's base class, Ray Train's, is slow to import.
     from trainflow.pipelines.training.loop_reports import LoopReports, resumed_history
 
-    reports = LoopReports(settings.progress, resumed_history(storage, run_name))
+    config = settings.config
+    required = (config.train.loop, config.checkpoint.metric) if required_metric(config) else None
+    reports = LoopReports(settings.progress, resumed_history(storage, run_name), required)
     return user_loop_per_worker, worker_config(settings), [*callbacks, reports]
 
 

@@ -254,6 +254,20 @@ def test_the_formatter_is_turned_off_only_for_tables_of_data():
     assert skipped == []
 
 
+def test_values_are_assigned_one_name_at_a_time():
+    """No ``logger, served = get_run_logger(), []``: two values packed on one line to save
+    one are two assignments. Unpacking what a call returns (``a, b = f()``) stays."""
+    packed = [
+        f"{module}:{node.lineno}"
+        for module, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Tuple)
+        and isinstance(node.value, ast.Tuple)
+    ]
+    assert packed == []
+
+
 def _imported(node: ast.Import | ast.ImportFrom, alias: ast.alias) -> str:
     """The dotted name an import brings in: ``a.b.c`` for ``from a.b import c``."""
     module = node.module if isinstance(node, ast.ImportFrom) else None

@@ -49,7 +49,8 @@ def fit_scaling(scaling: ScalingSection, total: dict[str, float]) -> ScalingSect
     With ``on_cpu_shortage: shrink``, workers that leave Ray Data no CPU get a smaller
     CPU share each instead (returned; the caller logs it).
     """
-    cpus, gpus = total.get("CPU", 0.0), total.get("GPU", 0.0)
+    cpus = total.get("CPU", 0.0)
+    gpus = total.get("GPU", 0.0)
     n = scaling.min_workers  # an elastic run starts with them, and grows when there is room
     asked = f"at least {n}" if scaling.elastic else f"{n}"
     cpu_each, gpu_each = worker_resources(scaling)

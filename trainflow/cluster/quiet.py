@@ -170,8 +170,10 @@ class _StartupTimeoutInOneLine(logging.Filter):
             return False
         if type(error).__name__ == "WorkerGroupStartupTimeoutError":
             first = str(error).split(". ", 1)[0]
-            record.msg, record.args = f"{first}; Ray Train tries again", None
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg = f"{first}; Ray Train tries again"
+            record.args = None
+            record.levelno = logging.WARNING
+            record.levelname = "WARNING"
             record.exc_info = record.exc_text = None
         return True
 

@@ -169,7 +169,8 @@ def shutdown() -> None:
 
     if _session is None:
         return
-    session, _session = _session, None
+    session = _session
+    _session = None
     if session.watch is not None:
         session.watch.stop()
     ended = cluster_ended(local_cluster_processes())
@@ -248,7 +249,8 @@ def driver_side(fn: Callable[[T], None]) -> Iterator[Callable[[T], None]]:
 
     from ray.util.queue import Queue
 
-    queue, done = Queue(actor_options={"num_cpus": 0}), threading.Event()
+    queue = Queue(actor_options={"num_cpus": 0})
+    done = threading.Event()
 
     def relay() -> None:
         while True:

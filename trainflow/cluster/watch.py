@@ -82,7 +82,8 @@ def end_with_the_cluster(process: str, code: int) -> None:
     """Exit now, in one line: this process's local cluster is gone (its ``process``
     exited with ``code``), and nothing Ray would do next can reach it."""
     if code < 0 and -code in (*_STOP_SIGNALS, signal.SIGINT):
-        message, status = f"stopped ({signal.Signals(-code).name})", 128 - code
+        message = f"stopped ({signal.Signals(-code).name})"
+        status = 128 - code
     else:
         message = (
             f"error: the local Ray cluster stopped during the run (its {process} exited with {code}); "

@@ -53,7 +53,8 @@ class FieldDoc:
 
 
 def _type_name(annotation: Any) -> str:
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
     if origin is Literal:
         return type(args[0]).__name__ if args else "str"
     if origin in (typing.Union, types.UnionType):
@@ -218,7 +219,8 @@ def _section_lines(model: type[BaseModel], values: dict[str, Any], indent: str) 
     description takes lines of its own."""
     lines: list[str] = []
     for name, info in model.model_fields.items():
-        value, section = values[name], section_type(info.annotation)
+        value = values[name]
+        section = section_type(info.annotation)
         description = _description(info)
         if section is not None and isinstance(value, dict) and typing.get_origin(info.annotation) is not dict:
             block = [*_comment_lines(description, indent), f"{indent}{name}:"]

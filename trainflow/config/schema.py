@@ -172,7 +172,8 @@ class PipelineConfig(Section):
 
     @model_validator(mode="after")
     def _fits_task(self) -> PipelineConfig:
-        task, train = self.task, self.train
+        task = self.task
+        train = self.train
         own = tuple(self.evaluation.metrics)  # the user's metrics, by name
         wrong = []
         if self.registry.gate_metric not in (*TASK_METRICS[task], *own):

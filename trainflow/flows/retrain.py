@@ -155,7 +155,8 @@ def watch_served(model: str = "digits") -> bool:
     from trainflow.workspace import workspace
 
     one_line_expected_errors()
-    logger, ws = get_run_logger(), workspace()
+    logger = get_run_logger()
+    ws = workspace()
     champion, config = saved_config(ws, f"{model}@champion")
     thresholds = config.drift or DriftConfig()
     report, _ = served_drift(ws, model, psi_threshold=thresholds.psi, ks_pvalue=thresholds.ks_pvalue)

@@ -419,7 +419,8 @@ def _training_classes() -> dict[str, type]:
     )
     classes = {"FixedClusterPolicy": policy, "TorchConfig": config, "TorchBackend": backend}
     for name, cls in classes.items():
-        cls.__module__, cls.__qualname__ = __name__, name
+        cls.__module__ = __name__
+        cls.__qualname__ = name
     return classes
 
 

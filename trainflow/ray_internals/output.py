@@ -23,7 +23,8 @@ def without_noise(name: str, handler: Callable) -> Callable:
     aborted: set = set()  # the workers whose abort began: the rest of their lines is its stack
 
     def print_logs(data: dict) -> None:
-        lines, pid = [], data.get("pid")
+        lines = []
+        pid = data.get("pid")
         for line in data.get("lines", ()):
             if WORKER_ABORT in line:
                 aborted.add(pid)

@@ -235,10 +235,8 @@ def _start_services(
         _deploy(stack, launch.env, deployments)
     # The worker's runs reach Ray through Ray Client, as from a machine off the cluster.
     worker = [PREFECT, "worker", "start", "--pool", POOL, "--type", "process"]
-    home, checkout = (
-        stack.folder / "home",
-        deployments.resolve().parent.parent if deployments else stack.folder,
-    )
+    home = stack.folder / "home"
+    checkout = deployments.resolve().parent.parent if deployments else stack.folder
     extra = {
         **stack.client_env(ray_client=True),
         "TRAINFLOW_HOME": str(home),
@@ -254,7 +252,9 @@ class _Launcher:
     (so that a failed ``up`` stops it) and in ``started``."""
 
     def __init__(self, stack: Stack, started: list[str]):
-        self.stack, self.started, self.env = stack, started, stack.base_env()
+        self.stack = stack
+        self.started = started
+        self.env = stack.base_env()
 
     def __call__(self, name: str, args: list, cwd: Path | None = None, **extra: str) -> bool:
         stack = self.stack

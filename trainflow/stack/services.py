@@ -156,7 +156,9 @@ class Postgres:
     hash>, since a root's folders are closed to other users."""
 
     def __init__(self, folder: Path, port: int, password: str):
-        self.folder, self.port, self.password = folder, port, password
+        self.folder = folder
+        self.port = port
+        self.password = password
         self.bin = postgres_bin()
         if os.geteuid() == 0:
             digest = hashlib.sha256(str(folder).encode()).hexdigest()[:12]

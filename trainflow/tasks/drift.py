@@ -32,7 +32,8 @@ def drift(config: PipelineConfig | dict | str, prepared: Prepared) -> Drifted:
     or one registered before profiles were saved, it says so and returns."""
     config = as_config(config, "drift")
     expect(prepared, Prepared, "drift", "prepared", "preprocess")
-    settings, logger = config.drift or DriftConfig(), get_run_logger()
+    settings = config.drift or DriftConfig()
+    logger = get_run_logger()
     reference = drift_measure.registered_profile(workspace(), config.name)
     if reference is None or reference.profile is None:
         logger.info(line := _nothing_to_compare(config.name, reference))

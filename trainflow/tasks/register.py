@@ -33,7 +33,8 @@ def register(
     """One MLflow model version of the trained checkpoint, with its lineage and reports (the drift
     step's too, given ``drifted``); ``champion`` moves to it only if the gate passes (``registry.decide``)."""
     config = _checked(config, source, prepared, trained, evaluated, drifted)
-    logger, ws = get_run_logger(), workspace()
+    logger = get_run_logger()
+    ws = workspace()
     reg = _registered(ws, config, source, prepared, trained, evaluated, drifted, logger)
     mark_registered(storage_location(config), trained.run_name, reg.version)
     _publish(config, reg, evaluated, drifted, ws, logger)

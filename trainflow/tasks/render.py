@@ -411,7 +411,8 @@ def difference(value: float) -> str:
 
 def reproduce_rows(r: Reproduced) -> list[list[str]]:
     """Each test metric of both versions and its difference, as text."""
-    reg, new = r.result.registered, r.result.test_metrics
+    reg = r.result.registered
+    new = r.result.test_metrics
     header = ["metric", f"v{r.of}", f"v{reg.version}", "difference"]
     both = [k for k in r.original_metrics if k in r.differences]
     rows = [[k, f"{r.original_metrics[k]:.6f}", f"{new[k]:.6f}", difference(r.differences[k])] for k in both]

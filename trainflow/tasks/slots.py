@@ -65,7 +65,8 @@ def one_training_at_a_time(
             except ObjectAlreadyExists:  # another run created it in between
                 pass
             found = client.read_global_concurrency_limit_by_name(limit)
-        taken, holders = found.active_slots, slot_holders(limit, found.id)
+        taken = found.active_slots
+        holders = slot_holders(limit, found.id)
         if taken and _free_dead_slots(client, holders, taken, storage, name, logger):
             taken = 0
     if taken:

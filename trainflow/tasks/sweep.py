@@ -133,7 +133,8 @@ def _publish_trials(logger, config: PipelineConfig, name: str):
 
 
 def _log_outcome(logger, config: PipelineConfig, outcome: sweeps.SweepOutcome) -> None:
-    trials, best = outcome.trials, outcome.best
+    trials = outcome.trials
+    best = outcome.best
     stopped = sum(t.status == "stopped early" for t in trials)
     failed = sum(t.status == "failed" for t in trials)
     logger.info(

@@ -168,7 +168,8 @@ def _loop_metrics(row: dict[str, Any]) -> str:
 
 def _log_row(logger, config: PipelineConfig, meter: _ProgressMeter):
     """Log each row of the run's progress as it arrives (run_training's ``on_row``)."""
-    epochs, metric = config.train.epochs, config.checkpoint.metric
+    epochs = config.train.epochs
+    metric = config.checkpoint.metric
     unranked: list[bool] = []  # a user's loop reported no checkpoint.metric: said once
     sizes: list[int] = []  # the workers of each start of the worker group
     preempted: list[dict[str, Any]] = []  # a node's preemption announced since the group's last start
@@ -224,13 +225,15 @@ def _log_start(
 ) -> None:
     """Log a start of the worker group (its rank 0's row): an elastic run's size, and each
     resize with its cause and the epoch it resumes after; a restart's resumption."""
-    workers, before = row["workers"], sizes[-1] if sizes else None
+    workers = row["workers"]
+    before = sizes[-1] if sizes else None
     sizes.append(workers)
     lost = "a node was preempted" if preempted else "a worker or its node was lost"
     preempted.clear()
     if before is None and scaling.elastic:
         logger.info("started with %d of %d to %d workers", workers, scaling.min_workers, scaling.max_workers)
-    epoch, step = row["start_epoch"], row.get("start_step", 0)
+    epoch = row["start_epoch"]
+    step = row.get("start_step", 0)
     where = f"at step {step} of epoch {epoch + 1}" if step else f"after epoch {epoch}"
     if before is not None and workers != before:
         why = "the cluster has room for more" if workers > before else lost
@@ -277,7 +280,9 @@ class _ProgressMeter:
     def __init__(self, name: str, epochs: int, logger):
         from prefect.artifacts import create_progress_artifact
 
-        self.epochs, self.logger, self.done = epochs, logger, 0
+        self.epochs = epochs
+        self.logger = logger
+        self.done = 0
         self.id = create_progress_artifact(
             progress=0.0, key=f"{artifact_key(name)}-training", description=f"{name}: epochs trained"
         )

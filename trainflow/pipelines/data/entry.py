@@ -93,7 +93,8 @@ def split_dataset(location: str) -> ray.data.Dataset:
 
     fs, path = filesystem(location)
     context = ray.data.DataContext.get_current()
-    before, context.use_datasource_v2 = context.use_datasource_v2, False
+    before = context.use_datasource_v2
+    context.use_datasource_v2 = False
     try:
         return ray.data.read_parquet(path, filesystem=fs)
     finally:

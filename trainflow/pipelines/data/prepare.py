@@ -117,7 +117,8 @@ def fit_fragment(
 ) -> Scan:
     """The train split's statistics, each kept row's split given by ``codes`` or, when
     None, by its own hash."""
-    scan, offset = Scan(), 0
+    scan = Scan()
+    offset = 0
     for batch in fragment_batches(info, fragment):
         kept = kept_rows(batch, info)
         if codes is None:
@@ -161,7 +162,8 @@ def write_fragment(
             step = pre.chunk_rows or max(n, 1)
             for start in range(0, n, step):
                 part = _rows(kept, slice(start, start + step))
-                x, y = pre.inputs(part), pre.labels(part[info.label_column])
+                x = pre.inputs(part)
+                y = pre.labels(part[info.label_column])
                 for i, split_name in enumerate(splits.SPLIT_NAMES):
                     rows = np.flatnonzero(where[start : start + step] == i)
                     if split_name == "train":
@@ -215,7 +217,8 @@ def select_fragment(info: SourceInfo, fragment: Fragment, split: SplitConfig, co
     rows it is handed, placed by its output as preparing placed them."""
     import pandas as pd
 
-    parts, offset = [], 0
+    parts = []
+    offset = 0
     for raw in fragment_batches(info, fragment, raw=True):
         batch = readers.transformed(info, raw) if info.transform else raw
         kept = kept_rows(batch, info)
@@ -295,7 +298,8 @@ def place_rows(
         return Placement(RowCounts(), [None] * len(fragments), exact=False)
     calls = [(info, f, split, scaler, candidate, shape) for f in fragments]
     scans = runner.run(scan_fragment, calls, in_driver)
-    counts, train = RowCounts(), FitStats()
+    counts = RowCounts()
+    train = FitStats()
     for s in scans:
         counts.merge(s.counts)
         train.merge(s.train)
@@ -349,7 +353,8 @@ def _prepare(
         codes = zip(fragments, placed.codes, strict=True)
         calls = [(tasks_info, f, split, scaler, c, shape) for f, c in codes]
         fits = runner.run(fit_fragment, calls, in_driver)
-        placed.codes, placed.train = [s.codes for s in fits], FitStats()
+        placed.codes = [s.codes for s in fits]
+        placed.train = FitStats()
         for s in fits:
             placed.train.merge(s.train)
     classes = info.classes if info.classes is not None else placed.counts.sorted_labels()

@@ -92,7 +92,9 @@ class Preprocessor:
         ``numeric_columns``, ``offset`` and ``scale``)."""
         state = {_OLD_KEYS.get(k, k): v for k, v in state.items()}
         if not state.pop("standardize", True):
-            state["offset"], state["scale"], state["scaler"] = [], [], "none"
+            state["offset"] = []
+            state["scale"] = []
+            state["scaler"] = "none"
         return cls(**state)
 
     def save(self, path: str | Path) -> None:
@@ -304,7 +306,8 @@ def image_features(images, image: dict[str, Any]) -> np.ndarray:
     import torch
 
     transform = _image_pipeline(image)
-    channels, chunk = image["shape"][0], image_chunk_rows(image["shape"])
+    channels = image["shape"][0]
+    chunk = image_chunk_rows(image["shape"])
     out = np.empty((len(images), int(np.prod(image["shape"]))), dtype=np.float32)
     run: list[torch.Tensor] = []  # consecutive images of one size, not yet transformed
     done = 0
@@ -312,7 +315,8 @@ def image_features(images, image: dict[str, Any]) -> np.ndarray:
         t = _as_chw(img, channels)
         if run and (t.shape != run[0].shape or len(run) == chunk):
             out[done : done + len(run)] = transform(torch.stack(run)).reshape(len(run), -1).numpy()
-            done, run = done + len(run), []
+            done = done + len(run)
+            run = []
         run.append(t)
     if run:
         out[done:] = transform(torch.stack(run)).reshape(len(run), -1).numpy()

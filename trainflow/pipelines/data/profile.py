@@ -91,13 +91,17 @@ class Profile:
         if self.keys is not None and len(self.keys) == PROFILE_ROWS:
             # Full: only a row whose key is below the largest kept one can enter.
             entering = keys < self.keys.max()
-            keys, values = keys[entering], values[entering]
+            keys = keys[entering]
+            values = values[entering]
         if self.keys is not None:
-            keys, values = np.concatenate([self.keys, keys]), np.concatenate([self.values, values])
+            keys = np.concatenate([self.keys, keys])
+            values = np.concatenate([self.values, values])
         if len(keys) > PROFILE_ROWS:
             smallest = np.argpartition(keys, PROFILE_ROWS - 1)[:PROFILE_ROWS]
-            keys, values = keys[smallest], values[smallest]
-        self.keys, self.values = keys, values
+            keys = keys[smallest]
+            values = values[smallest]
+        self.keys = keys
+        self.values = values
 
     def to_dict(self, label: str | None = None) -> dict[str, Any]:
         """The profile as ``profile.json`` holds it: per numeric column its sampled values

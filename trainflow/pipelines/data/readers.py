@@ -100,13 +100,16 @@ def plan_fragments(info: SourceInfo) -> list[Fragment]:
                 break
             group = meta.row_group(g)
             groups.append(g)
-            rows, size = rows + group.num_rows, size + group.total_byte_size
+            rows = rows + group.num_rows
+            size = size + group.total_byte_size
             if left is not None:
                 left -= group.num_rows
             # Images: a row group each (their transform, not their reading, takes the time).
             if size >= FRAGMENT_BYTES or info.is_images:
                 fragments.append(_parquet_fragment(len(fragments), path, groups, rows, left))
-                groups, rows, size = [], 0, 0
+                groups = []
+                rows = 0
+                size = 0
         if groups:
             fragments.append(_parquet_fragment(len(fragments), path, groups, rows, left))
     return fragments
@@ -125,7 +128,8 @@ def needs_counts(info: SourceInfo) -> bool:
 
 def limit_fragments(info: SourceInfo, fragments: list[Fragment], counts: list[int]) -> list[Fragment]:
     """The fragments holding the first data.limit rows, given each one's row count."""
-    out, left = [], info.limit
+    out = []
+    left = info.limit
     for f, n in zip(fragments, counts, strict=True):
         if left <= 0:
             break
@@ -180,7 +184,8 @@ def transformed(info: SourceInfo, frame: pd.DataFrame) -> pd.DataFrame:
 
 def _read(info: SourceInfo, fragment: Fragment) -> Iterator[Any]:
     """Arrow record batches, or DataFrames (digits, NumPy, images), of the fragment."""
-    columns, rows = info.read_columns, batch_rows(info)
+    columns = info.read_columns
+    rows = batch_rows(info)
     if fragment.frame is not None:
         yield fragment.frame[columns]
         return
@@ -245,7 +250,9 @@ def _image_files(info: SourceInfo, fs, paths: tuple[str, ...]) -> Iterator[pd.Da
     of pixels; a file PIL cannot read is a DataError naming it."""
     from PIL import Image, UnidentifiedImageError
 
-    images, held, size = [], [], 0
+    images = []
+    held = []
+    size = 0
     for path in paths:
         with fs.open_input_file(path) as f:
             data = f.read()
@@ -260,7 +267,9 @@ def _image_files(info: SourceInfo, fs, paths: tuple[str, ...]) -> Iterator[pd.Da
         size += images[-1].nbytes
         if len(images) >= IMAGE_BATCH or size >= IMAGE_BATCH_BYTES:
             yield _image_frame(images, {PATH: held}, info)
-            images, held, size = [], [], 0
+            images = []
+            held = []
+            size = 0
     if images:
         yield _image_frame(images, {PATH: held}, info)
 

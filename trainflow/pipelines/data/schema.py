@@ -177,7 +177,8 @@ def inspect_source(
     except SourceError as e:
         raise DataError(str(e)) from None
     images = found.format in IMAGE_FORMATS
-    columns, arrays = found.schema, {}
+    columns = found.schema
+    arrays = {}
     if transform:
         if images:
             raise ConfigError(
@@ -228,7 +229,8 @@ def _first_rows(cfg: DataConfig, found: _Metadata) -> pd.DataFrame:
     rows = min(transforms.SAMPLE_ROWS, cfg.limit or transforms.SAMPLE_ROWS)
     if found.format == "builtin":
         return sources.BUILTINS[cfg.source]().head(rows)
-    fs, path = sources.resolve(found.location)[0], found.files[0]
+    fs = sources.resolve(found.location)[0]
+    path = found.files[0]
     try:
         if found.format == "numpy":
             with fs.open_input_stream(path) as f:
@@ -275,7 +277,9 @@ def _builtin_metadata(cfg: DataConfig) -> _Metadata:
 def _file_metadata(cfg: DataConfig, cache_root: Path | None) -> _Metadata:
     """A source of files (a torchvision dataset: its converted Parquet, made on first use):
     their listing, fingerprint and columns, and an image source's classes and mode."""
-    source, location, fmt = cfg.source, cfg.source, cfg.format
+    source = cfg.source
+    location = cfg.source
+    fmt = cfg.format
     torchvision = source.startswith(TORCHVISION_PREFIX)
     if torchvision:
         if cache_root is None:
@@ -286,11 +290,15 @@ def _file_metadata(cfg: DataConfig, cache_root: Path | None) -> _Metadata:
         location = str(sources.torchvision_parquet(name, cache_root / "torchvision"))
         fmt = "parquet"
     listing = sources.list_source(location, fmt)
-    fmt, fingerprint = listing.format, sources.fingerprint(listing)
-    found, image_mode = None, cfg.image_mode or "RGB"
+    fmt = listing.format
+    fingerprint = sources.fingerprint(listing)
+    found = None
+    image_mode = cfg.image_mode or "RGB"
     if torchvision:
         meta = sources.converted_meta(location)
-        fmt, found, image_mode = "image_parquet", meta["classes"], cfg.image_mode or meta["mode"]
+        fmt = "image_parquet"
+        found = meta["classes"]
+        image_mode = cfg.image_mode or meta["mode"]
     elif fmt == "images":
         found = sorted({sources.image_label(f) for f in listing.files})
     if fmt in IMAGE_FORMATS:

@@ -52,7 +52,8 @@ def rank_split_codes(keys: np.ndarray, *, val: float, test: float) -> np.ndarray
     the lowest ``round(n * test)`` go to test, the next ``round(n * val)`` to val."""
     n = len(keys)
     order = np.argsort(keys, kind="stable")
-    n_test, n_val = round(n * test), round(n * val)
+    n_test = round(n * test)
+    n_val = round(n * val)
     split = np.zeros(n, dtype=np.int8)
     split[order[:n_test]] = 2
     split[order[n_test : n_test + n_val]] = 1

@@ -179,7 +179,8 @@ class FitStats:
 
     def _add_numeric(self, frame: pd.DataFrame, info: SourceInfo, scaler: str) -> None:
         """The numeric columns' statistics, then each number of the float array columns'."""
-        numeric, floats = info.numeric_columns, float_arrays(info)
+        numeric = info.numeric_columns
+        floats = float_arrays(info)
         if not (numeric or floats) or scaler == "none":
             return
         parts = [frame[numeric].to_numpy(dtype=np.float64)] if numeric else []
@@ -195,7 +196,8 @@ class FitStats:
 
     def _add_images(self, images, shape: list[int]) -> None:
         raw = {"shape": shape, "mean": [0.0] * shape[0], "std": [1.0] * shape[0]}
-        images, step = list(images), image_chunk_rows(shape)
+        images = list(images)
+        step = image_chunk_rows(shape)
         for start in range(0, len(images), step):
             x = image_features(images[start : start + step], raw).reshape(-1, shape[0], np.prod(shape[1:]))
             sums = x.sum(axis=(0, 2), dtype=np.float64)
@@ -218,7 +220,8 @@ class FitStats:
 
     def _merge_moments(self, n: int, mean: np.ndarray, m2: np.ndarray) -> None:
         if self.mean is None:
-            self.mean, self.m2 = mean, m2
+            self.mean = mean
+            self.m2 = m2
             return
         total = self.rows + n
         delta = mean - self.mean
@@ -238,7 +241,9 @@ class FitStats:
 
     def _merge_channels(self, pixels: int, sums: np.ndarray, squares: np.ndarray) -> None:
         if self.channel_sums is None:
-            self.pixels, self.channel_sums, self.channel_squares = pixels, sums, squares
+            self.pixels = pixels
+            self.channel_sums = sums
+            self.channel_squares = squares
             return
         self.pixels += pixels
         self.channel_sums = self.channel_sums + sums
@@ -265,11 +270,15 @@ class FitStats:
         pre.arrays = {c: dict(spec) for c, spec in info.arrays.items()}
         if cfg.scaler != "none" and (numeric or float_arrays(info)):
             if cfg.scaler == "standard":
-                offset, spread = self.mean, np.sqrt(self.m2 / self.rows)
+                offset = self.mean
+                spread = np.sqrt(self.m2 / self.rows)
             else:
-                offset, spread = self.lo, self.hi - self.lo
-            offset, spread = [float(v) for v in offset], [float(v) or 1.0 for v in spread]
-            pre.offset, pre.scale = offset[: len(numeric)], spread[: len(numeric)]
+                offset = self.lo
+                spread = self.hi - self.lo
+            offset = [float(v) for v in offset]
+            spread = [float(v) or 1.0 for v in spread]
+            pre.offset = offset[: len(numeric)]
+            pre.scale = spread[: len(numeric)]
             start = len(numeric)
             for c, spec in float_arrays(info).items():  # each float array's numbers follow, in order
                 end = start + transforms.width(spec)
@@ -297,7 +306,8 @@ class FitStats:
         channels = shape[0]
         image = {"shape": shape, "mean": [0.0] * channels, "std": [1.0] * channels, "augment": cfg.augment}
         if cfg.image_mean is not None:
-            image["mean"], image["std"] = list(cfg.image_mean), list(cfg.image_std)
+            image["mean"] = list(cfg.image_mean)
+            image["std"] = list(cfg.image_std)
         elif cfg.scaler == "standard" and self.pixels:
             mean = self.channel_sums / self.pixels
             var = self.channel_squares / self.pixels - mean**2

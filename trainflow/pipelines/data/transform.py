@@ -154,7 +154,8 @@ def stack(values: pd.Series | np.ndarray, column: str, spec: dict[str, Any], pat
     (found on the sample), since the model is built for that one."""
     values = values if isinstance(values, pd.Series) else pd.Series(list(values), dtype=object)
     arr = _stacked(values, column, path)
-    shape, dtype = list(spec["shape"]), np.dtype(spec["dtype"])
+    shape = list(spec["shape"])
+    dtype = np.dtype(spec["dtype"])
     if len(values) and list(arr.shape[1:]) != shape:
         raise ConfigError(
             f"{FIELD} {path}: its column {column!r} holds arrays of shape {list(arr.shape[1:])} "

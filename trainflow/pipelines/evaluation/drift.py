@@ -49,7 +49,8 @@ def shares(counts: np.ndarray | list[float]) -> np.ndarray:
 def psi(expected: np.ndarray | list[float], actual: np.ndarray | list[float]) -> float:
     """The population stability index of two distributions over the same bins (counts or
     shares): the sum over bins of (actual - expected) * ln(actual / expected)."""
-    e, a = shares(expected), shares(actual)
+    e = shares(expected)
+    a = shares(actual)
     return float(np.sum((a - e) * np.log(a / e)))
 
 
@@ -153,7 +154,8 @@ def _numeric(
 ) -> FeatureDrift:
     from scipy.stats import ks_2samp
 
-    reference, current = np.asarray(ref, dtype=np.float64), np.asarray(cur, dtype=np.float64)
+    reference = np.asarray(ref, dtype=np.float64)
+    current = np.asarray(cur, dtype=np.float64)
     if not len(current) or not len(reference):
         return FeatureDrift(name, kind, 0.0, note="no values to compare")
     bins, r, c = numeric_bins(reference, current)
@@ -163,7 +165,9 @@ def _numeric(
     test = ks_2samp(reference, current, method=method)
     drift = FeatureDrift(name, kind, psi(r, c), float(test.statistic), float(test.pvalue))
     drift.drifted = ks_pvalue is not None and drift.p_value < ks_pvalue
-    drift.bins, drift.reference, drift.current = bins, shares(r).tolist(), shares(c).tolist()
+    drift.bins = bins
+    drift.reference = shares(r).tolist()
+    drift.current = shares(c).tolist()
     return drift
 
 
@@ -172,7 +176,9 @@ def _categorical(name: str, kind: str, ref: dict[str, list], cur: dict[str, list
     drift = FeatureDrift(name, kind, psi(r, c) if c.sum() else 0.0)
     new = [b for b, n_ref, n_cur in zip(bins, r, c, strict=True) if n_ref == 0 and n_cur]
     drift.note = f"{len(new)} new: {', '.join(new[:3])}{'...' if len(new) > 3 else ''}" if new else ""
-    drift.bins, drift.reference, drift.current = bins, shares(r).tolist(), shares(c).tolist()
+    drift.bins = bins
+    drift.reference = shares(r).tolist()
+    drift.current = shares(c).tolist()
     return drift
 
 

@@ -250,16 +250,20 @@ def _score(
     regression: bool,
     metrics: Sequence[UserMetric],
 ) -> dict[str, Any]:
-    y_true, y_pred, proba = [], [], []
+    y_true = []
+    y_pred = []
+    proba = []
     for batch in batches:
         y_true.append(batch[LABEL])
         y_pred.append(batch[PREDICTION])
         if not regression:
             proba.append(batch[PROBABILITIES])
     if regression:
-        targets, predicted = np.concatenate(y_true), np.concatenate(y_pred)
+        targets = np.concatenate(y_true)
+        predicted = np.concatenate(y_pred)
         return {**regression_metrics(targets, predicted), **score_all(metrics, targets, predicted)}
-    targets, scores = np.concatenate(y_true).astype(np.int64), np.concatenate(proba)
+    targets = np.concatenate(y_true).astype(np.int64)
+    scores = np.concatenate(proba)
     own = score_all(metrics, targets, scores)
     return {**classification_metrics(targets, np.concatenate(y_pred), classes, scores), **own}
 
@@ -345,7 +349,8 @@ def evaluation_plots(history: list[dict[str, float]], metrics: dict[str, Any], f
 
     curve = reports.learning_curve_png(history, folder / reports.LEARNING_CURVE)
     if "points" in metrics:
-        y_true, y_pred = metrics["points"]["true"], metrics["points"]["predicted"]
+        y_true = metrics["points"]["true"]
+        y_pred = metrics["points"]["predicted"]
         return [
             curve,
             reports.predicted_vs_true_png(y_true, y_pred, folder / reports.PREDICTED_VS_TRUE),

@@ -98,7 +98,8 @@ def predicted_vs_true_png(y_true: list[float], y_pred: list[float], path: str | 
     ax = fig.add_subplot()
     ax.scatter(y_true, y_pred, s=8, alpha=0.5)
     if len(y_true):
-        lo, hi = min(min(y_true), min(y_pred)), max(max(y_true), max(y_pred))
+        lo = min(min(y_true), min(y_pred))
+        hi = max(max(y_true), max(y_pred))
         ax.plot([lo, hi], [lo, hi], "--", color="tab:gray", linewidth=1)
     ax.set_xlabel("true")
     ax.set_ylabel("predicted")
@@ -140,7 +141,8 @@ def drift_png(report: DriftReport, path: str | Path) -> Path:
     left.set_xlabel("population stability index")
     left.set_title(f"drift from {report.reference or 'the reference'}")
     if shown and shown[0].bins:
-        top, x = shown[0], np.arange(len(shown[0].bins))
+        top = shown[0]
+        x = np.arange(len(shown[0].bins))
         right.bar(x - 0.2, top.reference, width=0.4, label="reference", color="tab:gray")
         right.bar(
             x + 0.2, top.current, width=0.4, label="new", color="tab:red" if top.drifted else "tab:blue"

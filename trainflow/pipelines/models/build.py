@@ -243,10 +243,12 @@ def _outputs(spec: dict[str, Any]) -> int:
 def build_model(spec: dict[str, Any]) -> nn.Module:
     """The architecture ``spec`` describes, with fresh weights: what a checkpoint's state
     dict loads into. A user's model needs its module importable here (ConfigError)."""
-    kind, outputs = spec["kind"], _outputs(spec)
+    kind = spec["kind"]
+    outputs = _outputs(spec)
     inputs = {name: s["shape"] for name, s in spec.get("inputs", {}).items()}
     if kind in OWN:
-        hidden, dropout = spec["hidden_sizes"], spec["dropout"]
+        hidden = spec["hidden_sizes"]
+        dropout = spec["dropout"]
         if kind == "mlp":
             net = nn.Sequential(*_mlp(spec["num_features"], hidden, outputs, dropout))
         else:
@@ -255,7 +257,8 @@ def build_model(spec: dict[str, Any]) -> nn.Module:
         return Reshaped(net, [spec["num_features"]], inputs) if inputs else net
     if kind.startswith(HF):
         return Reshaped(hf_models.build(spec), spec["input_shape"], inputs, by_name=bool(inputs))
-    shape, args = spec["input_shape"], spec.get("args", {})
+    shape = spec["input_shape"]
+    args = spec.get("args", {})
     make = model_kinds.builder(kind)
     if kind.startswith(TORCHVISION):
         net = _call(kind, make, weights=None, num_classes=outputs, **args)
@@ -432,7 +435,8 @@ def freeze(model: nn.Module, prefixes: Sequence[str]) -> int:
 def _dry_run(model: nn.Module, spec: dict[str, Any]) -> None:
     """One batch through the model in the driver, as training runs it (train mode), so a
     model that cannot take the data's shape or gives the wrong outputs fails here."""
-    kind, outputs = spec["kind"], _outputs(spec)
+    kind = spec["kind"]
+    outputs = _outputs(spec)
     if kind in OWN:
         return
     shape = spec["input_shape"]

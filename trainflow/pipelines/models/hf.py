@@ -67,9 +67,11 @@ def image_processing(kind: str) -> dict[str, list]:
             found["image_size"] = [size["shortest_edge"]] * 2
         if not settings.get("do_normalize", True):
             channels = model.get("num_channels", 3)
-            found["image_mean"], found["image_std"] = [0.0] * channels, [1.0] * channels
+            found["image_mean"] = [0.0] * channels
+            found["image_std"] = [1.0] * channels
         elif settings.get("image_mean") is not None:
-            found["image_mean"], found["image_std"] = settings["image_mean"], settings["image_std"]
+            found["image_mean"] = settings["image_mean"]
+            found["image_std"] = settings["image_std"]
     if "image_size" not in found and isinstance(model.get("image_size"), int):
         found["image_size"] = [model["image_size"]] * 2
     return found

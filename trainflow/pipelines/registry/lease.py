@@ -163,7 +163,8 @@ def model_lease(c: MlflowClient, ws: Workspace, name: str, lease_s: float = LEAS
 def _wait_for_turn(lease: Lease) -> list[str]:
     """Until every lower ticket in the queue is done (released, expired or gone): then
     this ticket holds the lease. Returns the done tickets below it."""
-    c, ticket = lease.c, int(lease.ticket)
+    c = lease.c
+    ticket = int(lease.ticket)
     seen: dict[str, tuple[str | None, float]] = {}  # ticket: its beat, when that beat was first seen
     waited_on: str | None = None
     while True:

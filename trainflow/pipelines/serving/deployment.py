@@ -131,9 +131,11 @@ class ModelServer:
                 mv = registry.resolve(self._ws, self._uri)
                 if str(mv.version) != self._served.version:
                     new = Served.load(self._ws, mv.name, str(mv.version))
-                    old, self._served = self._served.version, new
+                    old = self._served.version
+                    self._served = new
                     log.warning("%s: now serving version %s (was %s)", self._uri, new.version, old)
-                self._checked_at, self._follow_error = now(), None
+                self._checked_at = now()
+                self._follow_error = None
             except Exception as e:  # the registry unreachable, a checkpoint refused: keep serving
                 error = f"{type(e).__name__}: {e}"
                 if isinstance(e, (ImportError, ConfigError)):

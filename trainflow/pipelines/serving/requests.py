@@ -26,7 +26,8 @@ class RequestError(Exception):
 
     def __init__(self, status: int, field: str, message: str):
         super().__init__(f"{field}: {message}")
-        self.status, self.field = status, field
+        self.status = status
+        self.field = field
 
     def response(self) -> JSONResponse:
         return JSONResponse({"error": str(self), "field": self.field}, status_code=self.status)
@@ -46,7 +47,8 @@ async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise RequestError(413, "body", f"{int(declared)} bytes, at most {limit}")
-    chunks, size = [], 0
+    chunks = []
+    size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
@@ -192,7 +194,8 @@ def _typed_raw(columns: dict[str, list], pre: Preprocessor, where: Callable[[str
     model); any other type as it came, for the transform to read."""
     out: dict[str, Any] = {}
     for c in pre.raw_columns:
-        kind, values = pre.transform["columns"][c], columns[c]
+        kind = pre.transform["columns"][c]
+        values = columns[c]
         if kind.startswith(("int", "uint")) and all(type(v) is int for v in values):
             out[c] = np.asarray(values, dtype=np.int64)
         elif kind.startswith(("int", "uint", "double", "float", "halffloat")):

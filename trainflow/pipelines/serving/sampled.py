@@ -48,7 +48,10 @@ class RequestSample:
 
     def __init__(self, folder: str | Path, capacity: int = SAMPLE_ROWS, seed: int | None = None):
         self.path = f"{folder}/requests-{socket.gethostname()}-{os.getpid()}.parquet"
-        self.capacity, self.seen, self.size, self.version = capacity, 0, 0, ""
+        self.capacity = capacity
+        self.seen = 0
+        self.size = 0
+        self.version = ""
         self._columns: dict[str, np.ndarray] | None = None
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
@@ -63,13 +66,15 @@ class RequestSample:
         with self._lock:
             self.version = version
             head = min(rows, self.capacity - self.size)
-            src, dst = list(range(head)), list(range(self.size, self.size + head))
+            src = list(range(head))
+            dst = list(range(self.size, self.size + head))
             self.size += head
             if rows > head:
                 slots = self._rng.integers(0, self.seen + head + np.arange(1, rows - head + 1))
                 # A slot drawn twice keeps the later row, as one row at a time would.
                 last = {int(slots[i]): head + int(i) for i in np.flatnonzero(slots < self.capacity)}
-                dst, src = dst + list(last), src + list(last.values())
+                dst = dst + list(last)
+                src = src + list(last.values())
             self.seen += rows
             if src:
                 self._store(columns, np.array(src), np.array(dst))
@@ -96,7 +101,8 @@ class RequestSample:
         import pyarrow.parquet as pq
 
         self._saved_seen = self.seen
-        rows, meta = self.rows(), {SEEN: str(self.seen), VERSION: self.version}
+        rows = self.rows()
+        meta = {SEEN: str(self.seen), VERSION: self.version}
         table = pa.Table.from_pandas(rows, preserve_index=False).replace_schema_metadata(meta)
         if is_uri(self.path):  # an object store's put is whole
             fs, path = filesystem(self.path)

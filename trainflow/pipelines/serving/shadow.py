@@ -71,7 +71,9 @@ class _Pair:
     """What the answers of one champion version and one challenger version show."""
 
     def __init__(self, champion: str, challenger: str, task: str):
-        self.champion, self.challenger, self.task = champion, challenger, task
+        self.champion = champion
+        self.challenger = challenger
+        self.task = task
         self.requests = self.rows = self.agreeing = self.errors = self.not_shadowed = 0
         self.abs_diff_sum = self.abs_diff_max = 0.0
         self.times: dict[str, deque] = {
@@ -135,7 +137,8 @@ class ShadowLedger:
     its own. A server's ledger starts anew."""
 
     def __init__(self, model: str, path: str):
-        self.model, self.path = model, Path(path)
+        self.model = model
+        self.path = Path(path)
         self.pairs: dict[tuple[str, str], _Pair] = {}
         self.answers: OrderedDict[str, tuple[tuple[str, str], np.ndarray, np.ndarray]] = OrderedDict()
         self._changed = False
@@ -164,7 +167,8 @@ class ShadowLedger:
     def _record(self, versions, task, answers, times) -> None:
         pair = self._pair(*versions, task)
         for id_, champion, challenger in answers:
-            a, b = np.asarray(champion), np.asarray(challenger)
+            a = np.asarray(champion)
+            b = np.asarray(challenger)
             pair.add(a, b, 1)
             self.answers[id_] = (versions, a, b)
         while len(self.answers) > REMEMBERED:
@@ -222,7 +226,8 @@ class ShadowLedger:
         with self._lock:
             if not self._changed:
                 return
-            self._changed, text = False, json.dumps(self.summary(), indent=2)
+            self._changed = False
+            text = json.dumps(self.summary(), indent=2)
         try:
             with replacing_file(self.path) as tmp:
                 tmp.write_text(text)
@@ -243,7 +248,8 @@ class ShadowServer:
 
         os.nice(NICENESS)  # the answers' replicas first: a shadow takes the CPU they leave
         use_registry(tracking_uri)
-        self._ws, self.uri = Workspace(Path(home)), uri
+        self._ws = Workspace(Path(home))
+        self.uri = uri
         mv = registry.resolve(self._ws, uri)
         self.served = Served.load(self._ws, mv.name, str(mv.version))
         self.ledger = ShadowLedger(mv.name, str(shadow_file(self._ws, mv.name)))
@@ -263,7 +269,8 @@ class ShadowServer:
             try:
                 mv = registry.resolve(self._ws, self.uri)
                 if str(mv.version) != self.served.version:
-                    old, self.served = self.served.version, Served.load(self._ws, mv.name, str(mv.version))
+                    old = self.served.version
+                    self.served = Served.load(self._ws, mv.name, str(mv.version))
                     log.warning("%s: now shadowing version %s (was %s)", self.uri, mv.version, old)
             except Exception as e:  # the registry unreachable, a checkpoint refused: keep shadowing
                 log.warning("%s: cannot follow the alias: %s: %s", self.uri, type(e).__name__, e)
@@ -316,10 +323,12 @@ class Shadowing:
     goes on gathering; requests beyond MAX_GATHERED are counted as not shadowed."""
 
     def __init__(self, uri: str, handle):
-        self.uri, self.handle = uri, handle
+        self.uri = uri
+        self.handle = handle
         self._lock = threading.Lock()
         self._gathered: list[tuple] = []
-        self._missed, self._latest = 0, ("", "")
+        self._missed = 0
+        self._latest = ("", "")
         self._slots = threading.Semaphore(MAX_SENDING)
         self._sent: queue.Queue = queue.Queue()
         threading.Thread(target=self._send_every, name="trainflow-shadow-send", daemon=True).start()
@@ -329,7 +338,8 @@ class Shadowing:
         """Gather a batch that ``champion`` answered in ``seconds``: its answered requests,
         each with its answer's id and predictions (what the comparison reads of it) and its
         share of the time."""
-        task, each = champion.predictor.preprocessor.task, seconds / len(batch)
+        task = champion.predictor.preprocessor.task
+        each = seconds / len(batch)
         answered = [
             (champion.version, task, inputs, (one["id"], one["predictions"]), each)
             for inputs, one in zip(batch, answers, strict=True)
@@ -350,7 +360,10 @@ class Shadowing:
                     continue
                 if not self._slots.acquire(blocking=False):  # the challenger is behind: keep gathering
                     continue
-                gathered, missed, self._gathered, self._missed = self._gathered, self._missed, [], 0
+                gathered = self._gathered
+                missed = self._missed
+                self._gathered = []
+                self._missed = 0
                 latest = self._latest
             self._sent.put(self.handle.compare.remote(gathered, missed, latest))
 
@@ -396,7 +409,8 @@ def require_shadow(
             f"{model} version {version} was not shadowed beside champion version {champion}: serve "
             f"{model} with --shadow {version} (or the alias on it) and send it requests first"
         )
-    pair, found = pairs[0], []
+    pair = pairs[0]
+    found = []
     if min_agreement is not None:
         agreement = pair.get("agreement")
         if agreement is None:
@@ -461,7 +475,8 @@ def parse_feedback(payload: dict[str, Any]) -> tuple[str, list]:
     """``POST /feedback``'s answer id and labels; RequestError naming the field."""
     from trainflow.pipelines.serving.requests import RequestError
 
-    answer_id, labels = payload.get("id"), payload.get("labels")
+    answer_id = payload.get("id")
+    labels = payload.get("labels")
     if not isinstance(answer_id, str):
         raise RequestError(422, "id", "the id of a shadowed answer, as POST /predict gave it, is required")
     if not isinstance(labels, list) or not labels:

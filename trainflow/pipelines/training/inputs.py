@@ -143,7 +143,8 @@ def read_shard(path: str, rank: int, world_size: int, *, equal: bool) -> InMemor
         mine = np.flatnonzero((rows % world_size == rank) & (rows < n))
         for name, values in batch.items():
             columns[name][filled : filled + len(mine)] = values[mine]
-        filled, offset = filled + len(mine), offset + len(rows)
+        filled = filled + len(mine)
+        offset = offset + len(rows)
     if columns is None:  # an empty split
         return torch.zeros((0, 0)), torch.zeros(0, dtype=torch.int64)
     tensors = {name: torch.from_numpy(values) for name, values in columns.items()}
@@ -203,7 +204,8 @@ class StreamedEpochs:
         else:
             self._ahead.join()
             self._ahead = None
-        started, self._started = self._started, None
+        started = self._started
+        self._started = None
         if isinstance(started, BaseException):
             raise started
         chunk, it = started

@@ -133,9 +133,11 @@ def train_epoch(
     precision = precision or Precision("32", torch.device("cpu"))
     scaler = precision.scaler
     model.train()
-    loss_sum, n = 0.0, 0
+    loss_sum = 0.0
+    n = 0
     for step, batch in enumerate(batches, start=1):
-        x, y = model_input(batch), batch[LABEL]
+        x = model_input(batch)
+        y = batch[LABEL]
         optimizer.zero_grad(set_to_none=True)
         with precision.autocast():
             loss = loss_fn(model(x), y)
@@ -167,10 +169,13 @@ def validate(
     user's metrics (``val_<name>``) over the whole split when there are ``scores``."""
     precision = precision or Precision("32", torch.device("cpu"))
     model.eval()
-    loss_sum, correct, n = 0.0, 0, 0
+    loss_sum = 0.0
+    correct = 0
+    n = 0
     kept = []  # (outputs, labels) of each batch, for the user's metrics
     for batch in batches:
-        x, y = model_input(batch), batch[LABEL]
+        x = model_input(batch)
+        y = batch[LABEL]
         with precision.autocast():
             outputs = model(x)
         outputs = outputs.float()
@@ -193,7 +198,10 @@ class EarlyStopping:
     """Counts epochs without improvement of one metric; its state resumes with the run."""
 
     def __init__(self, metric: str, mode: str, patience: int, min_delta: float):
-        self.metric, self.mode, self.patience, self.min_delta = metric, mode, patience, min_delta
+        self.metric = metric
+        self.mode = mode
+        self.patience = patience
+        self.min_delta = min_delta
         self.best: float | None = None
         self.bad_epochs = 0
 
@@ -207,7 +215,8 @@ class EarlyStopping:
         else:
             improved = value < self.best - self.min_delta
         if improved:
-            self.best, self.bad_epochs = value, 0
+            self.best = value
+            self.bad_epochs = 0
         else:
             self.bad_epochs += 1
         return self.bad_epochs >= self.patience
@@ -216,7 +225,8 @@ class EarlyStopping:
         return {"best": self.best, "bad_epochs": self.bad_epochs}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best, self.bad_epochs = state["best"], state["bad_epochs"]
+        self.best = state["best"]
+        self.bad_epochs = state["bad_epochs"]
 
 
 def load_callbacks(paths: list[str]) -> list[Callable[..., None]]:
@@ -454,7 +464,8 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
         # After a mid-epoch save, the steps it trained are drawn and passed over.
         train_batches = itertools.islice(train_batches, skip, None) if skip else train_batches
         on_step = step_hooks(progress, settings, rank, epoch, parts, history, skip)
-        train_loss, skip = parts.train_on(train_batches, on_step), 0
+        train_loss = parts.train_on(train_batches, on_step)
+        skip = 0
         if not math.isfinite(train_loss):  # all-reduced: every worker stops here together
             return diverged(train_loss, epoch + 1, cfg.lr)
 

@@ -81,7 +81,8 @@ class ProgressLog:
         """The rows written since the last call, in order: every epoch and step row, and
         the start of each worker group (its rank 0)."""
         self._read_new(self.prefix)
-        keys, self._unseen = sorted(self._unseen, key=_written), []
+        keys = sorted(self._unseen, key=_written)
+        self._unseen = []
         rows = [self._read[key] for key in keys]
         return [row for row in rows if row["kind"] != "start" or row["rank"] == 0]
 

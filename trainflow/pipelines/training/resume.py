@@ -97,7 +97,10 @@ class StepSaver:
     model's weights and ``parts``' train state with the step reached, to ``folder``."""
 
     def __init__(self, folder: str, parts, epoch: int, history: list[dict[str, float]]):
-        self.folder, self.parts, self.epoch, self.history = Path(folder), parts, epoch, history
+        self.folder = Path(folder)
+        self.parts = parts
+        self.epoch = epoch
+        self.history = history
 
     def save(self, step: int) -> None:
         """The state after ``step`` steps of the epoch, written whole; the save before it deleted."""
@@ -119,7 +122,8 @@ class PreemptionWatch:
     ``PreemptionInfo`` the first time one is, None otherwise."""
 
     def __init__(self, every: int):
-        self.every, self.seen = every, False
+        self.every = every
+        self.seen = False
 
     def __call__(self, step: int):
         import ray.train
@@ -160,7 +164,8 @@ def step_hooks(
     on every worker, the preemption checks (:class:`PreemptionWatch`), rank 0 saving the
     state at once when a node is being preempted. ``skip``: the steps of the epoch trained
     before a resume. None when there is nothing to do."""
-    log_every, save_every = settings.train.log_every_n_steps, settings.config.checkpoint.every_n_steps
+    log_every = settings.train.log_every_n_steps
+    save_every = settings.config.checkpoint.every_n_steps
     logs = bool(log_every and progress is not None) and rank == 0
     saver = (
         StepSaver(settings.step_folder, parts, epoch, history) if settings.step_folder and rank == 0 else None
@@ -192,7 +197,8 @@ def same_start(epoch: int, step: int) -> None:
     if not (dist.is_available() and dist.is_initialized()):
         return
     mine = torch.tensor([epoch, step], dtype=torch.int64)
-    low, high = mine.clone(), mine.clone()
+    low = mine.clone()
+    high = mine.clone()
     dist.all_reduce(low, op=dist.ReduceOp.MIN)
     dist.all_reduce(high, op=dist.ReduceOp.MAX)
     if not torch.equal(low, high):

@@ -208,7 +208,8 @@ def _checkpointed(storage: str, record: RunRecord) -> bool:
 def _difference(record: RunRecord, config: PipelineConfig, fingerprint: str) -> str:
     """``was trained with train.lr 0.01 (now 0.02), train.epochs 8 (now 10)`` and the like."""
     if record.config_hash != config.config_hash():
-        old, new = _flat(record.config), _flat(config.model_dump(mode="json"))
+        old = _flat(record.config)
+        new = _flat(config.model_dump(mode="json"))
         keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
         shown = ", ".join(f"{k} {json.dumps(old.get(k))} (now {json.dumps(new.get(k))})" for k in keys[:4])
         more = f" and {len(keys) - 4} more" if len(keys) > 4 else ""

@@ -348,7 +348,8 @@ def trial_scheduler(config: PipelineConfig):
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
     from ray.tune.schedulers.pb2 import PB2
 
-    sweep, chosen = config.sweep, config.sweep.scheduler
+    sweep = config.sweep
+    chosen = config.sweep.scheduler
     if chosen.kind == "asha":
         last = max_epochs(config)
         return ASHAScheduler(

@@ -99,3 +99,35 @@ def test_a_checkpoint_missing_a_file_is_refused(tmp_path):
     (tmp_path / "preprocessor.json").unlink()
     with pytest.raises(FileNotFoundError, match="missing preprocessor.json"):
         load_checkpoint(tmp_path)
+
+
+def test_a_peft_adapter_a_loops_trainer_saved_loads_merged_into_the_pretrained_model(tmp_path):
+    """A transformers.Trainer of a PEFT model checkpoints its adapter alone
+    (``checkpoint/adapter_model.safetensors``, as RayTrainReportCallback reports it): the
+    loop's model is the hf: folder's pretrained model with that adapter, and its head, merged in."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import ViTConfig, ViTForImageClassification
+
+    from trainflow.pipelines.models import hf as hf_models
+    from trainflow.pipelines.training.user_loop import loop_model
+
+    base = tmp_path / "base"
+    config = ViTConfig(image_size=8, patch_size=4, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+    ViTForImageClassification(config).save_pretrained(base)
+    spec = model_spec(ModelConfig(kind=f"hf:{base}"), 192, 2, image_shape=[3, 8, 8], classes=["a", "b"])
+    # What the user's loop trains: the pretrained model under an adapter of its own.
+    lora = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], modules_to_save=["classifier"])
+    trained = get_peft_model(hf_models.pretrained(spec).net, lora).eval()
+    with torch.no_grad():  # an adapter and a head that have trained
+        for name, param in trained.named_parameters():
+            if "lora_B" in name or "modules_to_save" in name:
+                param.normal_()
+    trained.save_pretrained(tmp_path / "reported" / "checkpoint")
+    assert not (tmp_path / "reported" / "checkpoint" / "model.safetensors").exists()
+    x = torch.randn(3, 3, 8, 8)
+    with torch.no_grad():
+        expected = trained(pixel_values=x).logits.numpy()
+
+    model = loop_model(tmp_path / "reported", spec, "mine:fit").eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(model(x.reshape(3, -1)).numpy(), expected, rtol=1e-4, atol=1e-5)

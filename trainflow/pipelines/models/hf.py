@@ -186,6 +186,19 @@ def is_adapter_state(spec: dict[str, Any], state: dict[str, torch.Tensor]) -> bo
     return bool(spec.get("lora")) and not any(".base_layer." in name for name in state)
 
 
+def adapter_state(spec: dict[str, Any], folder: Path) -> dict[str, torch.Tensor]:
+    """The state dict of the transformers model ``spec`` describes, from its pretrained
+    weights with the PEFT adapter saved in ``folder`` (``adapter_model.safetensors``, as a
+    ``transformers.Trainer`` of a PEFT model saves it) merged in, its head among them."""
+    from peft import PeftModel
+
+    part = spec["hf"]
+    with quiet():
+        net = _auto_class(part).from_pretrained(part["source"], config=_config(part))
+        merged = PeftModel.from_pretrained(net, str(folder)).merge_and_unload()
+    return merged.state_dict()
+
+
 def merge_lora(model: nn.Module) -> nn.Module:
     """``model`` with each LoRA adapter merged into its base weights (``train.lora.merge``):
     one plain transformers model, without the adapter's extra steps at prediction."""

@@ -37,6 +37,7 @@ from torch import nn
 from trainflow.config import LOOP_RESERVED, LOOP_SETTINGS, ConfigError
 from trainflow.files import publishing_folder
 from trainflow.pipelines.hooks import describe, load_hook
+from trainflow.pipelines.models import hf as hf_models
 from trainflow.pipelines.models.build import Reshaped, build_model
 from trainflow.pipelines.models.checkpoint import METRICS, MODEL, save_checkpoint
 from trainflow.pipelines.models.hf import HFClassifier
@@ -129,6 +130,8 @@ def without_wrappers(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tenso
 # RayTrainReportCallback copies a Trainer's checkpoint into.
 PRETRAINED_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 TRAINER_FOLDER = "checkpoint"
+# A PEFT model's save_pretrained folder holds its adapter alone.
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 def pretrained_weights(folder: Path) -> Path | None:
@@ -139,6 +142,17 @@ def pretrained_weights(folder: Path) -> Path | None:
         for name in PRETRAINED_WEIGHTS:
             if (where / name).is_file():
                 return where / name
+    return None
+
+
+def adapter_folder(folder: Path) -> Path | None:
+    """The folder of a PEFT adapter in a loop's checkpoint (the checkpoint itself, or its
+    ``checkpoint/``) when it holds no whole weights; None otherwise."""
+    if (folder / MODEL).is_file() or pretrained_weights(folder) is not None:
+        return None
+    for where in (folder, folder / TRAINER_FOLDER):
+        if (where / ADAPTER_WEIGHTS).is_file():
+            return where
     return None
 
 
@@ -178,8 +192,11 @@ def loop_model(folder: Path, spec: dict[str, Any], path: str) -> nn.Module:
     """The model ``spec`` describes (model.kind's), with the weights of the loop's
     checkpoint ``folder``: the state dict of the model itself or of one it wraps (a
     torchvision, user's or transformers model in Reshaped, a transformers model in
-    HFClassifier). A ConfigError naming both when the state dict does not fit the model."""
-    state = read_loop_state(folder, path)
+    HFClassifier); for ``hf:``, a PEFT adapter the loop saved (a Trainer of a PEFT model)
+    merged into the pretrained weights. A ConfigError naming both when the state dict does
+    not fit the model."""
+    adapter = adapter_folder(folder) if "hf" in spec else None
+    state = hf_models.adapter_state(spec, adapter) if adapter else read_loop_state(folder, path)
     model = build_model(spec)
     # trainflow's wrappers (Reshaped around a torchvision, user's or transformers model,
     # HFClassifier around the transformers model) each hold what they wrap as ``net``: the

@@ -157,3 +157,36 @@ def test_the_troubleshooting_pages_errors_are_what_trainflow_says(tmp_path, monk
     # The CPUs a local cluster would have are this machine's: the page shows a 2-core one's.
     shortage = "the local Ray cluster on this machine would have"
     assert [m.split(shortage)[0] for m in quoted] == [m.split(shortage)[0] for m in said]
+
+
+def test_every_example_folder_is_a_page_whose_summary_says_what_it_shows_and_how_to_run_it(caplog):
+    """The Examples section is made from examples/ when the site builds: each folder's
+    README becomes a page, and the overview a section with its first paragraph (a whole
+    sentence), its first shell block and its files, every link reaching a file."""
+    hooks = _docs_module("hooks")
+    folders = sorted(path.name for path in (REPO / "examples").iterdir() if path.is_dir())
+    folders = [name for name in folders if not name.startswith((".", "_"))]
+    assert hooks.example_pages() == [f"examples/{name}/README.md" for name in folders]
+    assert caplog.records == []
+
+    copied = hooks.copied_pages()
+    for path in hooks.example_pages():
+        summary = hooks.example_summary(path, "examples.md")
+        _, first, *rest = summary.split("\n\n")
+        assert first.endswith("."), f"{path}: its first paragraph is no whole sentence: {first!r}"
+        assert any(part.startswith("```bash\n") for part in rest), (
+            f"{path}: no shell block says how to run it"
+        )
+        for target in hooks.LINK.findall(summary):
+            hooks.repository_link(target[1], "examples.md", copied, "https://github.com/trainflow/trainflow")
+    assert caplog.records == [], caplog.text
+
+
+@pytest.mark.slow
+def test_the_examples_overview_links_every_examples_page(site):
+    hooks = _docs_module("hooks")
+    overview = (site / "examples" / "index.html").read_text()
+    for path in hooks.example_pages():
+        folder = Path(path).parent.name
+        assert (site / "examples" / folder / "index.html").is_file(), folder
+        assert f'href="{folder}/"' in overview, folder

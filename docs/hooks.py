@@ -8,8 +8,8 @@
 - Each folder of ``examples/`` becomes a page of the site, its ``README.md`` at the same
   path, listed under the nav's Examples section after its overview; ``<!-- examples -->``
   in a page (``docs/examples.md``) becomes a section per folder: its title, what it shows
-  (the README's first paragraph), how to run it (its first shell block) and its files. A
-  folder without a README fails the strict build.
+  (the README's first paragraph), how to run it (its first shell block) and its files (not
+  those git ignores). A folder without a README fails the strict build.
 - A relative link from a page to a file of the repository outside ``docs/`` (a config, an
   example, a script) becomes a link to that file under ``repo_url``, once the file is found
   in the checkout: a link to a missing file fails the strict build, as a broken link
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import subprocess
 from pathlib import Path
 
 from mkdocs.plugins import get_plugin_logger
@@ -84,6 +85,20 @@ def copied_pages() -> set[str]:
     return {*results_pages(), *example_pages()}
 
 
+def ignored(paths: list[Path]) -> set[Path]:
+    """Which of ``paths`` git ignores: what running an example leaves in its folder (a
+    model a script wrote, ``.trainflow/``); none where git or the checkout is missing."""
+    # A folder's name ends in "/", as git's folder patterns (tiny-bert/) expect.
+    names = "\n".join(path.relative_to(REPO).as_posix() + "/" * path.is_dir() for path in paths)
+    try:
+        found = subprocess.run(
+            ["git", "check-ignore", "--stdin"], cwd=REPO, input=names, capture_output=True, text=True
+        )
+    except OSError:
+        return set()
+    return {REPO / line.rstrip("/") for line in found.stdout.splitlines()}
+
+
 def example_title(readme: str) -> str:
     """A README's first heading, or its folder's name."""
     heading = re.search(r"^# (.+)$", readme, flags=re.M)
@@ -108,11 +123,13 @@ def example_summary(path: str, page: str) -> str:
     body = re.sub(r"^# .+\n+", "", readme, count=1, flags=re.M)
     first = LINK.sub(rebase, body.split("\n\n", 1)[0].strip())
     command = re.search(r"^```bash\n.*?^```$", body, flags=re.M | re.S)
-    files = [
-        f"[`{file.name}`]({posixpath.join(base, file.name)})"
+    found = [
+        file
         for file in sorted((REPO / folder).iterdir())
         if file.name != "README.md" and not file.name.startswith((".", "_"))
     ]
+    skipped = ignored(found)
+    files = [f"[`{file.name}`]({posixpath.join(base, file.name)})" for file in found if file not in skipped]
     title = example_title(readme)
     return "\n\n".join([
         f"## [{title}]({posixpath.join(base, 'README.md')})",

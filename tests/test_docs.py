@@ -265,6 +265,9 @@ def test_every_example_folder_is_a_page_whose_summary_says_what_it_shows_and_how
         for target in hooks.LINK.findall(summary):
             hooks.repository_link(target[1], "examples.md", copied, "https://github.com/trainflow/trainflow")
     assert caplog.records == [], caplog.text
+    # What running an example leaves behind is not listed among its files.
+    registry, config = REPO / "examples/hf_text/mlflow.db", REPO / "examples/hf_text/texts.yaml"
+    assert hooks.ignored([registry, config]) == {registry}
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ headless Chromium as a reader would."""
 import html
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -157,3 +158,123 @@ def test_the_troubleshooting_pages_errors_are_what_trainflow_says(tmp_path, monk
     # The CPUs a local cluster would have are this machine's: the page shows a 2-core one's.
     shortage = "the local Ray cluster on this machine would have"
     assert [m.split(shortage)[0] for m in quoted] == [m.split(shortage)[0] for m in said]
+
+
+DOCS = REPO / "docs"
+
+
+def _blocks(page: Path, language: str) -> list[str]:
+    """The fenced blocks of ``language`` in a page, in order."""
+    return re.findall(rf"^```{language}\n(.*?)^```$", page.read_text(), flags=re.M | re.S)
+
+
+def _quoted(page: Path) -> list[str]:
+    """The lines of a page's output blocks (fenced without a language)."""
+    return [line for block in _blocks(page, "") for line in block.splitlines()]
+
+
+def test_the_tutorials_csv_and_config_validate_as_it_shows(tmp_path, monkeypatch, trainflow_home):
+    """The tutorial's CSV snippet, run as written, and its config block, saved as it says,
+    pass `trainflow validate` with the line the page quotes (its hash aside); its mistake
+    fails with the line it quotes. Its training, serving and UI are what the commands'
+    own tests run (tests/e2e): here, the page's inputs are checked, in a second or two."""
+    from tests.e2e.test_cli import trainflow_in_process
+
+    page = DOCS / "tutorial.md"
+    make_csv, _ = _blocks(page, "python")
+    (config,) = _blocks(page, "yaml")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    exec(make_csv, {})
+    (tmp_path / "tumours.yaml").write_text(config)
+
+    quoted = _quoted(page)
+    ok = next(line for line in quoted if line.startswith("ok: "))
+    out = trainflow_in_process("validate", "tumours.yaml")
+    assert out.returncode == 0, out.output
+    hash_aside = re.compile(r"config hash [0-9a-f]{12}")
+    assert hash_aside.sub("config hash H", out.output.strip()) == hash_aside.sub("config hash H", ok)
+
+    mistake = next(line for line in quoted if line.startswith("error: "))
+    out = trainflow_in_process("validate", "tumours.yaml", "--set", "data.label_column=diagnosys")
+    assert out.returncode == 2
+    assert out.output.strip().startswith(mistake.removesuffix("..."))
+
+
+def test_the_tutorials_commands_exist_with_their_options_and_its_request_is_the_csvs_first_row(tmp_path):
+    """Every `trainflow ...` line of the tutorial names a command and options the command
+    line has; each `--set` of a run is a field of the config; the curl request holds the
+    config's features with the CSV's first row's values."""
+    import json
+    import shlex
+
+    import yaml
+
+    from trainflow.cli.main import click_command
+    from trainflow.config import load_config
+
+    page = DOCS / "tutorial.md"
+    make_csv, _ = _blocks(page, "python")
+    (config,) = _blocks(page, "yaml")
+    (tmp_path / "tumours.yaml").write_text(config)
+    lines = [line.strip() for block in _blocks(page, "bash") for line in block.splitlines()]
+    commands = [shlex.split(line, comments=True) for line in lines if line.startswith("trainflow ")]
+    assert {tuple(words[:2]) for words in commands} >= {
+        ("trainflow", "validate"), ("trainflow", "run"), ("trainflow", "models"), ("trainflow", "ui")
+    }  # fmt: skip
+    for words in commands:
+        command, rest = click_command, words[1:]
+        while rest and rest[0] in getattr(command, "commands", {}):
+            command, rest = command.commands[rest[0]], rest[1:]
+        assert not getattr(command, "commands", None), f"{words}: no such command"
+        options = {opt for param in command.params for opt in param.opts}
+        given = [word.split("=")[0] for word in rest if word.startswith("-")]
+        assert set(given) <= options, f"{' '.join(words)}: {set(given) - options} not among {options}"
+        if words[1] == "run":
+            overrides = [rest[i + 1] for i, word in enumerate(rest) if word == "--set"]
+            load_config(tmp_path / rest[0], overrides)  # a field that is not one raises ConfigError
+
+    curl = next(block for block in _blocks(page, "bash") if block.startswith("curl "))
+    request = json.loads(re.search(r"-d '(.*)'", curl)[1])
+    features = yaml.safe_load(config)["data"]["feature_columns"]
+    (row,) = request["rows"]
+    assert list(row) == features
+    namespace: dict = {}
+    exec(make_csv.replace('frame.to_csv("tumours.csv", index=False)', ""), namespace)
+    assert row == namespace["frame"].iloc[0][features].to_dict()
+
+
+def test_every_example_folder_is_a_page_whose_summary_says_what_it_shows_and_how_to_run_it(caplog):
+    """The Examples section is made from examples/ when the site builds: each folder's
+    README becomes a page, and the overview a section with its first paragraph (a whole
+    sentence), its first shell block and its files, every link reaching a file."""
+    hooks = _docs_module("hooks")
+    folders = sorted(path.name for path in (REPO / "examples").iterdir() if path.is_dir())
+    folders = [name for name in folders if not name.startswith((".", "_"))]
+    assert hooks.example_pages() == [f"examples/{name}/README.md" for name in folders]
+    assert caplog.records == []
+
+    copied = hooks.copied_pages()
+    for path in hooks.example_pages():
+        summary = hooks.example_summary(path, "examples.md")
+        _, first, *rest = summary.split("\n\n")
+        assert first.endswith("."), f"{path}: its first paragraph is no whole sentence: {first!r}"
+        assert any(part.startswith("```bash\n") for part in rest), (
+            f"{path}: no shell block says how to run it"
+        )
+        for target in hooks.LINK.findall(summary):
+            hooks.repository_link(target[1], "examples.md", copied, "https://github.com/trainflow/trainflow")
+    assert caplog.records == [], caplog.text
+    # What running an example leaves behind is not listed among its files.
+    registry, config = REPO / "examples/hf_text/mlflow.db", REPO / "examples/hf_text/texts.yaml"
+    assert hooks.ignored([registry, config]) == {registry}
+
+
+@pytest.mark.slow
+def test_the_examples_overview_links_every_examples_page(site):
+    hooks = _docs_module("hooks")
+    overview = (site / "examples" / "index.html").read_text()
+    for path in hooks.example_pages():
+        folder = Path(path).parent.name
+        assert (site / "examples" / folder / "index.html").is_file(), folder
+        assert f'href="{folder}/"' in overview, folder

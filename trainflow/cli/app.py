@@ -24,7 +24,7 @@ app = typer.Typer(
 
 
 models_app = typer.Typer(
-    help="Look at registered models, promote and roll back, serve one over HTTP.", no_args_is_help=True
+    help="List, show, promote, roll back and serve registered models.", no_args_is_help=True
 )
 app.add_typer(models_app, name="models")
 

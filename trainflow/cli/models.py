@@ -49,7 +49,7 @@ NameArg = Annotated[str, typer.Argument(help="The registered model's name")]
 
 @models_app.command("list")
 def models_list(name: NameArg) -> None:
-    """Every version of a model: its aliases, test metrics and gate decision."""
+    """List a model's versions: aliases, test metrics, gate decision."""
     registry, ws = _registry()
     with registry_errors():
         versions = registry.version_summaries(ws, name)
@@ -58,7 +58,7 @@ def models_list(name: NameArg) -> None:
 
 @models_app.command("show")
 def models_show(model: ModelArg) -> None:
-    """Show a registered version: its aliases, test metrics, lineage and gate decision."""
+    """Show a version: aliases, test metrics, lineage, gate decision."""
     registry, ws = _registry()
     with registry_errors():
         details = registry.version_details(ws, model)
@@ -140,9 +140,10 @@ def models_serve(
     cpus_per_replica: Annotated[float, typer.Option(min=0.01, help="CPUs Ray reserves per replica.")] = 1.0,
     shadow: ShadowOpt = None,
 ) -> None:
-    """Serve MODEL over HTTP on Ray Serve until Ctrl-C: POST /predict, GET /model, /docs.
+    """Serve MODEL over HTTP on Ray Serve until Ctrl-C.
 
-    A model by alias (NAME, NAME@ALIAS) follows the alias as it moves; NAME/VERSION stays.
+    POST /predict, GET /model, /docs. A model by alias (NAME, NAME@ALIAS) follows the alias
+    as it moves; NAME/VERSION stays.
     """
     _, ws = _registry()
     from trainflow.pipelines import serving
@@ -191,7 +192,7 @@ def models_reproduce(
         ),
     ] = False,
 ) -> None:
-    """Train a version again with its exact config and compare the test metrics.
+    """Train a version again on its exact config; compare its metrics.
 
     The new version is registered tagged reproduces=VERSION, each test metric printed
     beside the version's. Refused in one line, before Ray starts, when the data's
@@ -239,10 +240,11 @@ def models_drift(
     ] = _drift_default("ks_pvalue"),
     check: Annotated[bool, typer.Option("--check", help="Exit with 1 when a feature drifted.")] = False,
 ) -> None:
-    """Score what a served model was asked against its champion's train split.
+    """Score a served model's requests for drift from its train data.
 
-    Each feature's PSI and KS test, from the sample of requests each replica of `trainflow
-    models serve` keeps under serving/NAME/ of the model's storage, else of TRAINFLOW_HOME."""
+    What it was asked, against its champion's train split: each feature's PSI and KS test,
+    from the sample of requests each replica of `trainflow models serve` keeps under
+    serving/NAME/ of the model's storage, else of TRAINFLOW_HOME."""
     from trainflow.pipelines.serving.sampled import served_drift
 
     _, ws = _registry()

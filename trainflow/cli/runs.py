@@ -25,7 +25,10 @@ from trainflow.cli.models import registry_errors
 
 @app.command()
 def validate(config: ConfigArg = None, set_: SetOpt = None) -> None:
-    """Check a config, its model and its data source without starting Ray or Prefect."""
+    """Check a config, its model and data, without Ray or Prefect.
+
+    It reads the config, imports the model and inspects the data source; nothing starts.
+    """
     from trainflow import checks
 
     cfg = read_config(config, set_)
@@ -70,7 +73,7 @@ def sweep(
         Path | None, typer.Option("--best-config", help="Also write the best trial's config here (YAML).")
     ] = None,
 ) -> None:
-    """Run a hyperparameter sweep on Ray Tune and register the best trial's model."""
+    """Sweep settings on Ray Tune and register the best trial's model."""
     from trainflow import checks, startup
 
     cfg = read_config(config, set_)
@@ -107,7 +110,7 @@ def predict(
     concurrency: Annotated[int, typer.Option(min=1, help="Actors, each holding the model once.")] = 1,
     gpu: Annotated[bool, typer.Option("--gpu", help="One GPU per actor.")] = False,
 ) -> None:
-    """Predict every row of INPUT with a registered model; write Parquet to OUTPUT."""
+    """Predict INPUT with a registered model; write Parquet to OUTPUT."""
     from trainflow import checks, startup
 
     # The model (pinned to its version), input, output and cluster, before Prefect and Ray start.

@@ -46,9 +46,10 @@ def schedule(
     cron: CronOpt = None,
     interval: IntervalOpt = None,
 ) -> None:
-    """Run the training flow on a schedule from this process: no work pool needed.
+    """Run the training flow on a schedule from this process.
 
-    Needs a Prefect server (PREFECT_API_URL); runs go on until you stop this command.
+    No work pool is needed. Needs a Prefect server (PREFECT_API_URL); runs go on until you
+    stop this command.
     """
     read_config(Path(config), set_, smoke)  # refuse a bad config now, not at the first scheduled run
     _require_server("schedule")
@@ -88,11 +89,12 @@ def deploy(
         "deployments/prefect.yaml"
     ),
 ) -> None:
-    """Create or update every deployment in deployments/prefect.yaml, from this checkout.
+    """Create or update the deployments of deployments/prefect.yaml.
 
-    The same as `prefect deploy --all --prefect-file deployments/prefect.yaml` with
-    TRAINFLOW_CHECKOUT (this folder), TRAINFLOW_GIT_URL (origin, else this folder) and
-    TRAINFLOW_HOME (default ./.trainflow) set for the deployments' pull steps and runs.
+    Every deployment in it, from this checkout: the same as `prefect deploy --all
+    --prefect-file deployments/prefect.yaml` with TRAINFLOW_CHECKOUT (this folder),
+    TRAINFLOW_GIT_URL (origin, else this folder) and TRAINFLOW_HOME (default ./.trainflow)
+    set for the deployments' pull steps and runs.
     """
     import subprocess
 

@@ -11,8 +11,8 @@ import typer
 from trainflow.cli.app import app, fail
 
 stack_app = typer.Typer(
-    help="A team's services on this machine: PostgreSQL, an MLflow server, a Prefect server, a Ray "
-    "cluster and a Prefect worker, on loopback.",
+    help="Start, check and stop a team's services on this machine.\n\nPostgreSQL, an MLflow server, a "
+    "Prefect server, a Ray cluster and a Prefect worker, on loopback.",
     no_args_is_help=True,
 )
 app.add_typer(stack_app, name="stack")
@@ -51,10 +51,11 @@ def up(
     ] = None,
     no_deployments: Annotated[bool, typer.Option("--no-deployments", help="Apply no deployments.")] = False,
 ) -> None:
-    """Start the stack's services (those not running), wait until each answers, and show them.
+    """Start the stack's services, wait until each answers, show them.
 
-    The first start makes the folder, PostgreSQL's databases, Ray's token and, once per
-    machine, MLflow's server environment (a minute or two); later starts reuse them.
+    A service already running is left as it is. The first start makes the folder,
+    PostgreSQL's databases, Ray's token and, once per machine, MLflow's server environment
+    (a minute or two); later starts reuse them.
     """
     from trainflow.stack import StackError
     from trainflow.stack import up as stack_up
@@ -77,7 +78,9 @@ def up(
 
 @stack_app.command("status")
 def status(folder: FolderOpt = None) -> None:
-    """Each service's address and whether it answers; exit code 1 when one does not."""
+    """Show each service's address and whether it answers.
+
+    The exit code is 1 when one does not."""
     if not _show(_folder(folder)):
         raise typer.Exit(1)
 
@@ -99,9 +102,9 @@ def _show(folder: Path) -> bool:
 
 @stack_app.command("env")
 def env(folder: FolderOpt = None) -> None:
-    """Print the export lines that point a shell's trainflow, MLflow, Prefect and Ray at the stack.
+    """Print the exports that point a shell at the stack's services.
 
-    Use them as `eval "$(trainflow stack env)"`."""
+    They point trainflow, MLflow, Prefect and Ray there. Use them as `eval "$(trainflow stack env)"`."""
     from trainflow.stack import StackError, env_lines
 
     try:
@@ -117,7 +120,9 @@ def down(
         bool, typer.Option("--delete", help="Also delete the stack's data: registry, runs, artifacts.")
     ] = False,
 ) -> None:
-    """Stop every service of the stack and what they left running; the data stays for the next up."""
+    """Stop the stack's services; the data stays for the next up.
+
+    What the services left running stops too."""
     from trainflow.stack import StackError
     from trainflow.stack import down as stack_down
 

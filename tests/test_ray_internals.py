@@ -454,3 +454,14 @@ def test_the_gcs_of_a_cluster_with_token_auth_refuses_a_call_without_one(ray_clu
         s.listen()
         assert wants_token(f"127.0.0.1:{s.getsockname()[1]}", timeout_s=1) is None
         assert wants_token(f"ray://127.0.0.1:{s.getsockname()[1]}", timeout_s=1) is None
+
+
+def test_a_local_node_that_misses_its_start_up_wait_raises_what_trainflow_reads():
+    """The message trainflow turns into its one line (cluster.session) is still the one
+    Ray's node raises when its raylet does not register in time."""
+    import inspect
+
+    from ray._private import node
+
+    source = " ".join(inspect.getsource(node.Node).split()).replace('" "', "")  # its string's parts joined
+    assert ray_internals.NODE_START_TIMEOUT in source

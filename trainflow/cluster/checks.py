@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from trainflow.cluster.session import current_session
+from trainflow.cluster.session import PreflightError, current_session
 from trainflow.cluster.shipping import trainflow_package
 from trainflow.config import PipelineConfig
 from trainflow.files import filesystem, is_uri, join, redacted, write_text
@@ -20,10 +20,6 @@ from trainflow.ray_internals.client import wants_token
 from trainflow.workspace import cache_location, storage_location
 
 log = logging.getLogger("trainflow")
-
-
-class PreflightError(RuntimeError):
-    """The cluster cannot run what the config asks for; the message says what to change."""
 
 
 def check_cluster(config: PipelineConfig, logger: logging.Logger | logging.LoggerAdapter = log) -> None:

@@ -29,7 +29,7 @@ from trainflow.cluster.watch import (
     watch_local_cluster,
 )
 from trainflow.config import PipelineConfig
-from trainflow.ray_internals import drop_worker_noise
+from trainflow.ray_internals import NODE_START_TIMEOUT, drop_worker_noise
 from trainflow.ray_internals.client import with_setup_hook
 from trainflow.timeline import timeline
 
@@ -40,6 +40,10 @@ T = TypeVar("T")
 def ray_address(config: PipelineConfig) -> str | None:
     """The address of the cluster a run of ``config`` connects to; None: a local one of its own."""
     return config.ray.address or os.environ.get("RAY_ADDRESS") or None
+
+
+class PreflightError(RuntimeError):
+    """The cluster cannot run what the config asks for; the message says what to change."""
 
 
 @dataclass
@@ -107,7 +111,6 @@ def connect(
     user's model module shipped to it; else start a local cluster of this process's own,
     watched (:mod:`.watch`)."""
     global _session
-    import ray
 
     address = ray_address(config)
     py_modules = module_paths(config.user_modules)
@@ -130,7 +133,7 @@ def connect(
         quiet_ray_client()
         _client_init(address, kwargs, logger)
     else:
-        ray.init(address=address or "local", **kwargs)
+        _local_init(address, kwargs)
     drop_worker_noise()
     _session = Session(address=address, watch=None if address else watch_local_cluster())
     configure_ray_data()
@@ -159,6 +162,24 @@ def _client_init(address: str, kwargs: dict, logger: logging.Logger | logging.Lo
             logger.warning("Ray Client's server at %s did not start this job's server; trying again", address)
             ray.shutdown()
             time.sleep(attempt)
+
+
+def _local_init(address: str | None, kwargs: dict) -> None:
+    """``ray.init`` of a local cluster, or of a node's ``host:port``; a PreflightError in
+    one line when a cluster this process starts misses Ray's start-up wait."""
+    import ray
+
+    try:
+        ray.init(address=address or "local", **kwargs)
+    except Exception as e:
+        if address or not str(e).startswith(NODE_START_TIMEOUT):
+            raise
+        load = os.getloadavg()[0]
+        raise PreflightError(
+            f"the local Ray cluster did not start in Ray's 30 s (load average {load:.1f} on "
+            f"{os.cpu_count()} CPUs): run again when the machine is less busy, or start a cluster "
+            "with `ray start --head` and name it in RAY_ADDRESS"
+        ) from None
 
 
 def shutdown() -> None:

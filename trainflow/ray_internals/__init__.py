@@ -277,6 +277,9 @@ STREAMING_EXECUTOR_LOGGER = "ray.data._internal.execution.streaming_executor"
 TRAIN_ERRORS_LOGGER = "ray.train.v2._internal.util"
 # Train's controller: a traceback when a worker group is late to start (an elastic shrink).
 TRAIN_CONTROLLER_LOGGER = "ray.train.v2._internal.execution.controller.controller"
+# What Ray's ray.init raises (a bare Exception) when a local node's raylet does not register
+# within Ray's fixed 30 s: a machine too busy to start a cluster.
+NODE_START_TIMEOUT = "The current node timed out during startup"
 # Train's checkpoint manager: an error line for each checkpoint reported without the score attribute.
 CHECKPOINT_SCORE_LOGGER = "ray.train._internal.checkpoint_manager"
 # Loggers whose records below ERROR a run keeps off the console: the cleaner's warning when it removes a

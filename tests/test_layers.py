@@ -274,17 +274,64 @@ def test_trainflows_own_modules_are_imported_under_names_that_say_what_they_are(
     assert short == []
 
 
+TESTS = PACKAGE.parent / "tests"
+# Where Ray's private names may appear: the quarantine, its tests, and this file's patterns.
+QUARANTINE = {PACKAGE / "ray_internals", TESTS / "test_ray_internals.py", Path(__file__).resolve()}
+# Ray's environment variables that its user guides document as settings; any other RAY_* name is
+# an internal switch, set only through trainflow/ray_internals/switches.py.
+RAY_SETTINGS = {
+    "RAY_ADDRESS",  # ray.init's address
+    "RAY_AUTH_MODE",  # token authentication
+    "RAY_AUTH_TOKEN",
+    "RAY_AUTH_TOKEN_PATH",
+    "RAY_USAGE_STATS_ENABLED",  # usage stats
+}
+
+
+def _outside_quarantine() -> list[Path]:
+    paths = [*MODULES.values(), *sorted(TESTS.rglob("*.py"))]
+    return [p for p in paths if not any(p == q or q in p.parents for q in QUARANTINE)]
+
+
 def test_only_ray_internals_names_rays_private_modules_and_attributes():
+    """Outside ``trainflow/ray_internals`` and its test, in trainflow and its tests: no private
+    module of Ray's (``ray._private``, ``*._internal``), no ``from ray... import _name``, no
+    ``ray.x._name``, and no private attribute read by name (``getattr(x, "_name")``; an
+    object's own and the standard library's ``threading`` and ``atexit`` aside: cli/main.py)."""
     import re
 
     private = re.compile(
-        r"ray(\.\w+)*\._(?!_)\w|_internal\b|_internal\.|ray\._private|from ray[\w.]* import _\w"
+        r"ray(\.\w+)*\._(?!_)\w|_internal\b|_internal\.|_private\b|from ray[\w.]* import _\w"
+        r"|getattr\((?!self,|threading,|atexit,)[^,]+, [\"']_(?!_)"
     )
     found = [
-        f"{module}:{number}: {line.strip()}"
-        for module, path in MODULES.items()
-        if module != "trainflow.ray_internals"
+        f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}"
+        for path in _outside_quarantine()
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if private.search(line.split("#")[0])
     ]
-    assert found == [], "move each use into trainflow/ray_internals/__init__.py, with a test"
+    assert found == [], "move each use into trainflow/ray_internals, with a test"
+
+
+def test_only_ray_internals_names_rays_internal_switches():
+    """Outside the quarantine, in trainflow and its tests, no code names a switch of Ray's
+    that :mod:`trainflow.ray_internals.switches` lists, nor any ``RAY_*`` variable Ray does
+    not document as a setting (:data:`RAY_SETTINGS`): as a string, a keyword or an attribute."""
+    import re
+
+    from trainflow.ray_internals import switches
+
+    def offends(name: str) -> bool:
+        undocumented = re.fullmatch(r"RAY_\w+", name) and not any(s.startswith(name) for s in RAY_SETTINGS)
+        return name in switches.NAMES or bool(undocumented)
+
+    found = []
+    for path in _outside_quarantine():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = {
+                ast.Constant: lambda n: [n.value] if isinstance(n.value, str) else [],
+                ast.keyword: lambda n: [n.arg] if n.arg else [],
+                ast.Attribute: lambda n: [n.attr],
+            }.get(type(node), lambda n: [])(node)
+            found += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {n}" for n in names if offends(n)]
+    assert found == [], "name each switch through trainflow/ray_internals/switches.py, with a test"

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainflow.pipelines.models.checkpoint import METRICS, MODEL, TRAIN_STATE, model_state
+from trainflow.ray_internals import switches
 
 if TYPE_CHECKING:
     from trainflow.pipelines.training.progress import ProgressLog
@@ -141,7 +142,7 @@ def preemption_checks(settings: TrainSettings) -> int:
     save could follow (no folder for it) or the cluster warns of none (Ray Train's
     preemption watcher off, as on trainflow's own local clusters)."""
     every = settings.config.checkpoint.preemption_check_steps
-    watched = os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1").lower() not in ("0", "false")
+    watched = os.environ.get(switches.TRAIN_PREEMPTION_WATCHER, "1").lower() not in ("0", "false")
     return every if settings.step_folder and watched else 0
 
 

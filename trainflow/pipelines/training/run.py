@@ -83,8 +83,7 @@ def expected_worker_error(error: Exception) -> Exception | None:
     the workers, a module they cannot import; a DataError), to report in one line as the
     driver would have; None for anything else."""
     failures = getattr(error, "worker_failures", None) or {}
-    # Ray Train hands back each worker's exception wrapped with its traceback text.
-    raised = [getattr(failure, "_base_exc", failure) for failure in failures.values()]
+    raised = [ray_internals.worker_error(failure) for failure in failures.values()]
     if not raised or not all(isinstance(e, (ConfigError, DataError)) for e in raised):
         return None
     try:

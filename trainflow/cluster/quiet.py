@@ -86,15 +86,12 @@ def quiet_token_auth_notice() -> None:
 def quiet_worker() -> None:
     """Runs in every Ray worker process of a trainflow run (a ``worker_process_setup_hook``).
 
-    Points Ray's own helpers in the worker at the worker's cluster, has Train's
-    placement-group cleaner ask that cluster's GCS whether a run's controller lives
-    (:func:`~trainflow.ray_internals.answer_cleaner_from_gcs`), and keeps the driver's
-    console to what a user acts on: the records of Ray's loggers that
-    :mod:`trainflow.ray_internals` lists (use 8), the traceback of trainflow's own
-    one-line errors, which the driver reports, and of a lost peer's collateral error
-    (:class:`_NoExpectedTrainErrors`), and the
-    deprecation and tensor warnings that Ray's own internals trip.
-    """
+    Points Ray's helpers in the worker at its own cluster, has Train's placement-group
+    cleaner ask that cluster's GCS whether a controller lives
+    (:func:`~trainflow.ray_internals.answer_cleaner_from_gcs`), and keeps off the console
+    what no user acts on: the records of the loggers :mod:`trainflow.ray_internals` lists
+    (use 8), expected tracebacks (:class:`_NoExpectedTrainErrors`), and the warnings Ray's
+    internals trip."""
     import warnings
 
     import ray
@@ -124,15 +121,12 @@ def quiet_worker() -> None:
 
 
 class _NoExpectedTrainErrors(logging.Filter):
-    """Drops Ray Train's "Error in training function" record of trainflow's ConfigError or
-    DataError (a model module the workers cannot import, say): the driver reports it in one
-    line (``run_training``), and the traceback stays in the worker's log. Also a collective
-    call's error when its peer is gone: the other workers of a group whose worker or node
-    was lost (a preempted node) fail so, Ray Train restarts the group, and the driver logs
-    the resumption. And a report's wait on its run's synchronization actor when the run's
-    controller is gone, so the actor with it, or the placement group the actor ran in: the
-    run was ended from above (a sweep's trial that Tune stopped or PBT paused), which the
-    driver reports."""
+    """Drops Ray Train's "Error in training function" record where the driver reports the
+    failure in one line and the traceback stays in the worker's log: trainflow's ConfigError
+    or DataError; a collective call's error once its peer is gone (a lost worker or node,
+    whose group Ray Train restarts); and a report's wait on its run's synchronization actor
+    once the run's controller or placement group is gone (a trial Tune stopped or PBT
+    paused)."""
 
     # The traceback's last line: the error's qualified class name and message.
     EXPECTED = re.compile(r"trainflow(\.\w+)*\.(ConfigError|DataError): ")

@@ -5,8 +5,8 @@ Nothing else in trainflow or its tests names a private module of Ray's (``ray._p
 ``ray.*._internal``), a private function or attribute, or a switch Ray does not document.
 Each use has a test in ``tests/test_ray_internals.py`` that fails when Ray changes what it
 relies on, and degrades, where Ray moved it, to Ray's own behaviour: slower or noisier,
-never wrong. Checked against Ray 2.60.0 (``pyproject.toml``'s pin). Each use: what it does;
-Ray's names; why no public API does it; what happens where Ray moved it.
+never wrong. Checked against Ray 2.60.0, the pinned release. Each use: what it does;
+Ray's names; why no public API does it; what happens where Ray moves it.
 
 1. The GCS key-value store, for a training's progress rows and a sweep's placement groups
    (:func:`kv_put` ...). ``ray.experimental.internal_kv._internal_kv_*``. The store every
@@ -54,10 +54,10 @@ Ray's names; why no public API does it; what happens where Ray moved it.
     wrapper, and a ConfigError from the workers keeps its traceback.
 17-20. What only trainflow's tests make or read of Ray's internals: in :mod:`.probes`.
 
-Nothing here runs on import, and every Ray import is inside a function: each Ray worker
-of a run imports this module (:func:`trainflow.cluster.quiet.quiet_worker`). The classes
-of uses 9 and 10, which Ray Train's controller unpickles by this name, are made on first
-access (their bases' modules are slow to import)."""
+Nothing here runs on import, and every Ray import is inside a function: every Ray worker
+of a run imports this module (:func:`trainflow.cluster.quiet.quiet_worker`). Uses 9 and
+10's classes, which Ray Train's controller unpickles by this name, are made on first
+access: their bases' modules are slow to import."""
 
 from __future__ import annotations
 

@@ -39,9 +39,8 @@ class LoopHistory:
 
     An epoch's number is the ``epoch`` the loop reports, plus one when the loop counts from
     0 (its first report says 0, as Ray's guide counts); without one, the epoch after the
-    last. A report of an epoch reported before (a worker group restarted from a checkpoint
-    trains it again) replaces that row and every later one.
-    """
+    last. A report of an epoch reported before (a restarted worker group) replaces that row
+    and every later one."""
 
     def __init__(self, rows: list[dict[str, Any]] | None = None, epoch_offset: int | None = None):
         self.rows = list(rows or [])

@@ -30,6 +30,8 @@ import sys
 from common import add_results_arg, ratio, write_section
 from overhead import commands, run_once
 
+from trainflow.ray_internals import switches
+
 TARGET = 3.0  # trainflow's loaded wall time at most this many times its idle one
 BUSY = 2  # busy processes beside a loaded run: one per core on the 2-core machines here
 STEPS = re.compile(r"^steps\s+(.*)$", re.M)
@@ -150,7 +152,7 @@ def main() -> None:
     if args.ray_default:
         cmd, env = cmds["trainflow"]
         runs["trainflow_ray_default_loaded"] = [
-            measure("trainflow_ray_default", cmd, {**env, "RAY_worker_niceness": "15"}, loaded=True)
+            measure("trainflow_ray_default", cmd, {**env, switches.WORKER_NICENESS: "15"}, loaded=True)
         ]
 
     # Each loaded row against the idle runs of its command.

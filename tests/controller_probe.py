@@ -19,6 +19,8 @@ import time
 
 import ray.train
 
+from trainflow import ray_internals
+
 NAMESPACE = "trainflow-tests"
 
 
@@ -45,8 +47,6 @@ class ControllerModules(ray.train.UserCallback):
         self.torch_when_unpickled = "torch" in sys.modules
 
     def after_report(self, run_context, metrics, checkpoint):
-        from ray.experimental.internal_kv import _internal_kv_put
-
         record = {
             "torch": "torch" in sys.modules,
             "torch_when_unpickled": self.torch_when_unpickled,
@@ -54,16 +54,12 @@ class ControllerModules(ray.train.UserCallback):
             "earlier_process": _process_started_since_boot() < self.made - 0.5,
             "pid": os.getpid(),
         }
-        _internal_kv_put(
-            key(run_context.get_run_config().name), json.dumps(record).encode(), namespace=NAMESPACE
-        )
+        ray_internals.kv_put(key(run_context.get_run_config().name), json.dumps(record).encode(), NAMESPACE)
 
 
 def controller_record(run_name: str) -> dict | None:
     """What the run's controller recorded (None: nothing, it never reported)."""
-    from ray.experimental.internal_kv import _internal_kv_get
-
-    value = _internal_kv_get(key(run_name), namespace=NAMESPACE)
+    value = ray_internals.kv_get(key(run_name), NAMESPACE)
     return None if value is None else json.loads(value)
 
 

@@ -11,6 +11,7 @@ time or lazily.
 """
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -288,17 +289,169 @@ def test_trainflows_own_modules_are_imported_under_names_that_say_what_they_are(
     assert short == []
 
 
+TESTS = PACKAGE.parent / "tests"
+# Where Ray's private names may appear: the quarantine, its tests, and this file's patterns.
+QUARANTINE = {PACKAGE / "ray_internals", TESTS / "test_ray_internals.py", Path(__file__).resolve()}
+# Ray's environment variables that its user guides document as settings; any other RAY_* name is
+# an internal switch, set only through trainflow/ray_internals/switches.py.
+RAY_SETTINGS = {
+    "RAY_ADDRESS",  # ray.init's address
+    "RAY_AUTH_MODE",  # token authentication
+    "RAY_AUTH_TOKEN",
+    "RAY_AUTH_TOKEN_PATH",
+    "RAY_USAGE_STATS_ENABLED",  # usage stats
+}
+
+
+def _outside_quarantine() -> list[Path]:
+    paths = [*MODULES.values(), *sorted(TESTS.rglob("*.py"))]
+    return [p for p in paths if not any(p == q or q in p.parents for q in QUARANTINE)]
+
+
 def test_only_ray_internals_names_rays_private_modules_and_attributes():
+    """Outside ``trainflow/ray_internals`` and its test, in trainflow and its tests: no private
+    module of Ray's (``ray._private``, ``*._internal``), no ``from ray... import _name``, no
+    ``ray.x._name``, and no private attribute read by name (``getattr(x, "_name")``; an
+    object's own and the standard library's ``threading`` and ``atexit`` aside: cli/main.py)."""
     import re
 
     private = re.compile(
-        r"ray(\.\w+)*\._(?!_)\w|_internal\b|_internal\.|ray\._private|from ray[\w.]* import _\w"
+        r"ray(\.\w+)*\._(?!_)\w|_internal\b|_internal\.|_private\b|from ray[\w.]* import _\w"
+        r"|getattr\((?!self,|threading,|atexit,)[^,]+, [\"']_(?!_)"
     )
     found = [
-        f"{module}:{number}: {line.strip()}"
-        for module, path in MODULES.items()
-        if module != "trainflow.ray_internals"
+        f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}"
+        for path in _outside_quarantine()
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if private.search(line.split("#")[0])
     ]
-    assert found == [], "move each use into trainflow/ray_internals/__init__.py, with a test"
+    assert found == [], "move each use into trainflow/ray_internals, with a test"
+
+
+def test_only_ray_internals_names_rays_internal_switches():
+    """Outside the quarantine, in trainflow and its tests, no code names a switch of Ray's
+    that :mod:`trainflow.ray_internals.switches` lists, nor any ``RAY_*`` variable Ray does
+    not document as a setting (:data:`RAY_SETTINGS`): as a string, a keyword or an attribute."""
+    import re
+
+    from trainflow.ray_internals import switches
+
+    def offends(name: str) -> bool:
+        undocumented = re.fullmatch(r"RAY_\w+", name) and not any(s.startswith(name) for s in RAY_SETTINGS)
+        return name in switches.NAMES or bool(undocumented)
+
+    found = []
+    for path in _outside_quarantine():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = {
+                ast.Constant: lambda n: [n.value] if isinstance(n.value, str) else [],
+                ast.keyword: lambda n: [n.arg] if n.arg else [],
+                ast.Attribute: lambda n: [n.attr],
+            }.get(type(node), lambda n: [])(node)
+            found += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {n}" for n in names if offends(n)]
+    assert found == [], "name each switch through trainflow/ray_internals/switches.py, with a test"
+
+
+# Words: what a reader of a module, function or comment meets before the code.
+MODULE_WORDS, FUNCTION_WORDS, ENTRY_WORDS, COMMENT_LINES, PARAGRAPH_WORDS = 150, 80, 25, 4, 100
+SECTION = re.compile(r"(Args|Returns|Raises|Yields):")
+USE = re.compile(r"\d+(-\d+)?\. ")  # an item of the quarantine's numbered list of uses
+
+
+def _prose(doc: str, *, quarantine: bool = False) -> tuple[str, list[str]]:
+    """A docstring's prose, and each entry of its Args/Returns/Raises/Yields sections, which
+    are reference (one per parameter) and counted each on its own. In ``ray_internals`` the
+    numbered list of uses is left out: it is the quarantine's register, a few lines per use."""
+    prose, entries, section, use = [], [], False, False
+    for line in doc.splitlines():
+        if not line.startswith(" "):
+            section, use = bool(SECTION.fullmatch(line.strip())), quarantine and bool(USE.match(line))
+            if section or use:
+                continue
+        if use:
+            continue
+        if not section:
+            prose.append(line)
+        elif line.startswith("    ") and not line.startswith("     "):
+            entries.append(line)
+        elif entries:
+            entries[-1] += " " + line
+    return " ".join(prose), entries
+
+
+def test_docstrings_say_it_in_a_few_words():
+    """A module's docstring at most 150 words (the quarantine's list of uses aside), a
+    function's or class's at most 80 (each Args/Returns entry aside, at most 25): what a
+    decision took longer to explain goes to docs/architecture.md or a guide."""
+    long = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        quarantine = module.startswith("trainflow.ray_internals")
+        prose, _ = _prose(ast.get_docstring(tree) or "", quarantine=quarantine)
+        if len(prose.split()) > MODULE_WORDS:
+            long.append(f"{module}: {len(prose.split())} words")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                prose, entries = _prose(ast.get_docstring(node) or "")
+                over = [len(prose.split()) - FUNCTION_WORDS, *(len(e.split()) - ENTRY_WORDS for e in entries)]
+                if max(over) > 0:
+                    long.append(f"{module}.{node.name}: {max(over)} words over")
+    assert long == []
+
+
+def test_comments_are_a_few_lines():
+    """No run of more than four comment lines: a longer why goes to a docstring or the docs."""
+    long = []
+    for module, path in MODULES.items():
+        run = 0
+        for number, line in enumerate([*path.read_text().splitlines(), ""], start=1):
+            if line.strip().startswith("#"):
+                run += 1
+                continue
+            if run > COMMENT_LINES:
+                long.append(f"{module}:{number - run}: {run} lines")
+            run = 0
+    assert long == []
+
+
+def _paragraphs(text: str) -> list[str]:
+    """The page's paragraphs and list items, outside code blocks and tables."""
+    paragraphs, current, fenced = [], [], False
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("```"):
+            fenced = not fenced
+        starts = not line.strip() or line.startswith(("#", "|", "```", "- ")) or re.match(r"\d+\. ", line)
+        if (starts or fenced) and current:
+            paragraphs.append(" ".join(current))
+            current = []
+        if not fenced and line.strip() and not line.startswith(("#", "|", "```")):
+            current.append(line.strip())
+    return paragraphs
+
+
+def test_the_architecture_doc_says_it_in_paragraphs_of_at_most_100_words():
+    long = [p[:60] for p in _paragraphs(DOC.read_text()) if len(p.split()) > PARAGRAPH_WORDS]
+    assert long == []
+
+
+def test_the_architecture_docs_concern_tables_are_one_per_layer():
+    """Under "Where each concern lives", one table per layer (a ``### Layer N`` heading), each
+    row's modules at most that layer, and one of them in it; then one for what is outside
+    ``trainflow/``."""
+    section = DOC.read_text().split("## Where each concern lives", 1)[1].split("\n## ", 1)[0]
+    wrong, layers = [], []
+    for part in section.split("\n### ")[1:]:
+        heading, _, body = part.partition("\n")
+        match = re.match(r"Layer (\d)", heading)
+        layer = int(match.group(1)) if match else None
+        layers.append(layer)
+        for row in (line for line in body.splitlines() if line.startswith("| ") and "---" not in line):
+            where = row.rstrip(" |").rsplit(" | ", 1)[-1]
+            tops = {t.split("/")[0].removesuffix(".py") for t in re.findall(r"`([^`]+)`", where)}
+            found = {LAYERS[t] for t in tops if t in LAYERS}
+            if row.startswith("| concern |"):
+                continue
+            if (layer is None and found) or (layer is not None and (not found or max(found) != layer)):
+                wrong.append(f"{heading}: {row[:60]}")
+    assert [x for x in layers if x is not None] == sorted(set(LAYERS.values())), layers
+    assert wrong == []

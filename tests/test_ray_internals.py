@@ -1,8 +1,8 @@
-"""Each use trainflow makes of Ray's private modules and attributes, one test per use
-numbered as in :mod:`trainflow.ray_internals`' docstring: when a Ray release changes what
-a use relies on (a module, attribute or function gone, a signature or behaviour changed),
-its test fails and names it. Each exercises the real thing, on the session's Ray cluster
-where it needs one."""
+"""Each use trainflow and its tests make of Ray's private modules, attributes and internal
+switches, one test per use numbered as in :mod:`trainflow.ray_internals`' docstring: when a
+Ray release changes what a use relies on (a module, attribute, function or switch gone, a
+signature or behaviour changed), its test fails and names it. Each exercises the real
+thing, on the session's Ray cluster where it needs one."""
 
 import dataclasses
 import importlib
@@ -19,6 +19,7 @@ import uuid
 import pytest
 
 from trainflow import ray_internals
+from trainflow.ray_internals import errors, probes, switches
 
 NAMESPACE = "trainflow-test-ray-internals"
 
@@ -456,6 +457,169 @@ def test_the_gcs_of_a_cluster_with_token_auth_refuses_a_call_without_one(ray_clu
         assert wants_token(f"ray://127.0.0.1:{s.getsockname()[1]}", timeout_s=1) is None
 
 
+# 13. Ray core's switches.
+
+
+def _raylet_binary() -> str:
+    import ray
+
+    return os.path.join(os.path.dirname(ray.__file__), "core", "src", "ray", "raylet", "raylet")
+
+
+@pytest.mark.parametrize("name", switches.RAYLET_FLAGS)
+def test_each_raylet_switch_is_a_system_config_flag_the_raylet_reads_from_the_environment(name):
+    """The raylet reads each of its system-config flags from ``RAY_<flag>``; the name is in
+    its binary as it reads it."""
+    import mmap
+
+    with open(_raylet_binary(), "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as raylet:
+        assert raylet.find(name.encode() + b"\0") >= 0, f"Ray's raylet no longer reads {name}"
+
+
+def test_the_worker_niceness_switch_is_the_one_rays_job_manager_sets():
+    from ray._private import ray_constants
+
+    assert ray_constants.RAY_WORKER_NICENESS == switches.WORKER_NICENESS
+
+
+def test_a_local_cluster_has_the_resources_the_override_switch_names(monkeypatch):
+    monkeypatch.setenv(switches.OVERRIDE_RESOURCES, '{"CPU": 3, "GPU": 0}')
+    total = ray_internals.local_cluster_resources()
+    assert total is not None and total["CPU"] == 3 and total.get("GPU", 0) == 0, total
+
+
+# 14. Ray Train's and Tune's switches.
+
+
+def test_ray_train_reads_each_switch_and_hands_the_workers_those_it_must():
+    from ray.train.v2._internal import constants
+
+    names = {value for name, value in vars(constants).items() if name.endswith("_ENV_VAR")}
+    train = {
+        switches.TRAIN_HEALTH_CHECK_INTERVAL,
+        switches.TRAIN_PREEMPTION_WATCHER,
+        switches.TRAIN_PREEMPTION_POLL_INTERVAL,
+        switches.TRAIN_WORKER_GROUP_START_TIMEOUT,
+    }
+    assert train <= names, train - names
+    assert train <= constants.ENV_VARS_TO_PROPAGATE, train - constants.ENV_VARS_TO_PROPAGATE
+
+
+def test_tunes_new_output_engine_is_off_under_its_switch(monkeypatch):
+    from ray.tune.experimental.output import AirVerbosity, get_air_verbosity
+
+    monkeypatch.setenv(switches.TUNE_NEW_OUTPUT, "1")
+    assert get_air_verbosity(0) is AirVerbosity.SILENT
+    monkeypatch.setenv(switches.TUNE_NEW_OUTPUT, "0")
+    assert get_air_verbosity(0) is None  # Tune's legacy reporter, silent at verbose=0
+
+
+# 15. Ray Data's first Parquet datasource.
+
+
+def test_the_first_parquet_datasource_reads_without_listing_and_the_flag_is_put_back(ray_cluster, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import ray.data
+
+    pq.write_table(pa.table({"x": [1, 2, 3]}), tmp_path / "part.parquet")
+    context = ray.data.DataContext.get_current()
+    before = getattr(context, switches.DATASOURCE_V2)
+    with switches.parquet_datasource_v1():
+        assert getattr(context, switches.DATASOURCE_V2) is False
+        dataset = ray.data.read_parquet(str(tmp_path))
+    assert getattr(context, switches.DATASOURCE_V2) == before
+    stats = dataset.materialize().stats()
+    assert "ReadParquet" in stats and "ListFiles" not in stats, stats
+
+
+# 16. A worker's own exception.
+
+
+def test_a_workers_exception_is_unwrapped_from_what_ray_train_hands_the_driver():
+    error = ValueError("on a worker")
+    try:
+        raise error
+    except ValueError as e:
+        wrapped = probes.train_function_failed(e)
+    assert wrapped is not error and errors.worker_error(wrapped) is error
+    assert errors.worker_error(error) is error
+
+
+# 17. Ray Train's errors, as its controller and workers make them.
+
+
+def test_ray_trains_errors_are_made_as_ray_makes_them():
+    timeout = probes.worker_group_startup_timeout(num_workers=2)
+    assert type(timeout).__name__ == "WorkerGroupStartupTimeoutError", type(timeout)
+    assert "2 workers" in str(timeout), timeout
+
+
+# 18. Every actor a cluster has recorded.
+
+
+def test_the_actors_of_a_cluster_include_the_ended_ones(ray_cluster):
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class TrainflowProbeActor:
+        def ready(self) -> bool:
+            return True
+
+    def probes_recorded() -> int:  # a class's qualified name: <locals> for this one
+        return sum(name.rpartition(".")[2] == "TrainflowProbeActor" for name in probes.actor_class_names())
+
+    before = probes_recorded()
+    actor = TrainflowProbeActor.remote()
+    ray.get(actor.ready.remote())
+    ray.kill(actor)
+    assert probes_recorded() == before + 1
+
+
+# 19. The workers' lines as they reach the driver.
+
+
+def test_a_handler_receives_the_workers_lines_within_its_block(ray_cluster):
+    import threading
+
+    import ray
+
+    marker, arrived, got = uuid.uuid4().hex, [], threading.Event()
+
+    def receive(data: dict) -> None:
+        arrived.extend(data["lines"])
+        if any(marker in line for line in data["lines"]):
+            got.set()
+
+    @ray.remote(num_cpus=0)
+    def say(text: str) -> None:
+        print(text, flush=True)
+
+    with probes.worker_output_handler("trainflow-test", receive):
+        ray.get(say.remote(marker))
+        assert got.wait(120), arrived
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    assert "trainflow-test" not in [name for name, _ in dispatcher.handlers]
+
+
+# 20. Ray's worker setup script.
+
+
+def test_rays_worker_setup_script_is_the_one_a_nodes_setup_worker_path_replaces():
+    from ray._private import ray_constants
+    from ray._private.parameter import RayParams
+
+    script = probes.setup_worker_script()
+    default_worker = importlib.util.find_spec("ray._private.workers.default_worker").origin
+    assert os.path.isfile(script) and os.path.basename(script) == ray_constants.SETUP_WORKER_FILENAME
+    assert os.path.dirname(script) == os.path.dirname(default_worker)
+    assert "setup_worker_path" in inspect.signature(RayParams).parameters
+
+
+# 21. A local node's start-up wait.
+
+
 def test_a_local_node_that_misses_its_start_up_wait_raises_what_trainflow_reads():
     """The message trainflow turns into its one line (cluster.session) is still the one
     Ray's node raises when its raylet does not register in time."""
@@ -464,4 +628,4 @@ def test_a_local_node_that_misses_its_start_up_wait_raises_what_trainflow_reads(
     from ray._private import node
 
     source = " ".join(inspect.getsource(node.Node).split()).replace('" "', "")  # its string's parts joined
-    assert ray_internals.NODE_START_TIMEOUT in source
+    assert errors.NODE_START_TIMEOUT in source

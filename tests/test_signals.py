@@ -54,8 +54,8 @@ def test_from_a_ctrl_c_on_the_workers_output_stays_off_the_console_until_the_nex
     import signal
 
     import ray
-    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
+    from trainflow.ray_internals.probes import worker_output_handler
     from trainflow.signals import stop_on_signals
 
     arrived: list[str] = []
@@ -81,8 +81,7 @@ def test_from_a_ctrl_c_on_the_workers_output_stays_off_the_console_until_the_nex
         raise KeyboardInterrupt
 
     stopped = tmp_path / "stopped"
-    dispatcher.add_handler("test-receive", receive)
-    try:
+    with worker_output_handler("test-receive", receive):
         task = prints.remote("worker line before the stop", "worker line after the stop", str(stopped))
         with pytest.raises(KeyboardInterrupt), stop_on_signals():
             signal.signal(signal.SIGINT, interrupt)
@@ -108,8 +107,6 @@ def test_from_a_ctrl_c_on_the_workers_output_stays_off_the_console_until_the_nex
             printed += shown.out + shown.err
             time.sleep(0.02)
         assert "worker line of the next call" in printed
-    finally:
-        dispatcher.remove_handler("test-receive")
 
 
 def test_a_ctrl_c_during_start_up_is_raised_at_its_end_not_where_it_lands():

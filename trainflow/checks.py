@@ -1,21 +1,16 @@
 """The checks before a run starts: what can fail in seconds, in one line, before Prefect's
 server and Ray start and before any Ray worker runs.
 
-A training or sweep run checks its sweep section, its model (``model.kind`` and
-``model.weights``), a loss, metrics and a training loop of the user's own, its data
-source (columns and types; no rows read) and what it asks of the cluster: the local
-cluster it would start (GPUs, CPUs), or that something answers at a cluster's address
-(:func:`before_run`). A batch prediction checks the model reference, its input (every
-feature column the model needs) and output, and the cluster (:func:`before_predict`).
-A reproduction of a registered version checks that its config can be rebuilt exactly and
-that its data and code are still what it was trained on, then checks as a training run
+A training or sweep run checks its sweep section, its model, the user's loss, metrics and
+loop, its data source (columns and types; no rows read) and what it asks of the cluster
+(:func:`before_run`). A batch prediction checks the model reference, its input and output,
+and the cluster (:func:`before_predict`). A reproduction checks that the version's config
+rebuilds exactly and that its data and code are unchanged, then checks as a training run
 (:func:`before_reproduce`).
 
-Each run checks once. The ``trainflow`` command checks before it starts anything, so that
-a mistake costs seconds, and hands what it found to the flow run it starts (the flows'
-``checked`` parameter); a flow run started any other way (a deployment, a schedule,
-Python) checks for itself.
-"""
+Each run checks once: the ``trainflow`` command before it starts anything, handing what
+it found to the flow (its ``checked`` parameter); a flow started any other way checks for
+itself."""
 
 from __future__ import annotations
 

@@ -39,11 +39,10 @@ TIMEOUT_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 _STARTUP_FAILED = 3
 
 
-# The server's process: uvicorn, ended by the kernel when the command that started it
-# dies however it dies (PR_SET_PDEATHSIG, Linux), since it is in a session of its own.
-# The kernel sends it when the thread that started the server ends: commands start it
-# in their main thread. Elsewhere (macOS) the command's own stop ends it, a SIGKILL does
-# not. argv: the command's pid, then uvicorn's arguments.
+# The server's process: uvicorn, in a session of its own, ended by the kernel however its
+# command dies (PR_SET_PDEATHSIG, Linux; sent when the starting thread ends, so commands
+# start it in their main thread). Elsewhere (macOS) only the command's own stop ends it.
+# argv: the command's pid, then uvicorn's arguments.
 _ENDS_WITH_PARENT = """
 import ctypes, os, runpy, signal, sys
 parent = int(sys.argv[1])

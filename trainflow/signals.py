@@ -71,20 +71,14 @@ def raise_if_interrupted() -> None:
 
 @contextmanager
 def stop_on_signals() -> Iterator[None]:
-    """Around a blocking Ray call in the main thread (a training's ``fit()``), a stop
-    signal ends it as Python would without Ray in the way.
+    """Around a blocking Ray call in the main thread (a training's ``fit()``), a stop signal
+    ends it as Python would without Ray in the way.
 
-    SIGTERM ends it as SystemExit(143). Prefect's SIGTERM handler, in force during a
-    flow run, raises its own TerminationSignal, which ``ray.get`` swallows: without this,
-    a SIGTERM to the driver alone (Kubernetes, Docker, a Prefect worker's cancellation)
-    would wait for the training to end by itself.
-
-    Ctrl-C (SIGINT) ends it as KeyboardInterrupt. Ray Train's own SIGINT handler, which
-    ``fit()`` installs, aborts the run's controller (its workers stop, its checkpoints
-    stay) and then ends the call as SystemExit(1), which reads as a crash; its handler is
-    put back to what it was once the call ends. From the Ctrl-C on, the console no longer
-    shows what the run's workers print while they are torn down: the stop ends in the
-    command's one line; the next call shows their output again."""
+    SIGTERM raises SystemExit(143): Prefect's handler raises a TerminationSignal that
+    ``ray.get`` swallows, so a SIGTERM to the driver alone would wait for training to end.
+    Ctrl-C raises KeyboardInterrupt instead of Ray Train's SystemExit(1), after its handler
+    aborts the controller (checkpoints stay); the workers' output stays off the console until
+    the next call. docs/guides/faults-and-resume.md."""
     raise_if_interrupted()
     if threading.current_thread() is not threading.main_thread():
         yield

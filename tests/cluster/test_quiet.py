@@ -11,12 +11,13 @@ def test_a_workers_traceback_of_trainflows_own_errors_stays_in_its_log(caplog):
     as what ended it, so the worker's hook drops those."""
     from ray.core.generated.common_pb2 import ActorDiedErrorContext
     from ray.exceptions import ActorDiedError
-    from ray.train.v2._internal.util import construct_user_exception_with_traceback
 
+    from trainflow import ray_internals
     from trainflow.cluster.quiet import _NoExpectedTrainErrors
     from trainflow.config import ConfigError
+    from trainflow.ray_internals.probes import train_function_failed
 
-    logger = logging.getLogger("ray.train.v2._internal.util")
+    logger = logging.getLogger(ray_internals.TRAIN_ERRORS_LOGGER)
     logger.addFilter(only := _NoExpectedTrainErrors())
     logger.addHandler(caplog.handler)  # Ray's loggers may not propagate to the root's
     try:
@@ -56,7 +57,7 @@ def test_a_workers_traceback_of_trainflows_own_errors_stays_in_its_log(caplog):
             try:
                 raise error
             except Exception as e:  # noqa: BLE001
-                construct_user_exception_with_traceback(e)
+                train_function_failed(e)
     finally:
         logger.removeFilter(only)
         logger.removeHandler(caplog.handler)
@@ -67,16 +68,15 @@ def test_a_workers_traceback_of_trainflows_own_errors_stays_in_its_log(caplog):
 def test_a_worker_group_that_did_not_start_in_time_is_one_warning_line(caplog):
     """An elastic run that shrinks first tries the size it had: Ray Train's controller logs
     the timeout with a traceback and tries again; the hook keeps one line of it."""
-    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
-
     from trainflow import ray_internals
     from trainflow.cluster.quiet import _StartupTimeoutInOneLine
+    from trainflow.ray_internals.probes import worker_group_startup_timeout
 
     logger = logging.getLogger(ray_internals.TRAIN_CONTROLLER_LOGGER)
     logger.addFilter(only := _StartupTimeoutInOneLine())
     logger.addHandler(caplog.handler)  # Ray's loggers may not propagate to the root's
     try:
-        for error in (WorkerGroupStartupTimeoutError(num_workers=2), RuntimeError("a bug")):
+        for error in (worker_group_startup_timeout(num_workers=2), RuntimeError("a bug")):
             try:
                 raise error
             except Exception as e:  # noqa: BLE001

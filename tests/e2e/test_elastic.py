@@ -18,6 +18,7 @@ import pytest
 
 from tests.e2e.multinode import local_cluster, trainflow_command, wait_for_line
 from tests.e2e.test_cluster import ray_node
+from trainflow.ray_internals import switches
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +51,7 @@ def test_an_elastic_run_grows_when_a_node_joins_and_trains_on_when_it_is_preempt
     # The head: 2 CPUs (a worker's half CPU and Ray Data's one) and one "trainer". When a
     # node is lost, Ray Train may first try to start the group at its old size; the
     # variable ends that try sooner than Ray's 60 s (read by the controller, on the cluster).
-    head = local_cluster(2, {"trainer": 1}, RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="10")
+    head = local_cluster(2, {"trainer": 1}, **{switches.TRAIN_WORKER_GROUP_START_TIMEOUT: "10"})
     with head as cluster:
         epochs = 100
         log = tmp_path / "elastic.log"

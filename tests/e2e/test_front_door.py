@@ -10,7 +10,7 @@ import pytest
 
 from tests.e2e.test_cli import trainflow
 from trainflow.prefect_server import PrefectServerError, TemporaryServer
-from trainflow.ray_internals import local_cluster_resources
+from trainflow.ray_internals import local_cluster_resources, switches
 
 # A Prefect log line, as its console handler writes one: "04:22:49.465 | INFO    | ...".
 PREFECT_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d{3} \| (\w+) +\| ")
@@ -83,7 +83,7 @@ def test_predict_on_a_gpu_the_machine_lacks_fails_in_one_line_before_anything_st
 ):
     """`trainflow predict --gpu` where the local cluster would have no GPU (Ray Data would
     wait for one forever): refused before Prefect or Ray start. The machine's GPUs are
-    overridden to none, the way Ray reads RAY_OVERRIDE_RESOURCES, so this runs anywhere."""
+    overridden to none (Ray's ``switches.OVERRIDE_RESOURCES``), so this runs anywhere."""
     import pandas as pd
 
     from tests.pipelines.test_registry import make_checkpoint, register
@@ -93,7 +93,7 @@ def test_predict_on_a_gpu_the_machine_lacks_fails_in_one_line_before_anything_st
     pd.DataFrame({"a": [0.5], "b": [1.0]}).to_parquet(tmp_path / "rows.parquet")
     out = trainflow(
         "predict", "toy@champion", str(tmp_path / "rows.parquet"), str(tmp_path / "out"), "--gpu",
-        home=trainflow_home, env={"RAY_OVERRIDE_RESOURCES": '{"GPU": 0}'},
+        home=trainflow_home, env={switches.OVERRIDE_RESOURCES: '{"GPU": 0}'},
     )  # fmt: skip
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip() == (

@@ -20,6 +20,7 @@ import pytest
 
 from tests.e2e.multinode import local_cluster, trainflow_command, wait_for_line, wait_for_node
 from tests.e2e.test_cluster import ray_node
+from trainflow.ray_internals import switches
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +62,7 @@ def test_a_node_preempted_with_notice_is_saved_from_mid_epoch_and_the_run_goes_o
     hold.touch()
     # The head: 2 CPUs (the controller, Ray Data) and no training slot. Ray Train's
     # preemption watcher polls each second instead of every 5.
-    with local_cluster(2, {}, RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S="1") as cluster:
+    with local_cluster(2, {}, **{switches.TRAIN_PREEMPTION_POLL_INTERVAL: "1"}) as cluster:
         slot = cluster.node_args(1, {"trainer": 1})
         with ray_node(slot, cluster.env, tmp_path / "a.log") as node:
             wait_for_node(tmp_path / "a.log", node)  # the run's preflight finds its slot

@@ -99,14 +99,11 @@ def test_a_killed_driver_is_resumed_from_its_last_checkpoint(
     record = json.loads((run / "trainflow-run.json").read_text())
     assert record["status"] == "completed"
     # The killed driver's progress rows, which it could not delete, are gone from the cluster.
-    from ray.experimental.internal_kv import _internal_kv_list
-
+    from trainflow import ray_internals
     from trainflow.pipelines.training.progress import PROGRESS_NAMESPACE, PROGRESS_PREFIX
 
-    assert (
-        _internal_kv_list(f"{PROGRESS_PREFIX}trainflow-progress-{run.name}-", namespace=PROGRESS_NAMESPACE)
-        == []
-    )
+    prefix = f"{PROGRESS_PREFIX}trainflow-progress-{run.name}-"
+    assert ray_internals.kv_list(prefix, PROGRESS_NAMESPACE) == []
 
     # One history, the killed driver's epochs and the resumed ones: the same Ray run went
     # on. That a resumed training equals an uninterrupted one, epoch by epoch, is

@@ -82,7 +82,7 @@ def unshare_args() -> list[str] | None:
 
 
 def test_a_node_that_does_not_see_the_cache_fails_preflight_naming_both(tmp_path):
-    import ray
+    from trainflow.ray_internals.probes import setup_worker_script
 
     args = unshare_args()
     if args is None:
@@ -98,7 +98,7 @@ def test_a_node_that_does_not_see_the_cache_fails_preflight_naming_both(tmp_path
             unshare=", ".join(repr(a) for a in args),
             local=str(local),
             hidden=str(hidden),
-            ray_setup=str(Path(ray.__file__).parent / "_private" / "workers" / "setup_worker.py"),
+            ray_setup=setup_worker_script(),
         )
     )
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "TRAINFLOW_HOME")}

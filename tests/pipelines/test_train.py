@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from tests.controller_probe import ControllerModules, controller_imported_torch, controller_record
+from trainflow import ray_internals
 from trainflow.config import ConfigError, DataConfig, PipelineConfig, PreprocessConfig, load_config
 from trainflow.pipelines.data.entry import read_split_batches, split_bytes
 from trainflow.pipelines.data.prepare import prepare
@@ -221,9 +222,9 @@ def fit(splits, storage, run_name=None, ray_callbacks=(), **train):
 
 def dataset_managers() -> int:
     """Ray Train's dataset-manager actors this cluster has started, alive or ended."""
-    import ray._private.state
+    from trainflow.ray_internals.probes import actor_class_names
 
-    return sum(a["ActorClassName"] == "DatasetManager" for a in ray._private.state.actors().values())
+    return actor_class_names().count("DatasetManager")
 
 
 def autoscaling_coordinator():
@@ -249,8 +250,6 @@ def without_autoscaling_coordinator() -> None:
 
 
 def test_progress_rows_arrive_in_order_once_each_and_are_deleted_after(ray_cluster):
-    from ray.experimental.internal_kv import _internal_kv_list
-
     name = f"test-progress-{uuid.uuid4().hex[:8]}"
     rank0, rank1 = ProgressLog(name, 0), ProgressLog(name, 1)
     rows = []
@@ -276,7 +275,7 @@ def test_progress_rows_arrive_in_order_once_each_and_are_deleted_after(ray_clust
     assert math.isnan(rows[2]["loss"]) and rows[3]["step"] == 2
     assert [w["rank"] for w in progress.workers] == [0, 1] and progress.nodes == ["node-a", "node-b"]
     assert progress.starts == [0] and progress.sizes == [2]
-    assert _internal_kv_list(f"trainflow/progress/{name}/", namespace=PROGRESS_NAMESPACE) == []
+    assert ray_internals.kv_list(f"trainflow/progress/{name}/", PROGRESS_NAMESPACE) == []
 
 
 def test_a_progress_row_outlives_the_worker_killed_right_after_writing_it(ray_cluster):
@@ -383,13 +382,9 @@ def test_a_streamed_split_lists_its_files_once_not_at_every_epoch(prepared):
     """Each epoch executes a streamed split anew: read with Ray Data's first Parquet
     datasource, its footers are read once when the Dataset is made, and an execution runs
     only the read tasks (Ray 2.60's default datasource lists the files, on actors it starts
-    for it, at every execution). The caller's DataContext is left as it was."""
-    import ray.data
-
-    context = ray.data.DataContext.get_current()
-    before = context.use_datasource_v2
+    for it, at every execution). The caller's DataContext is left as it was
+    (tests/test_ray_internals.py)."""
     dataset = prepared.dataset("train")
-    assert context.use_datasource_v2 == before
     stats = dataset.materialize().stats()  # what one epoch executes
     assert "ReadParquet" in stats and "ListFiles" not in stats, stats
 
@@ -480,8 +475,6 @@ def test_a_streamed_train_split_validates_on_the_whole_val_split_and_early_stopp
 def test_a_run_reports_its_progress_picks_its_best_checkpoint_and_resumes_exactly_after_losing_a_worker(
     splits, tmp_path
 ):
-    from ray.experimental.internal_kv import _internal_kv_list
-
     # Dropout, SGD momentum, a cosine schedule with warm-up: all of it must resume.
     settings = dict(
         epochs=3, optimizer="sgd", lr=0.05, scheduler="cosine", warmup_epochs=1, deterministic=True
@@ -524,7 +517,7 @@ def test_a_run_reports_its_progress_picks_its_best_checkpoint_and_resumes_exactl
     best = max(straight, key=lambda r: r["val_accuracy"])
     assert result.best_metrics["epoch"] == best["epoch"] and "history" not in result.best_metrics
     assert load_checkpoint(result.best_checkpoint).metrics["epoch"] == best["epoch"]
-    assert _internal_kv_list("trainflow/progress/", namespace=PROGRESS_NAMESPACE) == []
+    assert ray_internals.kv_list("trainflow/progress/", PROGRESS_NAMESPACE) == []
 
     # The same run, its rank 1 killed after epoch 2 of 3 was collected (tests/faults.py
     # waits for it): the restart resumes from epoch 2's checkpoint and trains the last

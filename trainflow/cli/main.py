@@ -17,14 +17,11 @@ click_command = typer.main.get_command(app)
 def _exit_without_teardown(code: int) -> None:
     """End the process as the interpreter would, less its teardown.
 
-    What the interpreter does first is done here: wait for the threads that are not
-    daemons, then run every exit hook (Ray's shutdown, the stop of Prefect's server with
-    every log and event sent, logging's flush, the timeline's last mark). What it would
-    do next, free every module and object of a process that imported torch, Ray, Prefect
-    and MLflow, writes nothing and is the longest phase of a command's exit (see
-    benchmarks/results.md, overhead: from the last exit hook to the command's exit).
-    Where this Python lacks those hooks, the process ends the usual way.
-    """
+    Done here: wait for the threads that are not daemons, then run every exit hook (Ray's
+    shutdown, Prefect's server stopped with its logs sent, logging's flush, the timeline's
+    last mark). Skipped: freeing every module and object, which writes nothing and is the
+    longest phase of a command's exit (benchmarks/results.md, overhead). Where this Python
+    lacks those hooks, the process ends the usual way."""
     import atexit
     import os
     import threading

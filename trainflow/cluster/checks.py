@@ -99,12 +99,10 @@ def check_versions(
     modules: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """PreflightError unless a worker of the cluster at ``address``, started with the job's
-    runtime_env (trainflow shipped), runs this driver's Python (major.minor), Ray and
-    torch: a model pickled by one torch and loaded by another, or a Ray worker of another
-    release, fails mid-run or worse. With ``modules`` (the user's modules, shipped with
-    the job, each with the config field that names it), also unless that worker imports
-    each: what they import in turn must be installed on the cluster, and Train's workers
-    would each fail on it. Returns what the worker reported."""
+    runtime_env, runs this driver's Python (major.minor), Ray and torch: another torch or Ray
+    release fails mid-run or worse. With ``modules`` (the user's shipped modules, each with
+    the config field naming it), also unless that worker imports each, so what they import
+    is installed there. Returns what the worker reported."""
     import ray
     from ray.exceptions import GetTimeoutError, RayError
 
@@ -186,13 +184,11 @@ def _write_markers(folders: dict[str, str], token: str) -> dict[str, str]:
 def check_shared(
     folders: dict[str, str], nodes: dict[str, str] | None = None, timeout_s: float = 120.0
 ) -> None:
-    """PreflightError, naming the folder and the node, unless a task pinned on each alive
-    node of the cluster writes a marker into each of ``folders`` (name: path or URI) that
-    this driver then reads back. Ray Train writes checkpoints from the node of worker rank
-    0 and reads them wherever the next worker group lands; preparing writes the cache from
-    any node and training reads it from others; this driver reads both. Nothing is
-    checked on a single node, which shares its own disk. ``nodes``: node id to address,
-    the alive nodes (:func:`alive_nodes`) when not given."""
+    """PreflightError, naming the folder and the node, unless a task pinned on each alive node
+    writes a marker into each of ``folders`` (name: path or URI) that this driver reads back:
+    checkpoints and the cache are written on one node and read on others. A single node is
+    not checked. ``nodes``: node id to address; by default the alive nodes
+    (:func:`alive_nodes`)."""
     import secrets
 
     import ray

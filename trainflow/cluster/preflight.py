@@ -114,15 +114,12 @@ def _worker_bundles(scaling: ScalingSection) -> list[dict[str, float]]:
 
 
 def preflight(config: PipelineConfig, logger: logging.Logger | logging.LoggerAdapter = log) -> PipelineConfig:
-    """Fail now, with what to change, when the cluster cannot run the training workers;
-    return the config to run (its scaling shrunk when the config allows it, said once per
-    session). Then what a cluster needs beyond resources (``checks.check_cluster``).
-
-    Ray's own behaviour is to wait: for GPUs that do not exist, or for CPUs that the
-    training workers and Ray Data both need. A wait without end is worse than an error.
-    On an autoscaling cluster, ``scaling.wait_for_resources_s`` asks the autoscaler for
-    the workers' resources and waits that long for them to appear.
-    """
+    """Fail now, with what to change, when the cluster cannot run the training workers, where
+    Ray would wait without end (for GPUs that do not exist, or CPUs the workers and Ray Data
+    both need); return the config to run (its scaling shrunk when the config allows it, said
+    once per session). Then what a cluster needs beyond resources (``checks.check_cluster``).
+    On an autoscaling cluster, ``scaling.wait_for_resources_s`` waits that long for the
+    autoscaler."""
     import ray
 
     scaling = config.scaling

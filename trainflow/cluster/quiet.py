@@ -10,6 +10,7 @@ import re
 import sys
 
 from trainflow import ray_internals
+from trainflow.ray_internals import switches
 
 # Set for trainflow's own processes and handed to every Ray worker. Each one is a
 # default: a value already in the environment wins.
@@ -20,15 +21,14 @@ QUIET_ENV = {
     # Each ray.train.report() waits about one controller poll, so Ray's default interval
     # (2 s) adds up over a run's epochs. The controller polls every worker at this rate:
     # on a cluster of hundreds of workers, set it higher.
-    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.05",
+    switches.TRAIN_HEALTH_CHECK_INTERVAL: "0.05",
     # Against an MLflow server, MLflow prints each ended run's and its experiment's URLs on
     # stdout; trainflow's summary links the registered version.
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
-    # Ray Tune's console output engine prints its experiment box, the results folder and a
-    # TensorBoard command even at verbose=0; its legacy reporter prints nothing there, and
-    # a sweep logs each trial itself. In the job's workers too: through Ray Client, Tune's
-    # loop runs in an actor on the cluster.
-    "RAY_AIR_NEW_OUTPUT": "0",
+    # Tune's output engine prints its experiment box and a TensorBoard command even at
+    # verbose=0; its legacy reporter prints nothing, and a sweep logs each trial itself. In
+    # the workers too: through Ray Client, Tune's loop runs in an actor on the cluster.
+    switches.TUNE_NEW_OUTPUT: "0",
     # MLflow retries a call to its server 7 times with backoff, about 4 minutes, and the
     # register step is retried twice more: a server that went down is reported in about a
     # minute instead of twelve.
@@ -46,19 +46,16 @@ LOCAL_CLUSTER_ENV = {
     # Train V2's preemption watcher (an early warning that a node is being drained)
     # starts an actor that Ray core reports as an ERROR line on every run (ray issue
     # 53727); one local node is never drained.
-    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
-    # Ray starts as many idle workers as the node has CPUs when the first driver connects,
-    # and a run uses none of them: Ray Train gives its controller and workers a
-    # runtime_env of their own, which an idle worker started without it cannot take, and a
-    # small input is prepared in the driver. Each is a process that imports Ray; a task
-    # that needs a worker starts one.
-    "RAY_prestart_worker_first_driver": "0",
-    # Ray starts its workers 15 steps below the process that started the cluster in CPU
-    # priority, so any ordinary process on the machine (an editor, another flow, a test
-    # runner) takes the CPU from training first. A run's workers are the run's own work:
-    # they keep the driver's priority, as Ray's job manager gives a job's driver. A cluster
-    # of the user's own keeps Ray's setting (docs/guides/clusters.md).
-    "RAY_worker_niceness": "0",
+    switches.TRAIN_PREEMPTION_WATCHER: "0",
+    # Ray starts an idle worker per CPU when the first driver connects, and a run uses
+    # none: Ray Train's actors have a runtime_env of their own, which an idle worker cannot
+    # take, and a small input is prepared in the driver. A task that needs a worker starts one.
+    switches.PRESTART_WORKERS: "0",
+    # Ray starts its workers 15 steps of CPU priority below the cluster's starter, so any
+    # other process takes the CPU from training first. A run's workers keep the driver's
+    # priority, as Ray's job manager gives a job's driver; a cluster of the user's own keeps
+    # Ray's setting (docs/guides/clusters.md).
+    switches.WORKER_NICENESS: "0",
 }
 
 
@@ -89,15 +86,12 @@ def quiet_token_auth_notice() -> None:
 def quiet_worker() -> None:
     """Runs in every Ray worker process of a trainflow run (a ``worker_process_setup_hook``).
 
-    Points Ray's own helpers in the worker at the worker's cluster, has Train's
-    placement-group cleaner ask that cluster's GCS whether a run's controller lives
-    (:func:`~trainflow.ray_internals.answer_cleaner_from_gcs`), and keeps the driver's
-    console to what a user acts on: the records of Ray's loggers that
-    :mod:`trainflow.ray_internals` lists (use 8), the traceback of trainflow's own
-    one-line errors, which the driver reports, and of a lost peer's collateral error
-    (:class:`_NoExpectedTrainErrors`), and the
-    deprecation and tensor warnings that Ray's own internals trip.
-    """
+    Points Ray's helpers in the worker at its own cluster, has Train's placement-group
+    cleaner ask that cluster's GCS whether a controller lives
+    (:func:`~trainflow.ray_internals.answer_cleaner_from_gcs`), and keeps off the console
+    what no user acts on: the records of the loggers :mod:`trainflow.ray_internals` lists
+    (use 8), expected tracebacks (:class:`_NoExpectedTrainErrors`), and the warnings Ray's
+    internals trip."""
     import warnings
 
     import ray
@@ -130,15 +124,12 @@ def quiet_worker() -> None:
 
 
 class _NoExpectedTrainErrors(logging.Filter):
-    """Drops Ray Train's "Error in training function" record of trainflow's ConfigError or
-    DataError (a model module the workers cannot import, say): the driver reports it in one
-    line (``run_training``), and the traceback stays in the worker's log. Also a collective
-    call's error when its peer is gone: the other workers of a group whose worker or node
-    was lost (a preempted node) fail so, Ray Train restarts the group, and the driver logs
-    the resumption. And a report's wait on its run's synchronization actor when the run's
-    controller is gone, so the actor with it, or the placement group the actor ran in: the
-    run was ended from above (a sweep's trial that Tune stopped or PBT paused), which the
-    driver reports."""
+    """Drops Ray Train's "Error in training function" record where the driver reports the
+    failure in one line and the traceback stays in the worker's log: trainflow's ConfigError
+    or DataError; a collective call's error once its peer is gone (a lost worker or node,
+    whose group Ray Train restarts); and a report's wait on its run's synchronization actor
+    once the run's controller or placement group is gone (a trial Tune stopped or PBT
+    paused)."""
 
     # The traceback's last line: the error's qualified class name and message.
     EXPECTED = re.compile(r"trainflow(\.\w+)*\.(ConfigError|DataError): ")

@@ -29,8 +29,9 @@ from trainflow.cluster.watch import (
     watch_local_cluster,
 )
 from trainflow.config import PipelineConfig
-from trainflow.ray_internals import NODE_START_TIMEOUT, drop_worker_noise
+from trainflow.ray_internals import drop_worker_noise
 from trainflow.ray_internals.client import with_setup_hook
+from trainflow.ray_internals.errors import NODE_START_TIMEOUT
 from trainflow.timeline import timeline
 
 log = logging.getLogger("trainflow")
@@ -254,11 +255,10 @@ def on_the_cluster(fn: Callable[..., T], *args, **kwargs) -> T:
 
 @contextmanager
 def driver_side(fn: Callable[[T], None]) -> Iterator[Callable[[T], None]]:
-    """``fn``, callable from what Ray runs on this driver's behalf: ``fn`` itself, or, when
-    this process reaches its cluster through Ray Client (where Ray Tune's driver loop runs
-    in an actor on the cluster, and a callback handed to it runs there, without this
-    process's Prefect run or console), a function that queues its argument (a Ray queue, an
-    actor of no CPU) for a thread of this process, which calls ``fn`` with each in order.
+    """``fn``, callable from what Ray runs on this driver's behalf: ``fn`` itself, or, through
+    Ray Client (where Tune's driver loop and its callbacks run in an actor on the cluster,
+    without this process's Prefect run or console), a function that queues its argument (a
+    Ray queue, an actor of no CPU) for a thread here, which calls ``fn`` with each in order.
     Every queued call is made before the block ends, and the queue is gone."""
     from ray.util.client import ray as client
 

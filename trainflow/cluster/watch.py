@@ -12,11 +12,9 @@ import time
 
 from trainflow import ray_internals, signals
 
-# The processes of a local cluster whose end ends the run: the GCS and the raylet however
-# they exit (the cluster is gone); Ray's log monitor when a stop signal killed it, which
-# happens at once when the signal went to the whole process group (the raylet takes
-# seconds to exit, the GCS stays up, and the driver would wait on them for 60 s).
-# Ctrl-C's SIGINT to the group is left to the graceful stop, which ends in seconds.
+# The local cluster's processes whose end ends the run: the GCS and the raylet however
+# they exit; Ray's log monitor when a stop signal to the process group killed it, at once,
+# while the driver would wait 60 s on the others. Ctrl-C's SIGINT is left to the graceful stop.
 _WATCHED = {"gcs_server": False, "raylet": False, "log_monitor": True}
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 

@@ -37,9 +37,7 @@ def batch_predict(
         concurrency: actors in the pool, each holding the model once.
         use_gpu: one GPU per actor.
         ray_address: a running Ray cluster; None: RAY_ADDRESS, else a local one.
-        checked: what the caller's checks found (``checks.before_predict``, as the
-            ``trainflow`` command makes them); None: the flow checks for itself.
-    """
+        checked: the caller's checks (``checks.before_predict``); None: the flow checks."""
     one_line_expected_errors()
     start = time.perf_counter()
     # resolve the model and check the input and the cluster's address, before Ray starts

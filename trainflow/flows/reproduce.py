@@ -23,17 +23,15 @@ def run_name() -> str:
 
 @flow(name="reproduce", flow_run_name=run_name, persist_result=False)
 def reproduce_version(model: str, force: bool = False, checked: RunChecks | None = None) -> Reproduced:
-    """Train a registered version again with the config it was trained with, register the
-    result as a new version tagged ``reproduces=<version>`` (the promotion gate decides
-    its alias, as for any run) and compare each test metric with the version's.
+    """Train a registered version again on the config it was trained with, register the result
+    tagged ``reproduces=<version>`` (the gate decides its alias) and compare each test metric.
 
     Args:
         model: the version, NAME/VERSION (NAME@ALIAS: the version the alias points at now).
-        force: reproduce it although its data's fingerprint or the code's git commit is
-            no longer what it was trained on; without it, either is refused in one line.
-        checked: a training run's checks of the version's config (``checks.before_run``,
-            as the ``trainflow`` command makes them); None: the flow checks for itself.
-    """
+        force: reproduce it although its data's fingerprint or the code's git commit changed;
+            without it, either is refused in one line.
+        checked: a training run's checks of the version's config (``checks.before_run``);
+            None: the flow checks for itself."""
     one_line_expected_errors()
     # check: the exact config, its data and code against the version's lineage; no Ray worker yet
     found = checks.before_reproduce(model, force=force, run=checked)

@@ -1,26 +1,17 @@
-"""Retraining when data arrives: a check that says a config's data changed, as a Prefect
-event, and a flow that a deployment's event trigger starts to train on it.
+"""Retraining when data arrives or what is served drifts: checks that emit Prefect events,
+and the flow those events' triggers start (docs/guides/schedules.md).
 
-``watch-data`` looks at a config's source (its fingerprint: the file list with sizes and
-the content of small inputs, else modification times) and, when no registered version of
-that config was trained on it, emits ``trainflow.data.changed`` for the resource
-``trainflow.data.<model name>``. The event's id is derived from the model, the config's
-hash and the fingerprint, so the same data announced twice is one event: Prefect's server
-stores it once and its triggers act on it once. Whoever writes the data may also post the
-event (``prefect event emit``, or ``emit_data_changed`` from Python).
+``watch-data`` emits ``trainflow.data.changed`` (resource ``trainflow.data.<model>``) when
+no registered version of a config was trained on its source's fingerprint; the event's id
+comes from the model, the config's hash and the fingerprint, so Prefect acts on the same
+data once. Whoever writes the data may emit it too (``emit_data_changed``).
 
-``watch-served`` closes the loop from serving: it scores what a model's endpoint was
-asked (its replicas' request samples) against the champion's train split, and when a
-feature drifted and the champion's config says ``drift.action: retrain``, it emits
-``trainflow.model.drifted`` for the resource ``trainflow.model.<model name>``, carrying
-that config; ``warn`` and ``block`` log the drift and emit nothing. Drift is a reason to
-train on the data as it is now: when a version of that config was already trained on it,
-nothing new would be learnt, and the flow says so instead.
+``watch-served`` scores an endpoint's request samples against the champion's train split,
+and under the champion's ``drift.action: retrain`` emits ``trainflow.model.drifted`` with
+that config; ``warn`` and ``block`` only log.
 
-``retrain-on-new-data`` is what both events' triggers run: it trains the config, as the
-training flow does, unless a registered version of that config already trained on that
-data, so an event sent twice, or for data already trained on, trains nothing.
-"""
+``retrain-on-new-data`` answers both: it trains the config as the training flow does,
+unless a registered version of it was already trained on that data."""
 
 # No `from __future__ import annotations` here: Prefect builds the flows' parameter
 # models from these annotations.

@@ -47,22 +47,20 @@ def serve_model(
     stop_after_s: float | None = None,
     shadow: str | None = None,
 ) -> str:
-    """Serve a registered model over HTTP on Ray Serve (``trainflow models serve``'s app)
-    until the flow run is cancelled; returns the URL it served at.
+    """Serve a registered model over HTTP on Ray Serve until the flow run is cancelled;
+    returns the URL it served at.
 
     Args:
-        model: ``NAME`` or ``NAME@ALIAS`` (followed as the alias moves) or ``NAME/VERSION``.
+        model: ``NAME``, ``NAME@ALIAS`` (followed as it moves) or ``NAME/VERSION``.
         host: the address to listen on; 127.0.0.1 keeps it on this machine.
         port: the HTTP port.
         replicas: Serve replicas, each holding the model once.
-        max_replicas: instead of ``replicas``, from one up to this many as the load asks.
+        max_replicas: instead, from one up to this many as the load asks.
         cpus_per_replica: CPUs Ray reserves per replica.
-        ray_address: a running Ray cluster; None: RAY_ADDRESS, else a local one for this run.
-        stop_after_s: stop this long after the endpoint is ready; None: when the run is cancelled.
-        shadow: an alias (``challenger``) or version of the model that also answers every
-            request, off the answer's path; ``GET /shadow`` and the ``shadow-report`` flow
-            compare the two.
-    """
+        ray_address: a running Ray cluster; None: RAY_ADDRESS, else a local one.
+        stop_after_s: stop this long after the endpoint is ready; None: when cancelled.
+        shadow: an alias or version that also answers every request, off the answers'
+            path (``GET /shadow``)."""
     one_line_expected_errors()
     return serve_endpoint(
         model, host, port, replicas, max_replicas, cpus_per_replica, ray_address, stop_after_s, shadow

@@ -73,12 +73,10 @@ def training_pipeline(
         overrides: dotted overrides applied on top, such as ``["train.lr=0.01"]``.
         smoke: a quick end-to-end check: a sample of the data, one epoch, one worker,
             registered as ``<name>-smoke``.
-        resume: continue the latest unfinished training of this config and data (its
-            driver died, or it failed) from its latest checkpoint, rather than start anew;
-            refused when the unfinished run is of another config or data.
-        checked: what the caller's checks of this config found (``checks.before_run``, as
-            the ``trainflow`` command makes them); None: the flow checks for itself.
-    """
+        resume: continue the latest unfinished training of this config and data from its
+            latest checkpoint; refused when that run is of another config or data.
+        checked: the caller's checks of this config (``checks.before_run``); None: the
+            flow checks for itself."""
     one_line_expected_errors()
     config = resolve_config(config, overrides, smoke)
     # check: the model, the source and what the run asks of the cluster, before any Ray worker starts

@@ -1,17 +1,17 @@
-"""Every use trainflow makes of Ray's private modules and attributes, in one place.
+"""Every use trainflow and its tests make of Ray's private modules, attributes and internal
+switches, in one place.
 
-No other module of trainflow names a private module of Ray's (``ray._private``,
-``ray.*._internal``), a private function or a private attribute. Each use here has a
-test in ``tests/test_ray_internals.py`` that fails when Ray changes what it relies on,
-and each degrades, where Ray moved it, to Ray's own behaviour: slower or noisier, never
-wrong. Checked against Ray 2.60.0 (the version ``pyproject.toml`` pins). Each use: what
-it does; Ray's private names; why no public API does it; what happens where Ray moved it.
+Nothing else in trainflow or its tests names a private module of Ray's (``ray._private``,
+``ray.*._internal``), a private function or attribute, or a switch Ray does not document.
+Each use has a test in ``tests/test_ray_internals.py`` that fails when Ray changes what it
+relies on, and degrades, where Ray moved it, to Ray's own behaviour: slower or noisier,
+never wrong. Checked against Ray 2.60.0, the pinned release. Each use: what it does;
+Ray's names; why no public API does it; what happens where Ray moves it.
 
-1. The GCS key-value store, for a training's progress rows and a sweep's placement
-   groups (:func:`kv_put` ...). ``ray.experimental.internal_kv._internal_kv_*``. The one
-   store every driver and worker already talks to, with no actor to start. Moved: a
-   warning; epochs are not logged as they end, and a sweep leaves a stopped trial's
-   placement group to Ray's own cleaner.
+1. The GCS key-value store, for a training's progress rows and a sweep's placement groups
+   (:func:`kv_put` ...). ``ray.experimental.internal_kv._internal_kv_*``. The store every
+   process already talks to, with no actor to start. Moved: a warning; epochs are not logged
+   as they end, and a stopped trial's placement group is left to Ray's own cleaner.
 2. An actor's state from the GCS (:func:`actor_alive`). ``ray._private.state.actors``.
    The state API asks the dashboard, which trainflow's clusters do not start. Moved: the
    cleaner keeps Ray's own check.
@@ -19,10 +19,9 @@ it does; Ray's private names; why no public API does it; what happens where Ray 
    The module :data:`PG_CLEANER` and its ``is_actor_alive``. Ray's check needs the
    dashboard, else asks whichever cluster holds port 8265. Moved: Ray's own check.
 4. The processes and logs of the local cluster this driver started
-   (:func:`local_cluster_processes`, :func:`session_logs`).
-   ``ray._private.worker._global_node``. Nothing public says whether this process
-   started its cluster, or which processes are its. Moved: no watch, and a cluster
-   killed under a run makes Ray wait 60 s.
+   (:func:`local_cluster_processes`, :func:`session_logs`). ``ray._private.worker._global_node``.
+   Nothing public says whether this process started its cluster, or which processes are its.
+   Moved: no watch, and a cluster killed under a run makes Ray wait 60 s.
 5. The workers' output on the driver's console, hidden and shown (:func:`worker_output_shown`),
    Ray's noise dropped (:func:`drop_worker_noise`). ``ray._private.ray_logging``'s stdstream
    dispatcher. ``log_to_driver``, set at ``ray.init``, filters nothing. Moved: Ray's output.
@@ -31,10 +30,9 @@ it does; Ray's private names; why no public API does it; what happens where Ray 
    ``ray.cluster_resources()`` needs a running cluster. Moved: the check waits for
    ``ray.init``.
 7. A user's module uploaded for an actor's runtime_env (:func:`upload_py_modules`).
-   ``ray._private.runtime_env.py_modules.upload_py_modules_if_needed``. An actor's
-   runtime_env takes only URIs, and only ``ray.init`` uploads local paths. Moved: the
-   module goes with the job's runtime_env where trainflow opened the session; elsewhere
-   the workers' model check fails in one line naming the module.
+   ``ray._private.runtime_env.py_modules.upload_py_modules_if_needed``. An actor's runtime_env
+   takes only URIs, and only ``ray.init`` uploads local paths. Moved: the job's runtime_env
+   ships it where trainflow opened the session; elsewhere the workers' check names it.
 8. Loggers of Ray's private modules kept quiet (:data:`ERRORS_ONLY_LOGGERS` ...): their
    module names. Their records are Ray's own INFO lines or tracebacks Ray calls expected.
    Moved: the records show again.
@@ -50,11 +48,15 @@ it does; Ray's private names; why no public API does it; what happens where Ray 
     ``ray._private.ray_constants``. Ray's own module imports torch at its top. Moved:
     Ray's own TorchConfig, and a controller that imports torch.
 11-12. A driver reaching a cluster it did not start: in :mod:`.client`.
+13-15. Ray's internal switches (environment variables, a Ray Data flag): in :mod:`.switches`.
+16. A worker's own exception inside Ray Train's wrapper: in :mod:`.errors`.
+17-20. What only trainflow's tests make or read of Ray's internals: in :mod:`.probes`.
+21. A local node that missed its start-up wait: in :mod:`.errors`.
 
-Nothing here runs on import, and every Ray import is inside a function: each Ray worker
-of a run imports this module (:func:`trainflow.cluster.quiet.quiet_worker`). The classes
-of uses 9 and 10, which Ray Train's controller unpickles by this module's name, are
-assembled on first access (their base classes' modules are slow to import)."""
+Nothing here runs on import, and every Ray import is inside a function: every Ray worker
+of a run imports this module (:func:`trainflow.cluster.quiet.quiet_worker`). Uses 9 and
+10's classes, which Ray Train's controller unpickles by this name, are made on first
+access: their bases' modules are slow to import."""
 
 from __future__ import annotations
 
@@ -277,9 +279,6 @@ STREAMING_EXECUTOR_LOGGER = "ray.data._internal.execution.streaming_executor"
 TRAIN_ERRORS_LOGGER = "ray.train.v2._internal.util"
 # Train's controller: a traceback when a worker group is late to start (an elastic shrink).
 TRAIN_CONTROLLER_LOGGER = "ray.train.v2._internal.execution.controller.controller"
-# What Ray's ray.init raises (a bare Exception) when a local node's raylet does not register
-# within Ray's fixed 30 s: a machine too busy to start a cluster.
-NODE_START_TIMEOUT = "The current node timed out during startup"
 # Train's checkpoint manager: an error line for each checkpoint reported without the score attribute.
 CHECKPOINT_SCORE_LOGGER = "ray.train._internal.checkpoint_manager"
 # Loggers whose records below ERROR a run keeps off the console: the cleaner's warning when it removes a
@@ -324,13 +323,12 @@ def _training_class(name: str) -> type:
 
 
 def trainer_class(fixed_cluster: Callable[[], bool]) -> type:
-    """TorchTrainer, less two helper processes Ray Train starts for every run: the
-    dataset manager (an actor that imports Ray Data, pandas and pyarrow to shard the
-    trainer's Datasets), for a run whose splits all sit in the workers' memory; and, when
-    ``fixed_cluster()`` (a local cluster this process started, which no autoscaler
-    grows) and no Datasets share the cluster, the autoscaling coordinator, which Ray
-    Train's fixed scaling policy asks for the workers' resources on an autoscaler's
-    behalf (:class:`FixedClusterPolicy`). Where Ray moved either, TorchTrainer itself."""
+    """TorchTrainer, less two helper processes Ray Train starts for every run: the dataset
+    manager (an actor that imports Ray Data, pandas and pyarrow to shard Datasets), for a
+    run whose splits all sit in the workers' memory; and, when ``fixed_cluster()`` (a local
+    cluster this process started, which no autoscaler grows) and no Datasets share it, the
+    autoscaling coordinator (:class:`FixedClusterPolicy`). Where Ray moved either,
+    TorchTrainer itself."""
     from ray.train.torch import TorchTrainer
 
     try:

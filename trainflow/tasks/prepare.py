@@ -19,13 +19,9 @@ from trainflow.tasks.results import Prepared
 from trainflow.tasks.steps import as_config, expect, step
 from trainflow.workspace import cache_folder, cache_location
 
-# Ingest and preprocess cache across flow runs. Each record is a file at an absolute
-# path in the local cache folder (hence the result storage at "/"): the preprocess
-# record sits inside the prepared entry it describes, so deleting an entry (or the
-# whole cache) also forgets that it was made, and a run never reuses a record whose
-# splits are gone. The keys hold the input's fingerprint, so a changed file misses.
-# A cache at a URI keeps no preprocess record (it could outlive the entry it names):
-# the preprocess task finds the finished entry itself, one small read.
+# Ingest's and preprocess's records, at absolute paths (storage at "/"): a preprocess record
+# sits inside its entry, so deleting the entry forgets it; keys hold the input's fingerprint.
+# A cache at a URI keeps none (it could outlive its entry): the task finds the entry itself.
 CACHE_RECORDS = Path("/")
 
 

@@ -38,13 +38,11 @@ def _retry_unless_diverged(_task, _task_run, state) -> bool:
     retry_condition_fn=_retry_unless_diverged,
 )
 def train(config: PipelineConfig | dict | str, prepared: Prepared, run_name: str | None = None) -> Trained:
-    """TorchTrainer on the prepared splits, on the workers ``config.scaling`` asks for once
-    the cluster is checked to hold them (``cluster.preflight``); connects to Ray when the
-    caller has not. ``run_name``: the Ray Train run under ``storage``, by default one per
-    call of this task, so that a retry resumes it from its latest checkpoint; the name of
-    an unfinished run continues it (``--resume``), and of one that trained to its end but
-    was not registered returns its result, training nothing. The run is recorded under
-    ``storage``."""
+    """TorchTrainer on the prepared splits, on the workers ``config.scaling`` asks for once the
+    cluster is checked to hold them; connects to Ray when the caller has not. ``run_name``:
+    the Ray Train run under ``storage``, by default one per call, so that a retry resumes it;
+    an unfinished run's name continues it (``--resume``), and one trained but not registered
+    returns its result. The run is recorded under ``storage``."""
     config = as_config(config, "train")
     expect(prepared, Prepared, "train", "prepared", "preprocess")
     prepared.check_made_for(config, "train")

@@ -43,6 +43,7 @@ from trainflow.pipelines.data import transform as transforms
 from trainflow.pipelines.data.preprocess import Preprocessor
 from trainflow.pipelines.data.schema import DataError, SourceInfo
 from trainflow.pipelines.data.split import SPLIT_NAMES
+from trainflow.ray_internals import switches
 from trainflow.version import __version__
 
 if TYPE_CHECKING:
@@ -83,22 +84,14 @@ def split_dataset(location: str) -> ray.data.Dataset:
     streams and batch evaluation reads. The filesystem is resolved here and handed to
     Ray Data, so a URI's options (its query) reach every reader.
 
-    Read with Ray Data's first Parquet datasource (``DataContext.use_datasource_v2``
-    off for this call): the second, Ray 2.60's default, lists the files' footers on
-    actors it starts at every execution, and a streamed train split executes anew every
-    epoch, so each epoch started new worker processes whose start-up took the CPU that
-    training needed (benchmarks/results.md, training throughput). The first reads the
-    footers once, here, and an epoch starts only its read tasks."""
+    Read with Ray Data's first Parquet datasource, which reads the files' footers once,
+    here: Ray 2.60's default lists them, on actors it starts, at every execution, so at
+    every epoch of a streamed split (benchmarks/results.md, training throughput)."""
     import ray.data
 
     fs, path = filesystem(location)
-    context = ray.data.DataContext.get_current()
-    before = context.use_datasource_v2
-    context.use_datasource_v2 = False
-    try:
+    with switches.parquet_datasource_v1():
         return ray.data.read_parquet(path, filesystem=fs)
-    finally:
-        context.use_datasource_v2 = before
 
 
 def code_version() -> str:

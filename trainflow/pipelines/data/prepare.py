@@ -1,22 +1,18 @@
-"""Preparing an input: check its rows, split, fit on train, transform and write every
-split into a cache entry; one engine for tables, image folders, torchvision datasets
-(converted to Parquet of images) and ``ray.data.Dataset`` sources.
+"""Preparing an input: check its rows, split, fit on train, transform and write every split
+into a cache entry; one engine for tables, image folders, torchvision datasets and
+``ray.data.Dataset`` sources.
 
 The passes are plain functions of one fragment (:mod:`trainflow.pipelines.data.readers`),
-run by :mod:`trainflow.pipelines.data.runner` as one Ray task per fragment, or in the driver
-for a small single-file input (:func:`prepares_in_driver`). :func:`prepare` passes over
-the input two times, three for an exact split:
+run as one Ray task per fragment (:mod:`trainflow.pipelines.data.runner`), or in the driver
+for a small single-file input (:func:`prepares_in_driver`). :func:`prepare` makes two
+passes, three for an exact split:
 
-1. scan: per fragment the row checks' counts and, for a split by row hash, each kept
-   row's split and the train split's statistics; for an exact split each kept row's
-   label and seeded hash instead, from which the driver ranks every class;
-2. fit (exact split only): the train split's statistics, each row's split given;
-3. write: split, transform and write each split's rows as Parquet, one file per
-   fragment and split, into the entry's temporary folder.
+1. scan: the row checks' counts, and each row's split and the train split's statistics
+   (for an exact split, each row's label and seeded hash, which the driver ranks);
+2. fit (exact split only): the train split's statistics;
+3. write: each split's rows transformed, as Parquet, into the entry's temporary folder.
 
-:func:`raw_split` rebuilds the raw rows of one split with the same functions: the rows
-another model is scored on when the gate compares it on this run's test split.
-"""
+:func:`raw_split` rebuilds one split's raw rows the same way, for the gate's comparison."""
 
 from __future__ import annotations
 

@@ -330,14 +330,11 @@ def _image_classes(cfg: DataConfig, found: _Metadata, task: str) -> list[Any]:
 def inspect_dataset(
     ds: ray.data.Dataset, cfg: DataConfig, *, task: str = "classification", transform: str | None = None
 ) -> SourceInfo:
-    """A ``ray.data.Dataset`` as a source (``cfg.source`` is not read): its schema checked
-    against the config as a table's is (with a ``transform``, its output's on the first
-    rows), then the Dataset materialized once into Ray's object store (spilled to disk
-    when larger than it), whose blocks the engine reads.
-
-    Its fingerprint is new on every call: what a Dataset will yield cannot be told
-    without reading all of it (its plan may read files that change, or call code), so
-    an entry prepared from one is never reused."""
+    """A ``ray.data.Dataset`` as a source (``cfg.source`` is not read): its schema checked as a
+    table's is (with a ``transform``, its output's on the first rows), then the Dataset
+    materialized once into Ray's object store, whose blocks the engine reads. Its
+    fingerprint is new on every call: what a Dataset yields cannot be told without reading
+    it all, so an entry prepared from one is never reused."""
     import ray.data
 
     if not isinstance(ds, ray.data.Dataset):

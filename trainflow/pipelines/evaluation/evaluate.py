@@ -136,14 +136,10 @@ def _on_actor_pool(
     """``ds.map_batches(predictor)`` on a pool of ``concurrency`` actors, each loading the
     checkpoint's model once.
 
-    The actors do not restart (``max_restarts=0``). By default Ray Data restarts a pool's
-    actor that died, and for every such pool Ray's core logs an ERROR line in the driver
-    (the actors' constructor arguments sit in the object store, where a restart could
-    miss them: ray issue 53727), a line on every good run that no user can act on. A lost
-    actor fails the evaluation or the prediction instead, which writes nothing (batch
-    prediction publishes its output only when complete) and can run again.
-    ``max_restarts`` goes as a remote argument, the one way Ray 2.60 takes it: deprecated
-    there (its warning is filtered here), and a Ray that refuses it fails this call loudly."""
+    The actors do not restart (``max_restarts=0``): for a restartable pool Ray core logs an
+    ERROR line on every run (ray issue 53727), and a lost actor fails the call instead, which
+    writes nothing and can run again. Ray 2.60 takes ``max_restarts`` only as a deprecated
+    remote argument (its warning filtered here); a Ray that refuses it fails loudly."""
     from ray.data import ActorPoolStrategy
 
     with warnings.catch_warnings():

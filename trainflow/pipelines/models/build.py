@@ -1,25 +1,17 @@
 """Models by ``model.kind``: trainflow's own (``mlp``, ``cnn``), torchvision's
-architectures (``torchvision:resnet18``), pretrained Hugging Face transformers (``hf:``,
-:mod:`.hf`) and the user's own (``package.module:callable``).
+(``torchvision:resnet18``), pretrained Hugging Face transformers (``hf:``, :mod:`.hf`) and
+the user's own (``package.module:callable``).
 
-A model is described by a JSON spec saved with its checkpoint (``model.json``): its kind,
-builder arguments, input shape and outputs, so loading it needs trainflow, the spec and,
-for a user's model, the user's module; nothing pickled. :func:`model_spec` builds the
-model once in the driver, so a model that does not fit the data fails there, in one
-line, before any worker starts; each worker builds it from the spec with
-:func:`initial_model` (the initial weights and frozen parameters); a checkpoint
-rebuilds the architecture alone with :func:`build_model`.
+A model's JSON spec (``model.json``: kind, builder arguments, input shape, outputs) is
+saved with its checkpoint, so nothing is pickled. :func:`model_spec` builds the model once
+in the driver, so a model that does not fit the data fails there in one line; each worker
+builds it from the spec (:func:`initial_model`), and a checkpoint rebuilds the
+architecture alone (:func:`build_model`).
 
-A model's input is one flat tensor per batch, ``[N, num_features]`` (float32; a
-``preprocess.transform``'s integer arrays alone stay integers, token ids int64), viewed
-as ``model.image_shape`` or a builder's ``input_shape``. Data of several inputs (a
-transform's array columns beside each other or beside ``features``) reaches every
-model as a dict of them by name, which :class:`Reshaped` joins end to end into that
-flat tensor; unless the model asks for them by name: a user's builder that takes a
-parameter named ``inputs`` is called with ``inputs={name: shape}`` (each input's shape
-per row) instead of ``input_shape``, and its model with ``dict[str, Tensor]`` by those
-names (``features``: the numeric and one-hot columns; each array column by its own).
-"""
+Input is one flat float32 tensor per batch, ``[N, num_features]``, viewed as
+``model.image_shape`` or a builder's ``input_shape``. Several inputs (a transform's array
+columns) reach a model as a dict that :class:`Reshaped` joins into that tensor, unless its
+builder takes ``inputs`` (docs/guides/models.md)."""
 
 from __future__ import annotations
 
@@ -52,13 +44,12 @@ def model_spec(
     classes: list | None = None,
     lora: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The full architecture, from the config plus what the data says: ``num_features``
-    flat inputs per row, ``num_outputs`` outputs (the classes), the ``image_shape``
-    [c, h, w] of an image source and the ``inputs`` by name of data of array columns
-    (both the preprocessor's: :func:`image_shape`, :func:`input_layout`); an ``hf:``
-    model's head is named by ``classes`` and wrapped by ``lora`` (train.lora). Builds the
-    model here, runs a batch through it and counts its parameters: a kind, weights or
-    freeze list that does not fit fails now with a ConfigError naming the field."""
+    """The full architecture, from the config and the data: ``num_features`` flat inputs per
+    row, ``num_outputs`` outputs, an image source's ``image_shape`` and array columns'
+    ``inputs`` (:func:`image_shape`, :func:`input_layout`); an ``hf:`` model's head named by
+    ``classes`` and wrapped by ``lora``. Builds the model, runs a batch through it and counts
+    its parameters: a kind, weights or freeze list that does not fit is a ConfigError naming
+    the field."""
     spec: dict[str, Any] = {
         "kind": cfg.kind,
         "num_features": num_features,

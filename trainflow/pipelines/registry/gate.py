@@ -140,16 +140,13 @@ def gate_version(
     reevaluate: Reevaluate | None,
     lower_is_better: bool | None = None,
 ) -> GateDecision:
-    """Decide on a READY version against the champion, keep the decision as the version's
-    ``gate.*`` tags, and point ``champion`` at it if it passes, ``challenger`` if not.
+    """Decide on a READY version against the champion, keep the decision as its ``gate.*``
+    tags, and point ``champion`` at it if it passes, ``challenger`` if not.
 
-    ``metrics`` are its test metrics; ``fingerprint`` names the test data they were
-    measured on; ``lower_is_better`` the gate metric's direction (:func:`decide`). The
-    decision and the alias move are made under the model's lease (:mod:`.lease`): no
-    other process, on any machine that shares the registry, moves the champion between
-    them; a process that lost its lease meanwhile decides again against the champion of
-    that moment.
-    """
+    ``metrics``: its test metrics; ``fingerprint``: the test data they were measured on;
+    ``lower_is_better``: the gate metric's direction (:func:`decide`). Decided and moved under
+    the model's lease (:mod:`.lease`), so no other process sharing the registry moves the
+    champion between; one that lost its lease decides again."""
     lost = 0
     while True:
         try:

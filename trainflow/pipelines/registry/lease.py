@@ -1,18 +1,13 @@
-"""The gate's lease, kept in the registry itself: one process at a time, on whatever
-machine, reads a model's champion, decides and moves its aliases, with nothing shared
-between the machines but the MLflow registry.
+"""The gate's lease, kept in the registry itself: one process at a time, on any machine,
+reads a model's champion and moves its aliases, with only the MLflow registry shared.
 
-MLflow offers no compare-and-set, but it numbers a registered model's versions itself,
-each number once. Every model therefore has a queue beside it, a registered model named
-``<name>.trainflow-gate``: a process that wants the lease registers a version of the queue
-(its ticket) and holds the lease once every lower ticket is done. A ticket beats (a tag
-counted up every quarter of ``lease_s``) for as long as its process waits or holds; a
-ticket whose beat a waiter sees unchanged for ``lease_s`` of the waiter's own clock is
-taken as crashed and marked expired, so a crashed run holds a model up for ``lease_s`` at
-most, whatever the machines' clocks say. Before it moves an alias, the holder checks that
-its ticket is still the holding one (the fencing check, :meth:`Lease.verify`): a process
-stalled past its lease learns it lost it, and decides again.
-"""
+MLflow has no compare-and-set, but numbers a model's versions itself, each once. So each
+model has a queue beside it, the registered model ``<name>.trainflow-gate``: a process
+registers a version of it (its ticket) and holds the lease once every lower ticket is done.
+A ticket beats (a tag counted up every quarter of ``lease_s``) while its process waits or
+holds; a waiter that sees a beat unchanged for ``lease_s`` of its own clock marks that
+ticket expired, whatever the machines' clocks say. Before moving an alias the holder checks
+that its ticket still holds (:meth:`Lease.verify`), so a stalled process decides again."""
 
 from __future__ import annotations
 

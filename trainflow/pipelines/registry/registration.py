@@ -74,16 +74,14 @@ def register_checkpoint(
     reports: list[str] | None = None,
     lower_is_better: bool | None = None,
 ) -> Registration:
-    """One MLflow run and model version; ``champion`` moves only if the gate passes, else
-    the version becomes ``challenger``.
+    """One MLflow run and model version; ``champion`` moves only if the gate passes, else the
+    version becomes ``challenger``.
 
-    ``metrics`` are the test metrics (``accuracy``, ``macro_f1``...), logged as ``test_*``;
-    ``history`` the per-epoch metrics, logged with step=epoch. ``tags`` carry lineage;
-    TEST_FINGERPRINT_TAG names the test data the metrics were measured on. When the
-    champion was measured on other test data, ``reevaluate`` scores it on this one before
-    the comparison. ``reports`` are files (plots) logged under ``reports/``.
-    ``lower_is_better``: the gate metric's direction, None for a built-in metric's own.
-    """
+    ``metrics``: the test metrics, logged as ``test_*``; ``history``: per epoch, with
+    step=epoch; ``tags``: lineage, TEST_FINGERPRINT_TAG naming the test data. A champion
+    measured on other test data is scored on this one first (``reevaluate``). ``reports``:
+    files logged under ``reports/``. ``lower_is_better``: the gate metric's direction, None
+    for a built-in metric's own."""
     c = client(ws)
     run, hashes = _log_run(
         c,

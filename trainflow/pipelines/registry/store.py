@@ -166,11 +166,10 @@ def client(ws: Workspace) -> MlflowClient:
 
     uri = tracking_uri(ws)
     if _embedded() and uri not in _opened:
-        # A process's first client creates or upgrades the database's tables: two
-        # processes doing it at once collide ("duplicate column name"), so each does it
-        # under the lock, registry tables included.
-        # MLflow logs its creation of the tables, which a new user reads as a problem;
-        # a command's start-up quiets MLflow's logger, a check before it does not.
+        # A process's first client creates or upgrades the tables: two at once collide
+        # ("duplicate column name"), so each does it under the lock. MLflow logs the
+        # creation, which a new user reads as a problem: quiet it here too (a check runs
+        # before a command's start-up quiets MLflow).
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
         with registry_lock(ws):
             c = MlflowClient(tracking_uri=uri, registry_uri=uri)

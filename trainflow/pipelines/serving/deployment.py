@@ -278,11 +278,9 @@ def app(
     ws = ws or workspace()
     served = registry.resolve(ws, model)
     folder = registry.local_checkpoint(ws, served)
-    # A user's model (model.kind: package.module:callable) brings its module to the
-    # replicas, which the cluster's workers need not have: the module of the version
-    # served at the start (a later version the alias moves to must use the same one).
-    # Shipped with the replicas when Ray is connected already; else serve_until_stopped's
-    # session ships it with the job, whose runtime_env the replicas inherit.
+    # A user's model module goes to the replicas: the one of the version served at the start
+    # (a version the alias moves to must use the same). Shipped with the replicas when Ray
+    # is connected already; else with serve_until_stopped's job, which the replicas inherit.
     actor_options = {
         "num_cpus": cpus_per_replica,
         **(model_actor_options(str(folder)) if ray.is_initialized() else {}),

@@ -1,26 +1,14 @@
-"""Shadowing a challenger: every request is answered by the served model, and its rows
-are also given, off the answer's path, to a second version of the same model
-(``trainflow models serve NAME --shadow challenger``).
+"""Shadowing a challenger (``trainflow models serve NAME --shadow challenger``): the served
+model answers every request, and a second version gets its rows off the answers' path.
 
-The challenger runs in a Serve replica of its own (:class:`ShadowServer`), a process
-second in line for the CPU. Each served replica gathers the requests it answered and, every
-SEND_EVERY_S seconds, hands them to it in one call (:class:`Shadowing`), which the
-challenger answers in one pass: the answers' path pays for a list append, not a call per
-request. When the challenger falls behind (MAX_SENDING calls unfinished), a replica goes on
-gathering; beyond MAX_GATHERED requests waiting, later ones are not shadowed (and counted),
-so the answers never wait for it. The challenger's replica keeps what the two answers and
-their model times show, for all the served replicas (:class:`ShadowLedger`), and saves it under
-``TRAINFLOW_HOME/serving/<name>/shadow.json``: ``GET /shadow`` shows it, the
-``shadow-report`` flow publishes it, and ``trainflow models promote --min-agreement`` or
-``--feedback-win`` requires it. Labelled feedback posted to ``/feedback`` (the answer's
-``id`` and a label per row) scores both models' answers.
-
-Per pair of versions (the champion's, the challenger's): the requests and rows compared,
-the share of rows whose classes agree (a classifier) or the mean and largest absolute
-difference (a regression), each model's time per request (a pass's time over the requests
-it answered; the latest LATENCIES, as p50 and p95), the challenger's errors, the requests
-not shadowed, and the feedback's score.
-"""
+The challenger runs in a Serve replica of its own (:class:`ShadowServer`), second in line
+for the CPU. Each served replica gathers what it answered and every SEND_EVERY_S hands it
+over in one call (:class:`Shadowing`): the answers pay for a list append. A challenger that
+falls behind (MAX_SENDING calls unfinished, MAX_GATHERED waiting) misses requests, counted,
+and never delays an answer. :class:`ShadowLedger` keeps, per pair of versions, the rows
+compared, their agreement (or a regression's differences), each model's p50 and p95 time,
+errors, and the score of ``/feedback``'s labels; ``GET /shadow``, the ``shadow-report``
+flow and ``trainflow models promote --min-agreement/--feedback-win`` read it."""
 
 from __future__ import annotations
 

@@ -60,16 +60,10 @@ def in_memory_splits(setting: str, split_bytes: dict[str, int], *, workers: int 
     """The splits each worker reads once into memory under ``train.in_memory``.
 
     ``always``: train and val; ``never``: neither, both stream from Ray Data every epoch;
-    ``auto``: each split whose share per worker (its prepared Parquet, ``split_bytes``,
-    over ``workers``) is under :data:`IN_MEMORY_BYTES`, decided per split, so a small
-    val split stays in memory while a large train split streams. An augmented train
-    split draws new crops and flips each epoch either way: in the worker, batch by batch
-    (:func:`augmented_batches`), when it is in memory; in Ray Data's tasks when it streams.
-
-    Per worker, because that is what a worker holds. Streaming is no free saving of
-    memory: it costs processes of its own (a split coordinator, Ray Data's readers),
-    weighed against a split held by the workers in benchmarks/results.md, scaling.
-    """
+    ``auto``: each split whose prepared Parquet per worker (``split_bytes`` over ``workers``)
+    is under :data:`IN_MEMORY_BYTES`. An augmented train split draws new crops and flips each
+    epoch either way (:func:`augmented_batches` in memory). Streaming costs processes of its
+    own (benchmarks/results.md, scaling)."""
     if setting == "always":
         return TRAIN_SPLITS
     if setting == "never":

@@ -40,9 +40,8 @@ class LoopHistory:
 
     An epoch's number is the ``epoch`` the loop reports, plus one when the loop counts from
     0 (its first report says 0, as Ray's guide counts); without one, the epoch after the
-    last. A report of an epoch reported before (a worker group restarted from a checkpoint
-    trains it again) replaces that row and every later one.
-    """
+    last. A report of an epoch reported before (a restarted worker group) replaces that row
+    and every later one."""
 
     def __init__(self, rows: list[dict[str, Any]] | None = None, epoch_offset: int | None = None):
         self.rows = list(rows or [])
@@ -135,11 +134,9 @@ def last_epoch(history: Mapping[str, Any] | None) -> int:
 class LoopReports(ray.train.UserCallback):
     """Runs in Ray Train's controller: each report of a user's loop becomes an epoch row of
     the ProgressLog ``progress`` (None: nobody follows the run) and a row of the history
-    every checkpoint keeps. ``history``: the :data:`HISTORY` of the checkpoint the run
-    resumes from (a run fitted again), else None. ``required``: the loop's path and the
-    checkpoint.metric the config names, which the first checkpoint reported without it
-    ends the run for (:func:`missing_metric`, raised in the controller); None when the
-    metric is left at its default, which the loop need not report."""
+    every checkpoint keeps. ``history``: the :data:`HISTORY` the run resumes from, else
+    None. ``required``: the loop's path and the checkpoint.metric the config names; a
+    checkpoint reported without it ends the run (:func:`missing_metric`)."""
 
     def __init__(
         self,

@@ -26,14 +26,11 @@ PROGRESS_PREFIX = "trainflow/progress/"
 class ProgressLog:
     """The rows that Ray Train workers write for the driver.
 
-    Held in Ray's GCS key-value store, which every driver and worker already talks to, so
-    a run costs no process of its own; and a row is stored once its write returns, so a
-    worker killed right after loses nothing. Each row is one key,
+    Held in Ray's GCS key-value store, which every process already talks to: no process of
+    its own, and a row is stored once its write returns. Each row is one key,
     ``trainflow/progress/<name>/<kind>/<time_ns>-<rank>-<counter>``, with the row as JSON:
-    unique without coordination between workers, and ordered as written by its time.
-    A writer holds ``name`` and its rank; a reader (the driver) holds the rows it has
-    read, so each poll reads only the new keys.
-    """
+    unique without coordination, ordered by time. A writer holds ``name`` and its rank; a
+    reader (the driver) holds the rows it has read, so each poll reads only new keys."""
 
     def __init__(self, name: str, rank: int = 0):
         self.name = name

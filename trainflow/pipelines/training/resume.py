@@ -1,23 +1,15 @@
 """Where a training resumes from: Ray Train's latest checkpoint, a newer checkpoint folder
 that Ray's controller never recorded, or the state saved mid-epoch.
 
-``checkpoint.every_n_steps``: every N steps of an epoch, rank 0 writes the model's weights
-and the train state, with the step it reached, to the run's folder (:class:`StepSaver`),
-so that a run that resumes (a lost worker, a preempted node, a retry, ``--resume``) goes
-on from that step, its batches the ones it would have drawn, instead of the epoch's start.
-This is not a Ray Train checkpoint: Ray ranks and keeps those by an epoch's metrics, and
-a report mid-epoch would count as an epoch for Tune and for the progress the driver
-follows. One folder per save, ``<run>/steps/epoch-<E>-step-<S>`` (E: the epochs completed
-before it), written whole under a temporary name and renamed; the save before it is then
-deleted.
+``checkpoint.every_n_steps``: rank 0 saves the weights, the train state and the step
+reached to ``<run>/steps/epoch-<E>-step-<S>`` (:class:`StepSaver`), written whole and
+renamed, the previous save then deleted; a resumed run goes on from that step, drawing the
+batches it would have drawn. Not a Ray Train checkpoint: Ray ranks those by an epoch's
+metrics, and Tune and the driver's progress would count one as an epoch.
 
-``checkpoint.preemption_check_steps``: on a cluster that warns of preemptions (a spot
-node reclaimed, a node drained), every N steps the workers ask Ray Train whether a node
-of the run is being preempted (``ray.train.get_preemption_info``, which every worker
-calls at the same steps); the first time one is, rank 0 makes the same save at once
-(:class:`PreemptionWatch`), and tells the driver. Ray Train restarts the run once the
-node is gone or its deadline passes, and the run goes on from that step.
-"""
+``checkpoint.preemption_check_steps``: every N steps the workers ask Ray Train whether a
+node of the run is being preempted; the first time one is, rank 0 makes the same save at
+once (:class:`PreemptionWatch`). docs/guides/faults-and-resume.md says when to use each."""
 
 from __future__ import annotations
 
@@ -34,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainflow.pipelines.models.checkpoint import METRICS, MODEL, TRAIN_STATE, model_state
+from trainflow.ray_internals import switches
 
 if TYPE_CHECKING:
     from trainflow.pipelines.training.progress import ProgressLog
@@ -145,7 +138,7 @@ def preemption_checks(settings: TrainSettings) -> int:
     save could follow (no folder for it) or the cluster warns of none (Ray Train's
     preemption watcher off, as on trainflow's own local clusters)."""
     every = settings.config.checkpoint.preemption_check_steps
-    watched = os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1").lower() not in ("0", "false")
+    watched = os.environ.get(switches.TRAIN_PREEMPTION_WATCHER, "1").lower() not in ("0", "false")
     return every if settings.step_folder and watched else 0
 
 

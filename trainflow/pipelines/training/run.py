@@ -43,6 +43,7 @@ from trainflow.pipelines.training.user_loop import (
     user_loop_per_worker,
     worker_config,
 )
+from trainflow.ray_internals.errors import worker_error
 from trainflow.signals import stop_on_signals
 from trainflow.timeline import timeline
 
@@ -83,8 +84,7 @@ def expected_worker_error(error: Exception) -> Exception | None:
     the workers, a module they cannot import; a DataError), to report in one line as the
     driver would have; None for anything else."""
     failures = getattr(error, "worker_failures", None) or {}
-    # Ray Train hands back each worker's exception wrapped with its traceback text.
-    raised = [getattr(failure, "_base_exc", failure) for failure in failures.values()]
+    raised = [worker_error(failure) for failure in failures.values()]
     if not raised or not all(isinstance(e, (ConfigError, DataError)) for e in raised):
         return None
     try:
@@ -117,23 +117,15 @@ def run_training(
     placements: str | None = None,
     start_from: tuple[str, int] | None = None,
 ) -> TrainingResult:
-    """Train ``config``'s model on the prepared splits, as the Ray Train run ``run_name``
-    under ``storage``, and return its best checkpoint.
+    """Train ``config``'s model on the prepared splits, as the Ray Train run ``run_name`` under
+    ``storage``, and return its best checkpoint; a run with checkpoints resumes from the latest.
 
-    A run of the same name and storage that has checkpoints resumes from its latest (a
-    retry of the caller, for instance). ``on_row`` is called with the ``plan`` row
-    (:func:`plan_row`) in the caller's thread before the workers start, then in a follower
-    thread with each row the workers write (``start``, ``epoch``, ``step``: see
-    progress.ProgressLog). Without ``on_row`` the workers write no rows, and the result
-    has no ``starts`` and ``nodes``.
-    ``callbacks``: Ray Train callbacks, such as the one a sweep's trial reports to Tune by;
-    ``placements``: the PlacementTracker the worker groups record themselves in;
-    ``start_from``: a checkpoint folder of another run and its epoch, which a run with no
-    later checkpoint of its own goes on from (its weights, optimizer state and history; the
-    hyperparameters are ``config``'s), as a PBT trial does from a stronger trial's.
+    ``on_row``: called with the ``plan`` row, then from a thread with each row the workers
+    write (:class:`~.progress.ProgressLog`); without it they write none. ``callbacks``: Ray Train's;
+    ``placements``: the worker groups' PlacementTracker; ``start_from``: another run's
+    checkpoint and epoch to go on from (a PBT exploit).
 
-    Raises TrainingDiverged when the loss became NaN or infinite.
-    """
+    Raises TrainingDiverged when the loss became NaN or infinite."""
     # The trainer's inputs: the workers' settings and the streamed splits' Datasets.
     settings, datasets, in_memory = trainer_inputs(
         config,

@@ -1,19 +1,14 @@
-"""The training runs under ``storage``, as a new driver finds them: which run of a config
-is unfinished, so that ``trainflow run --resume`` continues it after the process that
-ran it died (a Prefect worker restarted, a laptop closed, the driver killed for memory).
+"""The training runs under ``storage``, as a new driver finds them: which run of a config is
+unfinished, so that ``trainflow run --resume`` continues it after its process died.
 
-Each run's folder (``storage/<run name>``, Ray Train's own) holds a ``trainflow-run.json``
-record beside Ray's checkpoints: the model's name, the config and its hash, the data's
-fingerprint, the driver that runs it (host, boot, pid and the pid's start time) and its
-status. A run is written ``running`` when its training starts (its data prepared) and
-``completed``, ``early_stopped`` or ``diverged`` when training ends; a run that ends any
-other way is ``interrupted``, and a ``running`` one whose driver is gone died with it.
-Both are unfinished: Ray Train resumes either from its latest checkpoint when a driver
-fits the same run name and storage path again (Ray's checkpoint manager snapshot). A run
-that trained to its end keeps its result (``trained``) until the register step records
-the version it became (``registered``): one whose registering failed (the registry's
-server down) is left to register, and ``--resume`` registers it without training again.
-"""
+Each run's folder (``storage/<run name>``, Ray Train's own) holds ``trainflow-run.json``
+beside Ray's checkpoints: the model's name, the config and its hash, the data's
+fingerprint, the driver (host, boot, pid and its start time) and a status: ``running``,
+then ``completed``, ``early_stopped`` or ``diverged``, else ``interrupted``. An
+``interrupted`` run, or a ``running`` one whose driver is gone, is unfinished, and Ray Train
+resumes it from its latest checkpoint. A run that trained to its end keeps its result
+(``trained``) until register records its version (``registered``), so ``--resume``
+registers one whose registering failed without training again."""
 
 from __future__ import annotations
 

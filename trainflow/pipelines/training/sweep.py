@@ -102,13 +102,10 @@ def run_trial(
 ) -> None:
     """One trial, run by Ray Tune in its own actor: :func:`run_training` of the sampled config.
 
-    Every epoch's report reaches Tune (and its scheduler) from this thread
-    (:func:`.trial_reports.report_to_tune`); a diverged loss fails the trial with its
-    message. Its worker groups record their placement groups with the PlacementTracker
-    ``placements``. Under a population scheduler (``population``: pbt, pb2) each epoch's
-    checkpoint goes to Tune too, and a trial that Tune hands another's checkpoint (an
-    exploit) goes on from it, in a Ray Train run of its own named after that checkpoint.
-    """
+    Every epoch's report reaches Tune from this thread (:func:`.trial_reports.report_to_tune`);
+    a diverged loss fails the trial. Worker groups record their placement groups with
+    ``placements``. Under ``population`` (pbt, pb2) each epoch's checkpoint goes to Tune too,
+    and a trial handed another's checkpoint goes on from it, in a Ray Train run named after it."""
     import ray.tune
 
     configure_ray_data()  # this trial's actor runs the trainer's Dataset executions

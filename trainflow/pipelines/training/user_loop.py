@@ -1,28 +1,15 @@
 """A training function of the user's own, ``train.loop: package.module:name``, in place of
 trainflow's loop: checked in the driver before any worker starts (:func:`check_loop`),
-called on every Ray Train worker as ``fn(config)`` (:func:`user_loop_per_worker`), and
-its best checkpoint turned into trainflow's checkpoint folder (:func:`converted_checkpoint`),
-so that evaluation, the gate, registration, ``load_model``, batch prediction and serving
-take it as they take one of trainflow's loop.
+called on every Ray Train worker as ``fn(config)`` (:func:`user_loop_per_worker`), and its
+best checkpoint made trainflow's checkpoint folder (:func:`converted_checkpoint`), which
+evaluation, the gate, registration, ``load_model`` and serving take as they take any.
 
-What the loop gets, as Ray Train's own examples read it:
-
-- ``config``, a plain dict (:func:`loop_config`): ``epochs``, ``batch_size`` (per worker),
-  ``lr`` and ``seed`` (train.*'s, which trainflow's loop reads too); every key of
-  ``train.loop_config``, as given; and under ``"trainflow"`` the run's whole config as
-  plain JSON (``config["trainflow"]["model"]["kind"]``) with ``"model_spec"``, the model
-  ``model.kind`` builds for the data (``kind``, ``num_features``, ``num_outputs`` and
-  ``input_shape`` or ``image_shape``), and ``"rows"``, the prepared rows of each split
-  (what a loop that needs its steps ahead, as a ``transformers.Trainer``, counts them by).
-- The prepared splits as Ray Train dataset shards, ``ray.train.get_dataset_shard("train")``
-  and ``("val")``, streamed from Ray Data whatever ``train.in_memory`` says: batches of
-  ``features`` (float32, ``[N, num_features]``) and ``label`` (class indices; for a
-  regression the label standardized by the train split's mean and std).
-- Checkpoints are Ray's: ``ray.train.report(metrics, checkpoint=...)`` with a folder that
-  holds ``model.pt``, the state dict of the model ``model.kind`` builds (for a torchvision
-  or user's kind, the model inside trainflow's ``Reshaped``; DDP's ``module.`` prefix is
-  taken off). ``ray.train.get_checkpoint()`` hands back the latest when a run resumes.
-"""
+The loop reads what Ray Train's own examples read: ``config`` (:func:`loop_config`:
+``epochs``, ``batch_size``, ``lr``, ``seed``, ``train.loop_config``'s keys, and the run's
+config, model spec and rows per split under ``"trainflow"``); the splits as
+``ray.train.get_dataset_shard("train")`` and ``("val")``; and ``ray.train.report`` with a
+folder holding ``model.pt``, the state dict of the model ``model.kind`` builds.
+docs/guides/models.md says each in full."""
 
 from __future__ import annotations
 

@@ -1,0 +1,69 @@
+"""Ray's internal switches that trainflow sets: environment variables Ray reads in its private
+code or compiled core and does not document as settings, and a rollout flag of Ray Data's
+context. The rest of the quarantine is :mod:`trainflow.ray_internals`.
+
+13. Ray core's switches (:data:`PRESTART_WORKERS`, :data:`WORKER_NICENESS`,
+    :data:`OVERRIDE_RESOURCES`). ``RAY_<flag>`` for the raylet's system-config flags
+    ``prestart_worker_first_driver`` and ``worker_niceness`` (Ray's job manager sets the
+    second for a job's driver); ``RAY_OVERRIDE_RESOURCES``, read by ``ray.init``'s resource
+    spec, only in trainflow's tests. No ``ray.init`` argument does either. Moved: idle workers start
+    at a local cluster's start, and its workers yield the CPU to every other process.
+14. Ray Train's and Tune's switches (:data:`TRAIN_HEALTH_CHECK_INTERVAL` ...): names in
+    ``ray.train.v2._internal.constants``, and ``RAY_AIR_NEW_OUTPUT`` of Tune's console output.
+    No config field sets them. Moved: Ray's defaults (a slower report, the watcher's ERROR
+    line, Tune's experiment box).
+15. Ray Data's first Parquet datasource (:func:`parquet_datasource_v1`).
+    ``DataContext.use_datasource_v2``, the rollout flag of its second. Moved: the datasource
+    Ray picks, which lists the files at every execution of a streamed split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+# 13. Ray core's switches: the raylet reads ``RAY_<name>`` for each system-config flag.
+PRESTART_WORKERS = "RAY_prestart_worker_first_driver"
+WORKER_NICENESS = "RAY_worker_niceness"
+OVERRIDE_RESOURCES = "RAY_OVERRIDE_RESOURCES"
+RAYLET_FLAGS = (PRESTART_WORKERS, WORKER_NICENESS)
+
+# 14. Ray Train's (ray.train.v2._internal.constants) and Tune's switches.
+TRAIN_HEALTH_CHECK_INTERVAL = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+TRAIN_PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+TRAIN_PREEMPTION_POLL_INTERVAL = "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"
+TRAIN_WORKER_GROUP_START_TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+TUNE_NEW_OUTPUT = "RAY_AIR_NEW_OUTPUT"
+
+# 15. Ray Data's context.
+DATASOURCE_V2 = "use_datasource_v2"
+
+# Every switch named here: tests/test_layers.py keeps them out of the rest of trainflow and its tests.
+NAMES = (
+    *RAYLET_FLAGS,
+    OVERRIDE_RESOURCES,
+    TRAIN_HEALTH_CHECK_INTERVAL,
+    TRAIN_PREEMPTION_WATCHER,
+    TRAIN_PREEMPTION_POLL_INTERVAL,
+    TRAIN_WORKER_GROUP_START_TIMEOUT,
+    TUNE_NEW_OUTPUT,
+    DATASOURCE_V2,
+)
+
+
+@contextlib.contextmanager
+def parquet_datasource_v1() -> Iterator[None]:
+    """Within the block, ``ray.data.read_parquet`` in this process uses Ray Data's first
+    Parquet datasource; the context's flag is put back after (a no-op where Ray dropped it)."""
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    if not hasattr(context, DATASOURCE_V2):
+        yield
+        return
+    before = getattr(context, DATASOURCE_V2)
+    setattr(context, DATASOURCE_V2, False)
+    try:
+        yield
+    finally:
+        setattr(context, DATASOURCE_V2, before)

@@ -101,6 +101,7 @@ def test_a_checkpoint_missing_a_file_is_refused(tmp_path):
         load_checkpoint(tmp_path)
 
 
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")  # PEFT calling transformers 5
 def test_a_peft_adapter_a_loops_trainer_saved_loads_merged_into_the_pretrained_model(tmp_path):
     """A transformers.Trainer of a PEFT model checkpoints its adapter alone
     (``checkpoint/adapter_model.safetensors``, as RayTrainReportCallback reports it): the

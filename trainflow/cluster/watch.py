@@ -14,7 +14,7 @@ from trainflow import ray_internals, signals
 
 # The local cluster's processes whose end ends the run: the GCS and the raylet however
 # they exit; Ray's log monitor when a stop signal to the process group killed it, at once,
-# while the driver would wait 60 s on the others. Ctrl-C's SIGINT is left to the graceful stop.
+# while the driver would wait on the others for Ray's timeout. Ctrl-C's SIGINT is left to the graceful stop.
 _WATCHED = {"gcs_server": False, "raylet": False, "log_monitor": True}
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 

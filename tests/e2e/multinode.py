@@ -126,7 +126,13 @@ def wait_for_line(log: Path, pattern: str, proc: subprocess.Popen, timeout: floa
         if proc.poll() is not None:
             break
         time.sleep(0.2)
-    raise AssertionError(f"{pattern!r} not in the run's log:\n{log.read_text(errors='replace')[-5000:]}")
+    raise AssertionError(f"{pattern!r} not in the run's log:\n{_story(log.read_text(errors='replace'))}")
+
+
+def _story(output: str) -> str:
+    """The end of a run's output without its epoch and step rows: what happened to it."""
+    events = [line for line in output.splitlines() if not re.search(r"\bepoch \d+(/| step)", line)]
+    return "\n".join(events)[-5000:]
 
 
 def wait_for_node(log: Path, node: subprocess.Popen, timeout: float = 300) -> None:

@@ -4,7 +4,10 @@ by SIGTERM, as a spot node is reclaimed.
 `trainflow run` starts on the head's one training slot, grows to two workers when the
 second node joins, and keeps training on one when that node is preempted: Ray drains a
 node that gets SIGTERM for preemption, which Ray Train counts apart from failures, so the
-run survives it with ``failure.max_failures: 0``. Its model is as good as a fixed run's.
+run goes on within the same fit. Ray's drain on SIGTERM is best effort (bounded, and missed when
+its call to the GCS is slow): on a loaded machine Ray Train may count the loss as a failure, so
+the run allows one (``failure.max_failures: 1``); tests/e2e/test_preemption.py holds that a
+preemption with notice is no failure. Its model is as good as a fixed run's.
 
 Each node has one ``trainer`` resource, which every worker asks for, so a node holds one
 worker. Training is paced by a loss of the user's own (``train.loss``) that sleeps a
@@ -61,7 +64,7 @@ def test_an_elastic_run_grows_when_a_node_joins_and_trains_on_when_it_is_preempt
             train={"epochs": epochs, "batch_size": 16, **paced},
             scaling={"num_workers": [1, 2], "resources_per_worker": {"CPU": 0.5, "trainer": 1},
                      "resize_check_s": 1},
-            failure={"max_failures": 0},  # a preemption is not a failure
+            failure={"max_failures": 1},  # the node's loss, should Ray not see it as a preemption
         )  # fmt: skip
         try:
             wait_for_line(log, r"epoch 1/", elastic)

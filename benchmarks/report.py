@@ -19,6 +19,7 @@ from common import HERE, RESULTS, _write_atomic, machine, now, versions
 SECTIONS = (
     "overhead",
     "overhead_phases",
+    "warm_start",
     "load",
     "ingest",
     "training",

@@ -482,6 +482,13 @@ def test_the_worker_niceness_switch_is_the_one_rays_job_manager_sets():
     assert ray_constants.RAY_WORKER_NICENESS == switches.WORKER_NICENESS
 
 
+def test_a_node_reads_its_drain_time_on_sigterm_from_the_switch():
+    from ray._private import node, ray_constants
+
+    assert "ray_constants.RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S" in inspect.getsource(node.Node)
+    assert f'"{switches.SHUTDOWN_DRAIN_TIMEOUT}"' in inspect.getsource(ray_constants)
+
+
 def test_a_local_cluster_has_the_resources_the_override_switch_names(monkeypatch):
     monkeypatch.setenv(switches.OVERRIDE_RESOURCES, '{"CPU": 3, "GPU": 0}')
     total = ray_internals.local_cluster_resources()

@@ -43,11 +43,15 @@ def _exit_without_teardown(code: int) -> None:
 def main() -> None:
     import atexit
     import signal
+    import warnings
 
     from trainflow.signals import on_sigint
     from trainflow.timeline import timeline
 
     atexit.register(timeline, "exit")  # registered first, so it runs after every other exit hook
+    # requests hides urllib3's notice that SOCKS proxies need PySocks once imported; a
+    # thread importing requests.adapters while another imports requests can see it first.
+    warnings.filterwarnings("ignore", message="SOCKS support in urllib3 requires")
     signal.signal(signal.SIGINT, on_sigint)  # a Ctrl-C that lands where it is swallowed still stops a run
     # A config's own code (model.kind, train.loss, ...: package.module:name) imports from the
     # current folder, as under `python -m`; a console script's path starts at its own folder.

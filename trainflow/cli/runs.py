@@ -44,10 +44,12 @@ def run(
 ) -> None:
     """Run the training pipeline flow and print a summary."""
     from trainflow import checks, startup
+    from trainflow.cli.stack import use_warm_services
     from trainflow.timeline import timeline
 
     timeline("command parsed")
     cfg = read_config(config, set_, smoke)
+    use_warm_services(cfg.ray.address)
     checked = check_before_start(
         lambda: checks.before_run(cfg, resume=resume),
         "training-pipeline",
@@ -75,8 +77,10 @@ def sweep(
 ) -> None:
     """Sweep settings on Ray Tune and register the best trial's model."""
     from trainflow import checks, startup
+    from trainflow.cli.stack import use_warm_services
 
     cfg = read_config(config, set_)
+    use_warm_services(cfg.ray.address)
     checked = check_before_start(
         lambda: checks.before_run(cfg, sweep=True),
         "sweep-pipeline",
@@ -112,7 +116,9 @@ def predict(
 ) -> None:
     """Predict INPUT with a registered model; write Parquet to OUTPUT."""
     from trainflow import checks, startup
+    from trainflow.cli.stack import use_warm_services
 
+    use_warm_services(None)
     # The model (pinned to its version), input, output and cluster, before Prefect and Ray start.
     with registry_errors():
         checked = check_before_start(

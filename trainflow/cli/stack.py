@@ -132,3 +132,54 @@ def down(
         raise fail(str(e), code=1) from None
     if not delete:  # with --delete, the last line says what was deleted
         typer.echo("stack stopped; its data stays for the next trainflow stack up")
+
+
+def use_warm_services(ray_address: str | None) -> None:
+    """Point this command at the services `trainflow up` keeps for its workspace, where
+    they run (``ray_address``: the cluster the config names, which wins)."""
+    from trainflow.stack import warm
+    from trainflow.startup import command_logger
+    from trainflow.workspace import workspace
+
+    services = warm.attach(workspace().home, ray_address)
+    if services is None:
+        return
+    from prefect.context import refresh_global_settings_context
+
+    refresh_global_settings_context()  # PREFECT_API_URL, when attach set it
+    command_logger().info("using the services of trainflow up (%s)", services.folder)
+
+
+@app.command("up")
+def warm_up(
+    idle_minutes: Annotated[
+        float,
+        typer.Option(min=0.05, help="Stop the services once no command has used them this long."),
+    ] = 30.0,
+) -> None:
+    """Keep Ray and a Prefect server running for this workspace's runs.
+
+    A local Ray cluster and a Prefect server, in the background: `trainflow run`, `sweep`
+    and `predict` started with the same TRAINFLOW_HOME use them instead of starting their
+    own, and skip that start-up. `trainflow down` stops them."""
+    from trainflow.stack import StackError, warm
+    from trainflow.workspace import workspace
+
+    home = workspace().home
+    try:
+        services = warm.up(home, idle_minutes, say=typer.echo)
+    except StackError as e:
+        raise fail(str(e), code=1) from None
+    typer.echo(f"Ray       {services.ray_address}")
+    typer.echo(f"Prefect   {services.prefect_api.removesuffix('/api')}")
+    typer.echo(f"for the commands of {home}, until `trainflow down` or {idle_minutes:g} idle minutes")
+
+
+@app.command("down")
+def warm_down() -> None:
+    """Stop what `trainflow up` started for this workspace."""
+    from trainflow.stack import warm
+    from trainflow.workspace import workspace
+
+    home = workspace().home
+    typer.echo("stopped" if warm.down(home) else f"nothing was up for {home}")

@@ -46,7 +46,7 @@ def check_shipped(
     nothing on a local cluster."""
     session = current_session()
     key = ("versions", tuple(sorted(modules or {})))
-    if session is None or not session.address or key in session.verified:
+    if session is None or not session.shipped or key in session.verified:
         return
     check_versions(session.address, logger, modules=modules)
     session.verified.add(key)

@@ -38,6 +38,11 @@ log = logging.getLogger("trainflow")
 T = TypeVar("T")
 
 
+# The address of a cluster that `trainflow up` started from this Python, with this trainflow
+# (set by ``stack.warm.attach``): its workers import the driver's own, as on a local cluster.
+OWN_CLUSTER_ENV = "TRAINFLOW_OWN_RAY_ADDRESS"
+
+
 def ray_address(config: PipelineConfig) -> str | None:
     """The address of the cluster a run of ``config`` connects to; None: a local one of its own."""
     return config.ray.address or os.environ.get("RAY_ADDRESS") or None
@@ -55,6 +60,7 @@ class Session:
     # None: a local cluster of its own.
     address: str | None
     watch: ClusterWatch | None = None  # the local cluster's watch
+    shipped: bool = False  # trainflow shipped to the cluster at ``address``, its versions to check
     # What the cluster checks found on it (cluster/checks.py), so that each runs once.
     verified: set[tuple] = field(default_factory=set)
 
@@ -115,13 +121,15 @@ def connect(
 
     address = ray_address(config)
     py_modules = module_paths(config.user_modules)
+    shipped = bool(address) and address != os.environ.get(OWN_CLUSTER_ENV)
     if address:
         logger.info("connecting to the Ray cluster at %s", address)
+    if shipped:
         # A cluster started elsewhere may lack trainflow, or hold another version of it:
         # its workers import this driver's copy, shipped with the job (py_modules come
         # first on a worker's sys.path). A local cluster imports the driver's own.
         py_modules = [trainflow_package(), *py_modules]
-    else:
+    if not address:
         for key, value in LOCAL_CLUSTER_ENV.items():
             os.environ.setdefault(key, value)
         quiet_token_auth_notice()
@@ -136,7 +144,7 @@ def connect(
     else:
         _local_init(address, kwargs)
     drop_worker_noise()
-    _session = Session(address=address, watch=None if address else watch_local_cluster())
+    _session = Session(address=address, watch=None if address else watch_local_cluster(), shipped=shipped)
     configure_ray_data()
     if warm:
         warm_workers(warm)

@@ -6,8 +6,10 @@ context. The rest of the quarantine is :mod:`trainflow.ray_internals`.
     :data:`OVERRIDE_RESOURCES`). ``RAY_<flag>`` for the raylet's system-config flags
     ``prestart_worker_first_driver`` and ``worker_niceness`` (Ray's job manager sets the
     second for a job's driver); ``RAY_OVERRIDE_RESOURCES``, read by ``ray.init``'s resource
-    spec, only in trainflow's tests. No ``ray.init`` argument does either. Moved: idle workers start
-    at a local cluster's start, and its workers yield the CPU to every other process.
+    spec, only in trainflow's tests; ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S`` of
+    ``ray._private.ray_constants``, read by a node that gets SIGTERM. No ``ray.init`` argument
+    does any. Moved: idle workers start at a local cluster's start, its workers yield the CPU
+    to every other process, and `trainflow down` waits for the head's drain.
 14. Ray Train's and Tune's switches (:data:`TRAIN_HEALTH_CHECK_INTERVAL` ...): names in
     ``ray.train.v2._internal.constants``, and ``RAY_AIR_NEW_OUTPUT`` of Tune's console output.
     No config field sets them. Moved: Ray's defaults (a slower report, the watcher's ERROR
@@ -26,6 +28,7 @@ from collections.abc import Iterator
 PRESTART_WORKERS = "RAY_prestart_worker_first_driver"
 WORKER_NICENESS = "RAY_worker_niceness"
 OVERRIDE_RESOURCES = "RAY_OVERRIDE_RESOURCES"
+SHUTDOWN_DRAIN_TIMEOUT = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
 RAYLET_FLAGS = (PRESTART_WORKERS, WORKER_NICENESS)
 
 # 14. Ray Train's (ray.train.v2._internal.constants) and Tune's switches.
@@ -42,6 +45,7 @@ DATASOURCE_V2 = "use_datasource_v2"
 NAMES = (
     *RAYLET_FLAGS,
     OVERRIDE_RESOURCES,
+    SHUTDOWN_DRAIN_TIMEOUT,
     TRAIN_HEALTH_CHECK_INTERVAL,
     TRAIN_PREEMPTION_WATCHER,
     TRAIN_PREEMPTION_POLL_INTERVAL,

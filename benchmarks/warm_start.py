@@ -93,6 +93,7 @@ def markdown(figures: dict) -> str:
         f"{target}x: {'met' if ratios[key] is not None and ratios[key] <= target else 'missed'})"
         for key, target in TARGETS.items()
     )
+    verdicts += f"\n- warm / cold, wall: {ratios['warm_vs_cold_wall']:.2f}x"
     quick = " (quick run)" if figures["quick"] else ""
     return (
         f"## Warm start: the digits job, {figures['epochs']} epochs, medians of {figures['rounds']} "

@@ -8,13 +8,13 @@ the Serve app with a shadow (`--shadow`) beside the same app without one.
 Before the clock, in a fresh TRAINFLOW_HOME: `trainflow run --smoke` registers a model of
 the default config (`digits-smoke/1`, trainflow's cnn on 64 pixels). Each app is then
 started as its own process on a loopback port: the Serve app as a user starts it
-(`trainflow models serve digits-smoke/1`: a local Ray cluster, Serve's HTTP proxy, one
-replica of 1 CPU), the plain app with `--plain` (uvicorn, one worker, a `def` endpoint
-calling `load_model(...).predict_with_proba` on a pandas frame of the rows). The same
-one-row JSON request (a digits image) goes to both, by `hey` when it is installed
-(`apt-get install hey`: a Go client, a fraction of a core) or else an asyncio client in
-Python, which takes a large share of the two cores from the server; the section says
-which. The shadowed app (`--shadow 1`) has the served version shadow itself: every
+(`trainflow models serve digits-smoke/1`: a local Ray cluster, one replica of 1 CPU that
+answers HTTP on the port itself, Serve's direct ingress), the plain app with `--plain`
+(uvicorn, one worker, a `def` endpoint calling `load_model(...).predict_with_proba` on a
+pandas frame of the rows). The same one-row JSON request (a digits image) goes to both,
+by `hey` when it is installed (`apt-get install hey`: a Go client, a fraction of a core)
+or else an asyncio client in Python, which takes a large share of the two cores from the
+server; the section says which. The shadowed app (`--shadow 1`) has the served version shadow itself: every
 request's rows are answered a second time, off the answer's path, as a challenger of the
 same size would answer them.
 
@@ -56,7 +56,7 @@ WARMUP = 200
 # The targets the serving work set itself (2 cores, digits): p99 at 8 clients, and
 # the Serve app's requests/s against the plain app's; a shadow's cost to the answers' p50.
 P99_TARGET_MS = 50.0
-THROUGHPUT_TARGET = 0.5
+THROUGHPUT_TARGET = 1.0
 SHADOW_LATENCY_TARGET = 1.10
 
 
@@ -305,7 +305,7 @@ def main() -> None:
         },
         "targets": {
             "p99_under_50ms_at_8": s8["p99_ms"] is not None and s8["p99_ms"] < P99_TARGET_MS,
-            "at_least_half_plain_requests_per_s_at_8": s8["requests_per_s"]
+            "at_least_plain_requests_per_s_at_8": s8["requests_per_s"]
             >= THROUGHPUT_TARGET * p8["requests_per_s"],
             "batching_beats_plain_at_32": s32["requests_per_s"] > p32["requests_per_s"],
             "shadow_p50_within_10pct_paced": levels["shadowed"]["paced"]["p50_ms"]
@@ -331,7 +331,7 @@ def main() -> None:
     verdicts = [
         f"p99 under {P99_TARGET_MS:g} ms at 8 clients: {'met' if t['p99_under_50ms_at_8'] else 'missed'}",
         f"at least {THROUGHPUT_TARGET:g}x the plain app's requests/s at 8: "
-        + ("met" if t["at_least_half_plain_requests_per_s_at_8"] else "missed"),
+        + ("met" if t["at_least_plain_requests_per_s_at_8"] else "missed"),
         f"batching beats the plain app at 32 clients: {'yes' if t['batching_beats_plain_at_32'] else 'no'}",
         f"a shadow's p50 within {SHADOW_LATENCY_TARGET - 1:.0%} of the unshadowed app's, paced: "
         + ("met" if t["shadow_p50_within_10pct_paced"] else "missed"),
@@ -346,8 +346,9 @@ def main() -> None:
         f"Shadowed / unshadowed p50: {sh['paced']:.2f}x paced ({PACED_RATE} requests/s), "
         f"{sh['8']:.2f}x at 8 clients and {sh['32']:.2f}x at 32 (the cores saturated). "
         f"Targets: {'; '.join(verdicts)}.\n\n"
-        f"serve: `trainflow models serve {MODEL}` (a local Ray cluster, Serve's HTTP proxy, one replica of "
-        "1 CPU, batches of the requests that arrive within 2 ms). plain: FastAPI + uvicorn, one process, "
+        f"serve: `trainflow models serve {MODEL}` (a local Ray cluster, one replica of 1 CPU answering HTTP "
+        "on the port itself, Serve's direct ingress; batches of the requests that arrive within 2 ms). "
+        "plain: FastAPI + uvicorn, one process, "
         "a `def` endpoint around the same `load_model` predictor (`benchmarks/serve.py --plain`). "
         "shadowed: the serve app with `--shadow 1`, the version shadowing itself. "
         "At 8 and 32 clients each client sends its next request when its last is answered; paced: "

@@ -521,6 +521,25 @@ def test_tunes_new_output_engine_is_off_under_its_switch(monkeypatch):
     assert get_air_verbosity(0) is None  # Tune's legacy reporter, silent at verbose=0
 
 
+# 22. Ray Serve's direct ingress.
+
+
+def test_serve_reads_the_direct_ingress_switches_as_direct_ingress_env_sets_them():
+    """Serve's constants, read at import in a process started with the environment (as a
+    local cluster's processes are): direct ingress on, the HTTP range the one port, the drain."""
+    import subprocess
+    import sys
+
+    code = (
+        "from ray.serve._private import constants as c; print(c.RAY_SERVE_ENABLE_DIRECT_INGRESS, "
+        "c.RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT, c.RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT, "
+        "c.RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S)"
+    )
+    env = {**os.environ, **switches.direct_ingress_env(18123, 0.5)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "18123", "18124", "0.5"], out.stdout + out.stderr
+
+
 # 15. Ray Data's first Parquet datasource.
 
 

@@ -176,7 +176,10 @@ def models_serve(
 
     try:
         with one_line_errors():  # a cluster started elsewhere, checked once connected
-            serving.serve_until_stopped(application, host=host, port=port, on_ready=ready, model_kind=kind)
+            one = replicas == 1 and max_replicas is None
+            serving.serve_until_stopped(
+                application, host=host, port=port, on_ready=ready, model_kind=kind, one_replica=one
+            )
     except KeyboardInterrupt:  # Ctrl-C while Ray was still starting
         raise typer.Exit(130) from None
     typer.echo("stopped")

@@ -17,6 +17,10 @@ context. The rest of the quarantine is :mod:`trainflow.ray_internals`.
 15. Ray Data's first Parquet datasource (:func:`parquet_datasource_v1`).
     ``DataContext.use_datasource_v2``, the rollout flag of its second. Moved: the datasource
     Ray picks, which lists the files at every execution of a streamed split.
+22. Ray Serve's direct ingress (:func:`direct_ingress_env`): ``RAY_SERVE_ENABLE_DIRECT_INGRESS``
+    and its port range and drain in ``ray.serve._private.constants``, the per-variable form of
+    what the documented ``RAY_SERVE_THROUGHPUT_OPTIMIZED`` turns on with other switches. Moved:
+    requests go through Serve's HTTP proxy again (benchmarks/results.md, online serving).
 """
 
 from __future__ import annotations
@@ -41,6 +45,13 @@ TUNE_NEW_OUTPUT = "RAY_AIR_NEW_OUTPUT"
 # 15. Ray Data's context.
 DATASOURCE_V2 = "use_datasource_v2"
 
+# 22. Ray Serve's direct ingress: an ingress replica answers HTTP on a port of the range.
+SERVE_DIRECT_INGRESS = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
+SERVE_DIRECT_MIN_PORT = "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"
+SERVE_DIRECT_MAX_PORT = "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"
+SERVE_DIRECT_DRAIN = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
+SERVE_DIRECT = (SERVE_DIRECT_INGRESS, SERVE_DIRECT_MIN_PORT, SERVE_DIRECT_MAX_PORT, SERVE_DIRECT_DRAIN)
+
 # Every switch named here: tests/test_layers.py keeps them out of the rest of trainflow and its tests.
 NAMES = (
     *RAYLET_FLAGS,
@@ -52,6 +63,7 @@ NAMES = (
     TRAIN_WORKER_GROUP_START_TIMEOUT,
     TUNE_NEW_OUTPUT,
     DATASOURCE_V2,
+    *SERVE_DIRECT,
 )
 
 
@@ -71,3 +83,15 @@ def parquet_datasource_v1() -> Iterator[None]:
         yield
     finally:
         setattr(context, DATASOURCE_V2, before)
+
+
+def direct_ingress_env(port: int, drain_s: float) -> dict[str, str]:
+    """The environment of a cluster whose Serve replica of an ingress deployment listens on
+    ``port`` itself (the range Serve allocates from is that one port), held open ``drain_s``
+    after it is told to stop. Serve's HTTP proxy still starts, on the port ``serve.start`` names."""
+    return {
+        SERVE_DIRECT_INGRESS: "1",
+        SERVE_DIRECT_MIN_PORT: str(port),
+        SERVE_DIRECT_MAX_PORT: str(port + 1),  # the end of Serve's range, not in it
+        SERVE_DIRECT_DRAIN: f"{drain_s:g}",
+    }

@@ -28,11 +28,18 @@ def serve_endpoint(
     port and the replicas' CPUs are checked before Ray starts. ``shadow``: an alias or
     version of the model that also answers every request, off the answer's path."""
     app = _checked_app(model, host, port, replicas, max_replicas, cpus_per_replica, ray_address, shadow)
-    return _served(app, model, host, port, ray_address, stop_after_s)
+    one_replica = replicas == 1 and max_replicas is None
+    return _served(app, model, host, port, ray_address, stop_after_s, one_replica)
 
 
 def _served(
-    app, model: str, host: str, port: int, ray_address: str | None, stop_after_s: float | None
+    app,
+    model: str,
+    host: str,
+    port: int,
+    ray_address: str | None,
+    stop_after_s: float | None,
+    one_replica: bool = False,
 ) -> str:
     """Serve ``app`` until stopped, logging where; the URL it served at ("" if never ready)."""
     logger = get_run_logger()
@@ -45,6 +52,7 @@ def _served(
         ray_address=ray_address,
         stop_after_s=stop_after_s,
         model_kind=serving.model_kind(model),
+        one_replica=one_replica,
     )
     logger.info("stopped serving %s", model)
     return served[0] if served else ""

@@ -1,6 +1,9 @@
 """The command's side of serving: the checks before Ray starts (the model's kind, the
 port, the replicas' CPUs) and :func:`serve_until_stopped`, which runs the application
-until a signal."""
+until a signal. On a local cluster of its own, one replica answers HTTP on the port itself
+(Serve's direct ingress) rather than behind Serve's HTTP proxy: the proxy's hop and its
+callbacks cost several times the model's own work per request (benchmarks/results.md,
+online serving)."""
 
 import logging
 import os
@@ -14,12 +17,12 @@ from contextlib import contextmanager
 from ray import serve
 
 from trainflow.cluster.checks import PreflightError, check_shipped
-from trainflow.cluster.session import ray_session
+from trainflow.cluster.session import ray_address, ray_session
 from trainflow.config import PipelineConfig
 from trainflow.pipelines import registry
 from trainflow.pipelines.models.checkpoint import SPEC, read_json
-from trainflow.pipelines.serving.settings import APP_NAME, QUIET_LOGS
-from trainflow.ray_internals import local_cluster_resources
+from trainflow.pipelines.serving.settings import APP_NAME, DIRECT_DRAIN_S, QUIET_LOGS
+from trainflow.ray_internals import local_cluster_resources, switches
 from trainflow.workspace import Workspace, workspace
 
 log = logging.getLogger("trainflow.serving")
@@ -73,30 +76,67 @@ def serve_until_stopped(
     ray_address: str | None = None,
     stop_after_s: float | None = None,
     model_kind: str | None = None,
+    one_replica: bool = False,
 ) -> None:
     """Start Ray (a local cluster, or the one at ``ray_address`` or RAY_ADDRESS) and
     Serve listening on ``host:port``, run ``application`` and block until SIGINT or
     SIGTERM (or ``stop_after_s`` after it is ready); then take the application down, and
     Serve with the local cluster. ``on_ready`` gets the URL. ``model_kind``: the served
-    model's (:func:`model_kind`), whose module, for a user's model, the session ships
-    and, on a cluster started elsewhere, checks there with the versions."""
+    model's (:func:`model_kind`), whose module the session ships (a user's model) and a
+    cluster elsewhere checks. ``one_replica``: on a cluster this starts, the one replica
+    listens on the port."""
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     model = {"model": {"kind": model_kind}} if model_kind else {}
     session = PipelineConfig(ray={"address": ray_address}, **model)
-    with ray_session(session):
-        check_shipped(log, modules=session.user_modules)
-        # Installed after ray.init, whose own SIGTERM handler would abort the process.
-        with _signals_stop() as stop:
-            serve.start(http_options={"host": host, "port": port}, logging_config=QUIET_LOGS)
-            try:
-                serve.run(application, name=APP_NAME, route_prefix="/", logging_config=QUIET_LOGS)
-                on_ready(f"http://{_url_host(host)}:{port}")
-                _wait(stop, stop_after_s)
-            finally:
-                # The application drains (requests in flight are answered) and stops; a
-                # cluster elsewhere keeps Serve for its other applications, a local one
-                # ends with the session, Serve's controller and proxy with it.
-                serve.delete(APP_NAME)
+    direct = one_replica and _starts_local_cluster(session)
+    with _environment(switches.direct_ingress_env(port, DIRECT_DRAIN_S) if direct else {}):
+        with ray_session(session):
+            check_shipped(log, modules=session.user_modules)
+            # The proxy stays Serve's entry for handles and other applications; the port is the replica's.
+            proxy_port = _free_port(host) if direct else port
+            # Installed after ray.init, whose own SIGTERM handler would abort the process.
+            with _signals_stop() as stop:
+                serve.start(http_options={"host": host, "port": proxy_port}, logging_config=QUIET_LOGS)
+                try:
+                    serve.run(application, name=APP_NAME, route_prefix="/", logging_config=QUIET_LOGS)
+                    on_ready(f"http://{_url_host(host)}:{port}")
+                    _wait(stop, stop_after_s)
+                finally:
+                    # The application drains (requests in flight are answered) and stops; a
+                    # cluster elsewhere keeps Serve for its other applications, a local one
+                    # ends with the session, Serve's controller and proxy with it.
+                    serve.delete(APP_NAME)
+
+
+def _starts_local_cluster(session: PipelineConfig) -> bool:
+    """Whether :func:`ray_session` starts a local cluster, whose processes take this
+    process's environment (not a connected process, not a cluster's address)."""
+    import ray
+
+    return not ray.is_initialized() and not ray_address(session)
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment for the block, the previous ones back after."""
+    previous = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _free_port(host: str) -> int:
+    """A port on ``host`` that nothing listens on now."""
+    family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 @contextmanager

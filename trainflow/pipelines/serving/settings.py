@@ -24,6 +24,9 @@ MAX_ONGOING_REQUESTS = 64
 TARGET_ONGOING_REQUESTS = 16
 # How often a replica asks the registry where its alias points.
 POLL_INTERVAL_S = 2.0
+# How long a replica answering HTTP itself (one replica, on a local cluster) keeps its port
+# open once told to stop, for requests in flight: no load balancer stands in front to drain.
+DIRECT_DRAIN_S = 0.5
 # The Serve application serve_until_stopped runs, and deletes when it stops.
 APP_NAME = "trainflow"
 # Serve's controller, proxy and replicas log every request and deployment step at INFO;

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from trainflow.files import replacing_file
 from trainflow.ray_internals import switches
 from trainflow.stack.services import (
     alive,
@@ -60,12 +61,9 @@ class Warm:
 
     def save(self) -> None:
         """warm.json, written whole (a temporary file renamed over it)."""
-        self.folder.mkdir(parents=True, exist_ok=True)
         state = {k: v for k, v in asdict(self).items() if k != "folder"}
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".warm-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(state, f, indent=2)
-        os.replace(tmp, self.folder / "warm.json")
+        with replacing_file(self.folder / "warm.json") as tmp:
+            tmp.write_text(json.dumps(state, indent=2))
 
     @property
     def token_file(self) -> Path:

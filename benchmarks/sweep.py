@@ -1,8 +1,10 @@
 """Sweep: `trainflow sweep configs/digits-sweep.yaml` (8 trials, ASHA, as many at once as
 the cluster fits) against the same 8 trials run one after another to their last epoch
 (the same seed draws the same trials; `sweep.max_concurrent=1`, `scheduler.kind=fifo`),
-alternating (sweep, sequential, sweep, sequential, ...) so that both halves run under
-the same load.
+and against the same sweep with a Ray Train run per trial (`sweep.reuse_workers=false`),
+alternating so that every kind runs under the same load. Then many models: the 16 small
+regressions of benchmarks/configs/diabetes-many.yaml as one `trainflow sweep`, against the
+same 16 trained one after another in one plain PyTorch process (many_models_plain.py).
 
     python benchmarks/sweep.py                # 2 rounds
     python benchmarks/sweep.py --rounds 3
@@ -43,17 +45,21 @@ from common import (
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CONFIG = REPO / "configs" / "digits-sweep.yaml"
+MANY = HERE / "configs" / "diabetes-many.yaml"
 TARGET_S = 600  # issue 8: 8 trials on digits with ASHA under 10 minutes on 2 cores
 
+OWN_RUNS = "a Ray Train run per trial"
 RUNS = {
     "sweep": [],
     "sequential": ["--set", "sweep.max_concurrent=1", "--set", "sweep.scheduler.kind=fifo"],
+    OWN_RUNS: ["--set", "sweep.reuse_workers=false"],
 }
 QUICK = ["--set", "sweep.trials=2", "--set", "train.epochs=2", "--set", "sweep.scheduler.grace_period=1"]
+QUICK_MANY = ["--set", "train.epochs=2"]
 
 
-def run(extra: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "trainflow.cli", "sweep", str(CONFIG.relative_to(REPO)), *extra]
+def run(extra: list[str], config: Path = CONFIG) -> dict:
+    cmd = [sys.executable, "-m", "trainflow.cli", "sweep", str(config.relative_to(REPO)), *extra]
     with tempfile.TemporaryDirectory(prefix="trainflow-bench-sweep-") as home:
         env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PREFECT_API_URL")}
         env["TRAINFLOW_HOME"] = home
@@ -80,6 +86,25 @@ def run(extra: list[str]) -> dict:
     }
 
 
+def run_plain() -> dict:
+    """The many-models baseline, many_models_plain.py, as a whole process."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PREFECT_API_URL")}
+    load_start = load1()
+    r = run_measured([sys.executable, "many_models_plain.py"], env, HERE)
+    load_end = load1()
+    if r["returncode"] != 0:
+        sys.stderr.write(r["stdout"][-3000:])
+        raise SystemExit("benchmark command failed: many_models_plain.py")
+    words = r["stdout"].split()
+    return {
+        "command": "benchmarks/many_models_plain.py",
+        **{k: r[k] for k in ("wall_s", "cpu_s", "cpu_method")},
+        "load_1min": {"at_start": load_start, "at_end": load_end},
+        "best_val_loss": float(words[words.index("best_val_loss") + 1]),
+        "train_s": float(words[words.index("train_s") + 1]),
+    }
+
+
 def parse(out: str) -> dict:
     """The trial table and summary lines that `trainflow sweep` prints."""
     lines = out.splitlines()
@@ -93,7 +118,17 @@ def parse(out: str) -> dict:
             "stopped early" if status_and_rest.startswith("stopped early") else status_and_rest.split()[0]
         )
         epochs = re.search(r"\b(\d+)/(\d+)\b", status_and_rest)
-        trials.append({"trial": trial, "status": status, "epochs": int(epochs[1]), "of": int(epochs[2])})
+        after = status_and_rest[epochs.end() :].split()
+        metric = float(after[0]) if after and re.fullmatch(r"-?[0-9.]+(e-?[0-9]+)?", after[0]) else None
+        trials.append(
+            {
+                "trial": trial,
+                "status": status,
+                "epochs": int(epochs[1]),
+                "of": int(epochs[2]),
+                "metric": metric,
+            }
+        )
     summary = {
         line.split(maxsplit=1)[0]: line.split(maxsplit=1)[1]
         for line in lines
@@ -102,12 +137,20 @@ def parse(out: str) -> dict:
     return {"trials": trials, "summary": summary}
 
 
-def summarize(runs: dict[str, list[dict]], quick: bool, note: str, rounds: int) -> dict:
-    med = {
+def medians(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    return {
         name: {k: round(statistics.median(r[k] for r in rs), 2) for k in ("wall_s", "cpu_s")}
         for name, rs in runs.items()
     }
+
+
+def summarize(
+    runs: dict[str, list[dict]], many: dict[str, list[dict]], quick: bool, note: str, rounds: int
+) -> dict:
+    med = medians(runs)
     sweep_wall = med["sweep"]["wall_s"]
+    steps = {name: statistics.median(_step_s(r) for r in rs) for name, rs in runs.items()}
+    many_med = medians(many)
     return {
         "benchmark": "sweep: configs/digits-sweep.yaml, ASHA in parallel vs the same trials in turn",
         "quick": quick,
@@ -121,9 +164,25 @@ def summarize(runs: dict[str, list[dict]], quick: bool, note: str, rounds: int) 
         "stopped_early": [sum(t["status"] == "stopped early" for t in r["trials"]) for r in runs["sweep"]],
         "ratio_sweep_to_sequential_wall": ratio(sweep_wall, med["sequential"]["wall_s"]),
         "ratio_sweep_to_sequential_cpu": ratio(med["sweep"]["cpu_s"], med["sequential"]["cpu_s"]),
+        "sweep_step_s": steps,
+        "ratio_sweep_to_sequential_sweep_step": ratio(steps["sweep"], steps["sequential"]),
+        "ratio_sweep_to_own_runs_wall": ratio(sweep_wall, med[OWN_RUNS]["wall_s"]),
+        "many_models": {
+            "runs": many,
+            "medians": many_med,
+            "ratio_trainflow_to_plain_wall": ratio(
+                many_med["trainflow"]["wall_s"], many_med["plain"]["wall_s"]
+            ),
+            "ratio_trainflow_to_plain_cpu": ratio(many_med["trainflow"]["cpu_s"], many_med["plain"]["cpu_s"]),
+        },
         "target_s": TARGET_S,
         "meets_target": sweep_wall < TARGET_S,
     }
+
+
+def _step_s(r: dict) -> float:
+    """The sweep step's seconds, from the `steps` summary line."""
+    return float(_step(r, "sweep").rstrip("s"))
 
 
 def _step(r: dict, name: str) -> str:
@@ -173,10 +232,60 @@ def markdown(report: dict) -> str:
         f"Sweep / sequential: **{report['ratio_sweep_to_sequential_wall']:.2f}x** the wall time, "
         f"{report['ratio_sweep_to_sequential_cpu']:.2f}x the CPU time. "
         f"Target, the sweep under {report['target_s'] // 60} minutes on 2 cores: "
-        f"{'met' if report['meets_target'] else 'missed'} ({med['sweep']['wall_s']:.0f} s).",
+        f"{'met' if report['meets_target'] else 'missed'} ({med['sweep']['wall_s']:.0f} s). The sweep step "
+        "alone (the trials, from the `steps` line): "
+        f"{report['sweep_step_s']['sweep']:.1f} s against "
+        f"{report['sweep_step_s']['sequential']:.1f} s one after another, "
+        f"**{report['ratio_sweep_to_sequential_sweep_step']:.2f}x**; with a Ray Train run per trial "
+        f"(`sweep.reuse_workers=false`) {report['sweep_step_s'][OWN_RUNS]:.1f} s: the whole sweep is "
+        f"**{report['ratio_sweep_to_own_runs_wall']:.2f}x** that run's wall time.",
         "",
+        *many_models_markdown(report),
     ]
     return "\n".join(md)
+
+
+def many_models_markdown(report: dict) -> list[str]:
+    many = report["many_models"]
+    med = many["medians"]
+    md = [
+        "### Many models: 16 small regressions",
+        "",
+        "`trainflow sweep benchmarks/configs/diabetes-many.yaml` (a grid of 4 widths by 4 learning "
+        "rates of an MLP on scikit-learn's diabetes data, 40 epochs each, every trial to its last "
+        "epoch, half a CPU each) against the same 16 models trained one after another in one plain "
+        "PyTorch process (`benchmarks/many_models_plain.py`, one thread, as each trial has), in the "
+        "same rounds. Each figure is the whole command, its start-up included.",
+        "",
+        "| round | run | wall s | CPU s | trials (sweep step) | best val loss | load at start, end |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for i in range(report["rounds"]):
+        t = many["runs"]["trainflow"][i]
+        plain = many["runs"]["plain"][i]
+        md.append(
+            f"| {i + 1} | trainflow | {t['wall_s']:.0f} | {t['cpu_s']:.0f} | {_step(t, 'sweep')} | "
+            f"{_best(t)} | {t['load_1min']['at_start']:g}, {t['load_1min']['at_end']:g} |"
+        )
+        md.append(
+            f"| {i + 1} | plain | {plain['wall_s']:.0f} | {plain['cpu_s']:.0f} | {plain['train_s']:.1f}s | "
+            f"{plain['best_val_loss']:.4f} | "
+            f"{plain['load_1min']['at_start']:g}, {plain['load_1min']['at_end']:g} |"
+        )
+    md += [
+        "",
+        f"Medians: trainflow {med['trainflow']['wall_s']:.0f} s wall, plain {med['plain']['wall_s']:.0f} s: "
+        f"**{many['ratio_trainflow_to_plain_wall']:.2f}x** the wall time, "
+        f"{many['ratio_trainflow_to_plain_cpu']:.2f}x the CPU time.",
+        "",
+    ]
+    return md
+
+
+def _best(r: dict) -> str:
+    """The best trial's val loss, from the trial table."""
+    losses = [t.get("metric") for t in r["trials"] if t.get("metric") is not None]
+    return f"{min(losses):.4f}" if losses else "?"
 
 
 def main() -> None:
@@ -202,13 +311,18 @@ def main() -> None:
         args.rounds = 1
 
     runs: dict[str, list[dict]] = {name: [] for name in RUNS}
+    many: dict[str, list[dict]] = {"trainflow": [], "plain": []}
     for i in range(args.rounds):
         for name, extra in RUNS.items():
             runs[name].append(run([*extra, *(QUICK if args.quick else [])]))
             r = runs[name][-1]
             print(f"round {i + 1}/{args.rounds} {name}: {r['wall_s']} s wall, {r['cpu_s']} s CPU", flush=True)
+        many["trainflow"].append(run(QUICK_MANY if args.quick else [], config=MANY))
+        many["plain"].append(run_plain())
+        for name, rs in many.items():
+            print(f"round {i + 1}/{args.rounds} many models, {name}: {rs[-1]['wall_s']} s wall", flush=True)
 
-    figures = summarize(runs, args.quick, args.note, args.rounds)
+    figures = summarize(runs, many, args.quick, args.note, args.rounds)
     # What write_section records beside the figures, quoted in the section's first lines.
     report = {
         "date": now(),

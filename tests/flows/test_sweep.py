@@ -1,5 +1,8 @@
-"""The sweep flow for real: Ray Tune trials of TorchTrainer on the session's cluster, two at
-a time, ASHA, the Prefect test server and an MLflow registry on SQLite."""
+"""The sweep flow for real: Ray Tune trials on the session's cluster, two at a time, ASHA,
+the Prefect test server and an MLflow registry on SQLite."""
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -47,6 +50,16 @@ def test_sweep_stops_weak_trials_reports_a_failed_one_and_registers_the_best(
     assert trials[0.001]["status"] == "stopped early" and trials[0.001]["epochs"] == 1
     assert trials[0.05]["status"] == "completed" and trials[0.05]["epochs"] == 3
     assert result.best_trial == trials[0.05]["trial_id"]
+
+    # Each trial trained in its Tune trial's process, which the next trial took over (Ray
+    # Train started no controller nor workers): the three trials that reported did so from
+    # two processes, Tune's result rows say, and kept their checkpoints in their own runs.
+    experiment = Path(result.best_config_path).parent
+    rows = [json.loads(line) for path in experiment.glob("run_trial_*/result.json") for line in path.open()]
+    assert len({row["trial_id"] for row in rows}) == 3 and len({row["pid"] for row in rows}) == 2, rows
+    best_checkpoint = Path(trials[0.05]["best_checkpoint"])
+    assert best_checkpoint.name == "checkpoint_epoch_000003"
+    assert best_checkpoint.parent.name.startswith("trial-")
 
     # The best trial's config, as YAML that `trainflow run` takes: its lr, one worker.
     best = load_config(result.best_config_path)

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from trainflow.config import load_config
+from trainflow.pipelines.training.in_trial import trains_in_trial, trial_resources
+from trainflow.pipelines.training.settings import PreparedSplits
 from trainflow.pipelines.training.sweep import SweepFailed, TrialSummary, best_trial, search_space
 
 
@@ -89,3 +91,29 @@ def test_a_sweep_whose_every_trial_failed_says_why_each_did():
         "no trial of the sweep produced a checkpoint: trial a1: TrainingDiverged: train loss "
         "became nan in epoch 1; trial a2: stopped early"
     )
+
+
+def test_trials_of_one_cpu_worker_on_data_in_memory_train_in_their_own_reused_process(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for split in ("train", "val"):
+        (tmp_path / split).mkdir()
+        pq.write_table(pa.table({"x": [0.0, 1.0], "label": [0, 1]}), tmp_path / split / "part.parquet")
+    prepared = PreparedSplits(path=str(tmp_path), preprocessor={}, num_features=1, num_outputs=2)
+    space = {"train.lr": {"grid": [0.01, 0.1]}}
+    assert trains_in_trial(sweep_config(space), prepared)
+    half = sweep_config(space, scaling={"num_workers": 1, "resources_per_worker": {"CPU": 0.5}})
+    assert trial_resources(half, prepared) == {"CPU": 0.5}
+    # Trials that need Ray Train's own workers, or PBT's hand-over of checkpoints, keep them.
+    for others in (
+        {"reuse_workers": False},
+        {"scaling": {"num_workers": 2}},
+        {"scaling": {"num_workers": 1, "use_gpu": True}},
+        {"scheduler": {"kind": "pbt"}},
+    ):
+        config = sweep_config(space, **others)
+        assert not trains_in_trial(config, prepared), others
+        assert trial_resources(config, prepared) == {"CPU": 0, "memory": 1}
+    for train in ({"in_memory": "never"}, {"loop": "pkg.loops:fit"}):
+        assert not trains_in_trial(load_config({"sweep": {"space": space}, "train": train}), prepared), train

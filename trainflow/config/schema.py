@@ -62,6 +62,7 @@ HASHED_UNLESS_DEFAULT = {
     ("sweep", "scheduler", "perturbation_interval"): 2,
     ("sweep", "scheduler", "quantile_fraction"): 0.25,
     ("sweep", "scheduler", "synch"): False,
+    ("sweep", "reuse_workers"): True,
     ("checkpoint", "preemption_check_steps"): 20,
 }
 

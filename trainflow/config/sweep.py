@@ -178,6 +178,13 @@ class SweepConfig(Section):
         description="Each trial's workers, as scaling says a run's: one worker by default, so that "
         "several trials run at once.",
     )
+    reuse_workers: bool = Field(
+        True,
+        description="Trials of one CPU worker with trainflow's own loop, under asha or fifo, train "
+        "in Ray Tune's trial process, which the next trial reuses: no processes start per trial. "
+        "false: each trial starts a Ray Train run of its own (a controller and its workers), as "
+        "trials of several workers, on a GPU, with a train.loop or under PBT always do.",
+    )
 
     @field_validator("space", mode="before")
     @classmethod

@@ -15,6 +15,7 @@ import math
 import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,6 +27,7 @@ from trainflow.pipelines.metrics import load_metrics
 from trainflow.pipelines.models.build import initial_model
 from trainflow.pipelines.models.checkpoint import save_checkpoint
 from trainflow.pipelines.models.hf import has_adapter
+from trainflow.pipelines.training.in_trial import TrialContext, save_and_report
 from trainflow.pipelines.training.inputs import Batch, epoch_batches, model_input, open_splits
 from trainflow.pipelines.training.losses import make_loss, on_device
 from trainflow.pipelines.training.placements import record_placement
@@ -276,8 +278,12 @@ class TrainingParts:
             ray.train.torch.enable_reproducibility(cfg.seed)
         else:
             seed_everything(cfg.seed)
-        device = ray.train.torch.get_device()
-        model = ray.train.torch.prepare_model(initial_model(settings.model_spec))
+        if settings.trial_folder:  # one worker in a sweep trial's process (.in_trial)
+            device = torch.device("cpu")
+            model = initial_model(settings.model_spec)
+        else:
+            device = ray.train.torch.get_device()
+            model = ray.train.torch.prepare_model(initial_model(settings.model_spec))
         optimizer = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.weight_decay, cfg.momentum)
         config = settings.config
         loss_fn = make_loss(
@@ -362,21 +368,28 @@ def report_epoch(
     """Report an epoch's ``metrics`` to Ray Train from every worker, rank 0's report with
     a checkpoint: the model with its spec, preprocessor and config, the metrics with the
     ``history`` of every epoch so far, and the train state to resume from. Rank 0 also
-    writes the epoch's progress row."""
+    writes the epoch's progress row. A sweep's trial in its own process saves and reports
+    to Ray Tune instead (:func:`.in_trial.save_and_report`)."""
     import ray.train
 
+    def save(folder: str | Path) -> None:
+        save_checkpoint(
+            folder,
+            model=parts.model,
+            spec=settings.model_spec,
+            preprocessor=settings.preprocessor,
+            config=saved_config,
+            metrics={**metrics, "history": history},
+            train_state=parts.train_state(metrics["epoch"], history),
+        )
+
+    if settings.trial_folder:  # a sweep's trial, in its own process (.in_trial)
+        save_and_report(metrics, settings.trial_folder, settings.config.checkpoint.keep, save)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = None
         if rank == 0:
-            save_checkpoint(
-                tmp,
-                model=parts.model,
-                spec=settings.model_spec,
-                preprocessor=settings.preprocessor,
-                config=saved_config,
-                metrics={**metrics, "history": history},
-                train_state=parts.train_state(metrics["epoch"], history),
-            )
+            save(tmp)
             checkpoint = ray.train.Checkpoint.from_directory(tmp)
             if progress is not None:
                 progress.add(metrics)
@@ -413,7 +426,8 @@ def resumed(
     import ray
     import ray.train
 
-    epoch, step, history = parts.resume(resume_state(ray.train.get_checkpoint(), settings))
+    checkpoint = None if settings.trial_folder else ray.train.get_checkpoint()
+    epoch, step, history = parts.resume(resume_state(checkpoint, settings))
     if settings.step_folder:
         same_start(epoch, step)
     if progress is not None:
@@ -437,7 +451,7 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
 
     # Set up: the model and what trains it; this worker's place in the group.
     parts = TrainingParts.build(settings)
-    ctx = ray.train.get_context()
+    ctx = TrialContext(settings.trial_folder) if settings.trial_folder else ray.train.get_context()
     rank = ctx.get_world_rank()
     # The ProgressLog the driver follows (None: nobody follows this run).
     progress = ProgressLog(settings.progress, rank) if settings.progress else None

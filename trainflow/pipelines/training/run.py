@@ -7,6 +7,7 @@ run; a sweep, once per trial.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -14,6 +15,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainflow import ray_internals
@@ -155,6 +157,28 @@ def run_training(
     # The train split's profile goes with the model: what drift is measured against later.
     profiles.attach(prepared.path, trained.best_checkpoint)
     return trained
+
+
+def train_in_trial(config: PipelineConfig, prepared: PreparedSplits, *, storage: str, run_name: str) -> None:
+    """Train ``config`` on the ``prepared`` splits in this process, a sweep trial's
+    (:mod:`.in_trial`), trainflow's loop its only worker, as the run ``run_name`` under
+    ``storage``; the train split's profile goes with each checkpoint kept, also when Tune
+    stops the trial at a report. Raises TrainingDiverged when the loss became NaN or
+    infinite."""
+    folder = Path(storage) / run_name
+    settings = trainer_inputs(
+        config, prepared, run_name=run_name, storage=storage, follow=False, placements=None
+    )[0]
+    # No mid-epoch saves: a trial is not resumed (the sweep reports a failed one).
+    settings = dataclasses.replace(settings, trial_folder=str(folder), step_folder=None)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        outcome = train_loop_per_worker({SETTINGS: settings})
+    finally:
+        for checkpoint in folder.glob("checkpoint_epoch_*"):
+            profiles.attach(prepared.path, str(checkpoint))
+    if outcome.status == "diverged":
+        raise TrainingDiverged(outcome.message)
 
 
 def _ended(

@@ -58,6 +58,9 @@ class TrainSettings:
     # Where rank 0 saves the state mid-epoch (resume.StepSaver): every
     # checkpoint.every_n_steps steps, and when a node is being preempted; None: no saves.
     step_folder: str | None = None
+    # A sweep's trial training in its Tune trial's own process (.in_trial): its run's
+    # folder, where each epoch's checkpoint is saved; None: Ray Train keeps them.
+    trial_folder: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("model_spec", "preprocessor", "memory_splits", "class_weights"):

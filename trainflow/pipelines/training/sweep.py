@@ -29,12 +29,14 @@ from trainflow.cluster.session import driver_side
 from trainflow.config import FailureSection, PipelineConfig, SweepConfig, trial_config
 from trainflow.config.sweep import POPULATION_SCHEDULERS
 from trainflow.files import replacing_file
+from trainflow.pipelines.training.in_trial import trains_in_trial, trial_resources
 from trainflow.pipelines.training.placements import PlacementTracker
-from trainflow.pipelines.training.run import checkpoint_metrics, run_training
+from trainflow.pipelines.training.run import checkpoint_metrics, run_training, train_in_trial
 from trainflow.pipelines.training.settings import PreparedSplits
 from trainflow.pipelines.training.trial_reports import (
     CHECKPOINT_PATH,
     exploited_checkpoint,
+    quiet_stop,
     report_to_tune,
 )
 from trainflow.signals import stop_on_signals
@@ -100,21 +102,26 @@ def run_trial(
     placements: str,
     population: bool = False,
 ) -> None:
-    """One trial, run by Ray Tune in its own actor: :func:`run_training` of the sampled config.
-
-    Every epoch's report reaches Tune from this thread (:func:`.trial_reports.report_to_tune`);
-    a diverged loss fails the trial. Worker groups record their placement groups with
+    """One trial, run by Ray Tune in its actor: trained there (:func:`.run.train_in_trial`)
+    where :func:`.in_trial.trains_in_trial` says, else :func:`run_training` of the sampled
+    config, whose reports reach Tune from this thread (:func:`.trial_reports.report_to_tune`).
+    A diverged loss fails the trial. Worker groups record their placement groups with
     ``placements``. Under ``population`` (pbt, pb2) each epoch's checkpoint goes to Tune too,
     and a trial handed another's checkpoint goes on from it, in a Ray Train run named after it."""
     import ray.tune
 
     configure_ray_data()  # this trial's actor runs the trainer's Dataset executions
-    config = trial_config(PipelineConfig.model_validate(base), tune_config["params"])
+    quiet_stop()  # Tune ends a trial's actor with SIGTERM
+    swept = PipelineConfig.model_validate(base)
+    config = trial_config(swept, tune_config["params"])
     # No restarts of a trial's workers: when a trial ends, the sweep removes its workers'
     # placement group, and a controller that outlived it would restart them in a new one
     # that nothing removes. A worker that fails fails its trial, which the sweep reports.
     config = config.model_copy(update={"failure": FailureSection(max_failures=0)})
     trial_id = ray.tune.get_context().get_trial_id()
+    if trains_in_trial(swept, prepared):
+        train_in_trial(config, prepared, storage=storage, run_name=trial_run(trial_id))
+        return
     train = functools.partial(
         run_training, config, prepared, storage=storage, placements=placements, run_name=trial_run(trial_id)
     )
@@ -312,9 +319,7 @@ def build_tuner(
         population=population,
     )
     return tune.Tuner(
-        # The trial actor only waits on its trainer; the trainer's workers hold the CPUs.
-        # Tune refuses a trial that asks for nothing at all, so it asks for one byte.
-        tune.with_resources(trainable, {"CPU": 0, "memory": 1}),
+        tune.with_resources(trainable, trial_resources(config, prepared)),
         param_space={"params": search_space(sweep)},
         tune_config=tune.TuneConfig(
             metric=sweep.metric,
@@ -322,8 +327,9 @@ def build_tuner(
             num_samples=sweep.trials,
             scheduler=trial_scheduler(config),
             search_alg=search_algorithm(sweep, max_concurrent),
-            # A trial PBT pauses ends with its actor, and its trainer's with it.
-            reuse_actors=False,
+            # A trial that trains in its own process hands it to the next (.in_trial); one
+            # with a trainer of its own ends with it, as PBT's pause needs.
+            reuse_actors=trains_in_trial(config, prepared),
         ),
         run_config=tune.RunConfig(
             name=name,

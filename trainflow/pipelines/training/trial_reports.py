@@ -43,7 +43,6 @@ def report_to_tune(train: Callable[..., Any], checkpoints: bool) -> None:
     import ray.tune
     from ray.util.queue import Queue
 
-    quiet_stop()
     rows = Queue(actor_options={"num_cpus": 0})
     failed: list[BaseException] = []
 

@@ -1,0 +1,110 @@
+"""A sweep's trial trained inside Ray Tune's trial process, which Tune hands the next trial.
+
+Each Ray Train run starts a controller and its workers, whose start (torch imported in
+new processes) costs far more than a small model's epochs. A trial of one CPU worker,
+trainflow's own loop and data held in memory needs neither: its trial process runs the
+loop itself, and Tune reuses that process for the next trial (``reuse_actors``). Ray
+Train's functions refuse to answer inside a Tune trial, so the loop asks
+:class:`TrialContext`, saves each epoch's checkpoint in the trial's run folder, as Ray
+Train would, keeps the best ``checkpoint.keep`` and the latest, and reports the epoch to
+Tune from the trial's thread, where ASHA stops it at a report (docs/guides/sweeps.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainflow.config import PipelineConfig
+from trainflow.config.sweep import POPULATION_SCHEDULERS
+from trainflow.pipelines.models.checkpoint import CONFIG, METRICS
+from trainflow.pipelines.training.inputs import TRAIN_SPLITS, splits_in_memory
+from trainflow.pipelines.training.settings import PreparedSplits
+from trainflow.pipelines.training.trial_reports import CHECKPOINT_PATH
+
+
+class TrialContext:
+    """What the loop asks of Ray Train's context, for a trial training in its own process:
+    the only worker, in the run of its folder's name (Ray Train's own functions refuse to
+    answer inside a Tune trial)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def get_world_rank(self) -> int:
+        return 0
+
+    def get_world_size(self) -> int:
+        return 1
+
+    def get_experiment_name(self) -> str:
+        return Path(self.folder).name
+
+
+def trains_in_trial(config: PipelineConfig, prepared: PreparedSplits) -> bool:
+    """Whether each trial of ``config.sweep`` trains inside its Tune trial's process: one
+    worker on the CPU with trainflow's own loop, every split of ``prepared`` held in
+    memory, under a scheduler that stops trials rather than copies them (PBT and PB2 hand
+    checkpoints between trials' runs), unless ``sweep.reuse_workers`` is off."""
+    sweep = config.sweep
+    scaling = sweep.scaling
+    trial = config.model_copy(update={"scaling": scaling})  # as a trial's config has it
+    return (
+        sweep.reuse_workers
+        and scaling.num_workers == 1
+        and not scaling.use_gpu
+        and set(scaling.resources_per_worker) <= {"CPU", "memory"}
+        and not config.train.loop
+        and sweep.scheduler.kind not in POPULATION_SCHEDULERS
+        and config.checkpoint.every_n_steps is None
+        and set(TRAIN_SPLITS) <= set(splits_in_memory(trial, prepared.path))
+    )
+
+
+def trial_resources(config: PipelineConfig, prepared: PreparedSplits) -> dict[str, float]:
+    """What each trial's process asks of the cluster: its one worker's resources when it
+    trains itself; else nothing but a byte (Tune refuses a trial that asks for nothing),
+    since its Ray Train workers hold the CPUs."""
+    if trains_in_trial(config, prepared):
+        return {"CPU": 1.0, **config.sweep.scaling.resources_per_worker}
+    return {"CPU": 0, "memory": 1}
+
+
+def save_and_report(metrics: dict[str, float], folder: str, keep: int, save: Callable[[Path], Any]) -> None:
+    """Save an epoch's checkpoint with ``save(folder)`` as ``checkpoint_epoch_<n>`` in the
+    run ``folder`` (written under a temporary name, then renamed), delete those past the
+    best ``keep`` by the config's metric and the latest, and report the epoch to Ray Tune
+    with the checkpoint's path."""
+    import ray.tune
+
+    run = Path(folder)
+    path = run / f"checkpoint_epoch_{int(metrics['epoch']):06d}"
+    tmp = run / f".{path.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save(tmp)
+    shutil.rmtree(path, ignore_errors=True)  # a trial reset to the same run name starts over
+    os.replace(tmp, path)
+    _keep_best(run, keep, path)
+    ray.tune.report({**metrics, CHECKPOINT_PATH: str(path)})
+
+
+def _keep_best(run: Path, keep: int, latest: Path) -> None:
+    """Delete the run's checkpoints but the best ``keep`` by the metric each one's config
+    names (``checkpoint.metric`` and ``mode``) and ``latest``."""
+    saved = sorted(run.glob("checkpoint_epoch_*"))
+    checkpoint = json.loads((latest / CONFIG).read_text())["checkpoint"]
+    metric = checkpoint["metric"]
+    sign = -1.0 if checkpoint["mode"] == "max" else 1.0
+
+    def score(folder: Path) -> float:
+        value = json.loads((folder / METRICS).read_text()).get(metric)
+        return float("inf") if value is None else sign * float(value)
+
+    kept = set(sorted(saved, key=score)[:keep]) | {latest}
+    for folder in saved:
+        if folder not in kept:
+            shutil.rmtree(folder, ignore_errors=True)

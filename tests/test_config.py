@@ -246,6 +246,7 @@ def test_a_trial_config_runs_as_is_and_hashes_as_a_plain_config():
     dropped = ("sweep", "cache", "drift")
     plain = {k: v for k, v in trial.model_dump(mode="json").items() if k not in dropped}
     del plain["registry"]["lease_s"]
+    plain["task"] = plain.pop("objective")  # hashed under its name before the rename
     for *parents, field in [*HASHED_WHEN_SET, *HASHED_UNLESS_DEFAULT]:
         if parents[0] in plain:  # not the sweep's, dropped whole
             del plain[parents[0]][field]
@@ -261,14 +262,14 @@ def test_the_sweep_example_config_loads():
 
 def test_a_regression_defaults_to_its_own_loss_metrics_and_an_unbounded_gate():
     config = load_config(
-        {"task": "regression", "data": {"source": "builtin:diabetes", "label_column": "target"}}
+        {"objective": "regression", "data": {"source": "builtin:diabetes", "label_column": "target"}}
     )
     assert config.loss == "mse"
     assert (config.checkpoint.metric, config.checkpoint.mode) == ("val_loss", "min")
     assert config.registry.gate_metric == "rmse" and config.registry.lower_is_better
     assert config.registry.min_value is None  # a bound only when the config sets one
-    # What the config sets wins over the task's defaults.
-    bounded = load_config({"task": "regression", "registry": {"min_value": 60.0, "gate_metric": "mae"}})
+    # What the config sets wins over the objective's defaults.
+    bounded = load_config({"objective": "regression", "registry": {"min_value": 60.0, "gate_metric": "mae"}})
     assert (bounded.registry.min_value, bounded.registry.gate_metric) == (60.0, "mae")
     # A classification keeps its defaults: a floor of 0.9 on accuracy.
     assert (PipelineConfig().registry.gate_metric, PipelineConfig().registry.min_value) == ("accuracy", 0.9)
@@ -296,7 +297,7 @@ def test_a_regression_defaults_to_its_own_loss_metrics_and_an_unbounded_gate():
 )
 def test_a_regression_refuses_what_only_classification_means_naming_the_field(raw, message):
     with pytest.raises(ConfigError, match=message) as e:
-        load_config({"task": "regression", **raw})
+        load_config({"objective": "regression", **raw})
     assert "\n" not in str(e.value)
 
 
@@ -309,7 +310,7 @@ def test_a_classification_refuses_regression_metrics_and_losses():
 
 def test_the_regression_example_config_loads():
     config = load_config(Path(__file__).parent.parent / "configs" / "diabetes-regression.yaml")
-    assert config.task == "regression" and config.data.source == "builtin:diabetes"
+    assert config.objective == "regression" and config.data.source == "builtin:diabetes"
     assert config.registry.min_value is None
 
 
@@ -342,7 +343,7 @@ def test_the_cache_is_a_folder_or_a_uri_and_does_not_change_the_hash(tmp_path, m
     [
         ({}, "39df3e90562f"),
         (
-            {"task": "regression", "data": {"source": "builtin:diabetes", "label_column": "target"}},
+            {"objective": "regression", "data": {"source": "builtin:diabetes", "label_column": "target"}},
             "848bcaea4be4",
         ),
         (
@@ -367,7 +368,7 @@ def test_a_known_config_hashes_to_its_known_value(raw, expected):
     assert load_config(raw).config_hash() == expected
 
 
-def test_the_preparation_hash_follows_data_preprocess_and_task_only():
+def test_the_preparation_hash_follows_data_preprocess_and_objective_only():
     base = load_config({})
     trains_otherwise = load_config(
         {}, ["train.lr=0.02", "model.kind=mlp", "scaling.num_workers=1", "name=other", "cache=/elsewhere"]
@@ -375,7 +376,7 @@ def test_the_preparation_hash_follows_data_preprocess_and_task_only():
     assert trains_otherwise.preparation_hash() == base.preparation_hash()
     assert trains_otherwise.config_hash() != base.config_hash()
     assert re.fullmatch(r"[0-9a-f]{12}", base.preparation_hash())
-    for change in ("data.limit=100", "data.split.seed=1", "preprocess.scaler=minmax", "task=regression"):
+    for change in ("data.limit=100", "data.split.seed=1", "preprocess.scaler=minmax", "objective=regression"):
         assert load_config({}, [change]).preparation_hash() != base.preparation_hash(), change
 
 

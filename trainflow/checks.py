@@ -130,7 +130,7 @@ def own_loss_and_metrics(config: PipelineConfig) -> None:
     if config.train.user_loss is not None:
         from trainflow.pipelines.training.losses import user_loss
 
-        user_loss(config.train.user_loss, config.train.loss_args, regression=config.task == "regression")
+        user_loss(config.train.user_loss, config.train.loss_args, regression=config.objective == "regression")
     load_metrics(config.evaluation)
 
 
@@ -150,7 +150,9 @@ def source(config: PipelineConfig) -> SourceInfo:
     from trainflow.pipelines.data.tokenizer import transform_of
     from trainflow.workspace import cache_folder
 
-    return inspect_source(config.data, cache_folder(config), task=config.task, transform=transform_of(config))
+    return inspect_source(
+        config.data, cache_folder(config), objective=config.objective, transform=transform_of(config)
+    )
 
 
 def cluster(config: PipelineConfig, workers: str | None, *, gpus_per_actor: float = 0) -> None:

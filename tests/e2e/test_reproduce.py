@@ -97,7 +97,7 @@ def test_each_version_has_a_card_in_mlflow_and_in_prefect_with_the_gates_reason(
         assert card.startswith(f"# {NAME} version {version}\n")
         assert f"{mv.tags['gate.reason']}" in card and "Gate on `accuracy` passed: champion." in card
         for expected in [
-            "| task | classification |",
+            "| objective | classification |",
             "| model kind | `mlp` |",
             f"| data source | `{project / 'digits.csv'}` |",
             f"| data fingerprint | `{mv.tags['trainflow.data_fingerprint']}` |",

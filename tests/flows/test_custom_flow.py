@@ -64,8 +64,9 @@ def test_a_step_handed_another_configs_prepared_data_or_another_steps_result_fai
         return train(mine, preprocess(other, ingest(other)))
 
     message = _fails_in_one_line(train_on_other_data)
-    assert "train: prepared was made by a config whose data, preprocess or task differ from steps-mine's" in (
-        message
+    assert (
+        "train: prepared was made by a config whose data, preprocess or objective differ from steps-mine's"
+        in (message)
     )
 
     @flow

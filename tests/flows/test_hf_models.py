@@ -80,7 +80,7 @@ def regression(tiny_bert, ray_cluster, prefect_harness, module_trainflow_home, t
         {
             "name": LORA_NAME,
             "data": {"source": str(source), "label_column": "words"},
-            "task": "regression",
+            "objective": "regression",
             "preprocess": {"tokenizer": {"name": str(tiny_bert), "max_length": 32}},
             "model": {"kind": f"hf:{tiny_bert}"},
             "train": {"epochs": 6, "batch_size": 32, "lr": 0.01, "lora": {"r": 4, "merge": True}},

@@ -124,7 +124,7 @@ def test_a_regression_is_gated_on_a_metric_of_mode_min_in_the_labels_units(
     config = load_config(
         small_config(
             name="diabetes-max-error",
-            task="regression",
+            objective="regression",
             data={"source": "builtin:diabetes", "label_column": "target"},
             train={"epochs": 3, "lr": 0.01},
             evaluation={"metrics": {"max_error": {"fn": "reg_metrics:max_error", "mode": "min"}}},
@@ -138,7 +138,7 @@ def test_a_regression_is_gated_on_a_metric_of_mode_min_in_the_labels_units(
     assert reg.champion and reg.decision["metric"] == "max_error"
     assert reg.decision["reason"].endswith("clears min_value 400.0")
     # In the label's units: the registered model's largest error on the raw test rows.
-    source = inspect_source(config.data, task="regression")
+    source = inspect_source(config.data, objective="regression")
     rows = raw_split(source, config.data.split, "test", kept_rows=442).to_pandas()
     predicted = trainflow.load_model(f"{reg.name}/1").predict(rows)
     largest = np.max(np.abs(rows["target"].to_numpy() - predicted))

@@ -80,7 +80,7 @@ def test_a_regression_trains_is_gated_on_rmse_and_predicts_numbers(
     from sklearn.metrics import mean_absolute_error, r2_score, root_mean_squared_error
 
     model = registry.load_model("diabetes-test@champion", workspace())
-    assert model.task == "regression" and model.version == "2"
+    assert model.objective == "regression" and model.version == "2"
     entry = model.preprocessor
     prepared = next(p for p in workspace().cache.glob("*/test") if (p.parent / "preprocessor.json").is_file())
     test = pq.read_table(prepared).to_pandas()

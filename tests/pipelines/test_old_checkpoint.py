@@ -24,6 +24,6 @@ def test_a_cnn_checkpoint_of_trainflow_0_2_0_predicts_as_it_did_then():
     expected = json.loads((folder / "expected.json").read_text())
     predictor = load_checkpoint(folder)
     rows = digits_frame().iloc[expected["rows"]].drop(columns=["label"])
-    assert predictor.task == "classification"
+    assert predictor.objective == "classification"
     assert predictor.predict(rows).tolist() == expected["predicted"]
     np.testing.assert_allclose(predictor.predict_proba(rows), expected["proba"], atol=1e-5)

@@ -124,7 +124,7 @@ def test_a_loss_class_is_built_with_loss_args_and_a_function_gets_them_as_keywor
     assert doubled(outputs, targets).item() == pytest.approx(2 * cross_entropy.item())
     # A regression's loss gets one output per row, against the label in the outputs' dtype.
     outputs, label = torch.randn(5, 1), torch.randn(5, dtype=torch.float64)
-    regression = make_loss(f"{mod}:mean_abs", task="regression")
+    regression = make_loss(f"{mod}:mean_abs", objective="regression")
     assert regression(outputs, label).item() == pytest.approx((outputs[:, 0] - label).abs().mean().item())
     # The settings the workers get pass the checks and cross to them with the loss named.
     settings = settings_of(train={"loss": f"{mod}:FocalLoss", "loss_args": {"gamma": 1.0}})

@@ -370,7 +370,7 @@ def test_decide_for_an_error_metric_wants_it_lower_and_min_value_is_its_ceiling(
 def test_the_regression_gate_promotes_a_lower_rmse_and_refuses_a_higher_one(trainflow_home, tmp_path):
     ws = workspace()
     pre = Preprocessor(
-        ["a", "b"], "y", [], scaler="none", task="regression", label_offset=150.0, label_scale=70.0
+        ["a", "b"], "y", [], scaler="none", objective="regression", label_offset=150.0, label_scale=70.0
     )
     gate = RegistryConfig(gate_metric="rmse", min_value=None)
 
@@ -394,5 +394,5 @@ def test_the_regression_gate_promotes_a_lower_rmse_and_refuses_a_higher_one(trai
     assert lower.champion and "improvement +8.0000 (lower is better) >= 0.0" in lower.decision.reason
     # The champion loads as a regression, answering numbers in the label's units.
     model = registry.load_model("risk@champion", ws)
-    assert model.version == "3" and model.task == "regression"
+    assert model.version == "3" and model.objective == "regression"
     assert model.predict(pd.DataFrame({"a": [0.0, 1.0], "b": [1.0, 0.0]})).dtype == np.float64

@@ -22,16 +22,20 @@ def test_a_regression_label_must_be_numeric_and_says_so_before_reading_rows(tmp_
     with pytest.raises(
         DataError, match=r"data.label_column 'y' in .*d.csv is string; a regression label must hold numbers"
     ):
-        inspect_source(DataConfig(source=str(tmp_path / "d.csv"), label_column="y"), task="regression")
+        inspect_source(DataConfig(source=str(tmp_path / "d.csv"), label_column="y"), objective="regression")
     for name in ("a", "b"):
         (tmp_path / "images" / name).mkdir(parents=True)
         (tmp_path / "images" / name / "0.png").write_bytes(b"")
-    with pytest.raises(DataError, match=r"task: regression needs a numeric label column; the image folders"):
-        inspect_source(DataConfig(source=str(tmp_path / "images")), task="regression")
+    with pytest.raises(
+        DataError, match=r"objective: regression needs a numeric label column; the image folders"
+    ):
+        inspect_source(DataConfig(source=str(tmp_path / "images")), objective="regression")
 
 
 def test_diabetes_prepares_with_its_label_standardized_on_the_train_split(tmp_path):
-    info = inspect_source(DataConfig(source="builtin:diabetes", label_column="target"), task="regression")
+    info = inspect_source(
+        DataConfig(source="builtin:diabetes", label_column="target"), objective="regression"
+    )
     assert info.format == "builtin" and len(info.input_columns) == 10
     entry = prepare(info, SplitConfig(), PreprocessConfig(), tmp_path)
     pre = entry.preprocessor
@@ -52,7 +56,7 @@ def test_diabetes_prepares_with_its_label_standardized_on_the_train_split(tmp_pa
 def test_an_old_preprocessor_state_is_a_classifier():
     state = {"feature_columns": ["x"], "label_column": "y", "classes": [0, 1], "mean": [0.0], "std": [1.0]}
     pre = Preprocessor.from_dict(state)
-    assert pre.task == "classification" and pre.num_outputs == 2
+    assert pre.objective == "classification" and pre.num_outputs == 2
 
 
 def test_regression_losses_take_one_output_per_row():

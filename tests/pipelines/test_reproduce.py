@@ -97,7 +97,7 @@ def test_the_card_says_what_the_version_is_its_lineage_metrics_gate_and_how_to_l
     assert written.startswith("# toy version 1\n")
     for expected in [
         "| model | `toy`, version 1 |",
-        "| task | classification |",
+        "| objective | classification |",
         "| model kind | `cnn` |",
         "| data source | `builtin:digits` |",
         "| data fingerprint | `data-1` |",

@@ -54,7 +54,7 @@ def server(ray_cluster, module_trainflow_home, tmp_path_factory):
     register(ws, make_checkpoint(tmp / "t2", seed=2, pre=toy), 0.7)  # v2: challenger
     img = Preprocessor([], "label", ["circle", "square"], scaler="none", image=IMAGE)
     register(ws, make_checkpoint(tmp / "i1", seed=3, pre=img), 0.8, name="shapes")
-    reg = Preprocessor(["a", "b"], "target", [], scaler="none", task="regression", label_offset=150.0)
+    reg = Preprocessor(["a", "b"], "target", [], scaler="none", objective="regression", label_offset=150.0)
     register(ws, make_checkpoint(tmp / "r1", seed=4, pre=reg), 0.8, name="diabetes")
     # A user's model, whose module only this driver has (the session's workers do not).
     (tmp / "code").mkdir()
@@ -150,7 +150,8 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(server):
 
 def test_model_healthz_and_docs(server):
     info = http.get(f"{server}/toy/model").json()
-    assert info["name"] == "toy" and info["alias"] == "champion" and info["task"] == "classification"
+    assert info["name"] == "toy" and info["alias"] == "champion" and info["objective"] == "classification"
+    assert info["task"] == "classification"  # the old name, for clients of an earlier release
     assert info["input_columns"] == ["a", "c"] and info["classes"] == ["no", "yes"]
     assert info["gate"]["passed"] is True and info["metrics"]["test_accuracy"] == 0.8
     assert info["limits"] == {"max_rows": 100, "max_body_bytes": 64 << 10}

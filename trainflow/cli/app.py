@@ -3,6 +3,7 @@ errors, and calling a flow once its start-up is ready."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Annotated, TypeVar
 
 import typer
 
-from trainflow.config import ConfigError, PipelineConfig, load_config, smoke_config
+from trainflow.config import ConfigError, PipelineConfig, RenamedKey, load_config, smoke_config
 
 T = TypeVar("T")
 
@@ -57,8 +58,23 @@ SmokeOpt = Annotated[
 
 
 def read_config(config: Path | None, overrides: list[str] | None, smoke: bool = False) -> PipelineConfig:
+    """``config`` with ``overrides`` validated; a key spelled by its old name is one line
+    of warning, once, and any other warning is shown as Python shows it."""
+    shown = warnings.showwarning
+    said: set[str] = set()
+
+    def one_line(message, category, *args, **kwargs) -> None:
+        if not issubclass(category, RenamedKey):
+            shown(message, category, *args, **kwargs)
+        elif str(message) not in said:
+            said.add(str(message))
+            typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
+
     try:
-        cfg = load_config(config, overrides or [])
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", RenamedKey)
+            warnings.showwarning = one_line
+            cfg = load_config(config, overrides or [])
         return smoke_config(cfg) if smoke else cfg
     except ConfigError as e:
         raise fail(str(e)) from None

@@ -5,7 +5,7 @@ By concern: ``sections`` (what every section shares), ``data`` (data, split, pre
 ``training`` (model, train, early stopping), ``resources`` (scaling, failure, ray),
 ``outputs`` (checkpoint, evaluation, registry), ``sweep`` (the sweep section: search space,
 scheduler), ``schema`` (``PipelineConfig``: the sections together, the rules across them,
-its hashes), ``task`` (what each task measures and trains with), ``overrides`` (dotted
+its hashes), ``objective`` (what each objective measures and trains with), ``overrides`` (dotted
 ``train.lr=0.01`` overrides), ``load`` (``load_config``, ``smoke_config``), ``trials`` (a
 sweep's space checked, a trial's config), ``errors`` (``ConfigError``) and ``reference``
 (the reference page and the sample config, made from the fields' descriptions).
@@ -16,20 +16,21 @@ from trainflow.config.data import DataConfig, PreprocessConfig, SplitConfig, Tok
 from trainflow.config.drift import DRIFT_ACTIONS, DriftConfig
 from trainflow.config.errors import ConfigError
 from trainflow.config.load import SMOKE_OVERRIDES, load_config, read_config_file, smoke_config
+from trainflow.config.objective import (
+    EPOCH_METRICS,
+    LOWER_IS_BETTER,
+    OBJECTIVE_LOSSES,
+    OBJECTIVE_METRICS,
+    OBJECTIVES,
+    REGRESSION_DEFAULTS,
+    RenamedKey,
+)
 from trainflow.config.outputs import CheckpointSection, EvaluationConfig, RegistryConfig
 from trainflow.config.overrides import parse_overrides
 from trainflow.config.resources import FailureSection, RayConfig, ScalingSection
 from trainflow.config.schema import CACHE_SCHEMES, PipelineConfig
 from trainflow.config.sections import HOOK, hook_path
 from trainflow.config.sweep import DIMENSION_KINDS, SWEEPABLE_SECTIONS, Dimension, SweepConfig, SweepScheduler
-from trainflow.config.task import (
-    EPOCH_METRICS,
-    LOWER_IS_BETTER,
-    REGRESSION_DEFAULTS,
-    TASK_LOSSES,
-    TASK_METRICS,
-    TASKS,
-)
 from trainflow.config.training import (
     LOOP_RESERVED,
     LOOP_SETTINGS,
@@ -53,9 +54,9 @@ __all__ = [
     "REGRESSION_DEFAULTS",
     "SMOKE_OVERRIDES",
     "SWEEPABLE_SECTIONS",
-    "TASKS",
-    "TASK_LOSSES",
-    "TASK_METRICS",
+    "OBJECTIVES",
+    "OBJECTIVE_LOSSES",
+    "OBJECTIVE_METRICS",
     "CheckpointSection",
     "ConfigError",
     "DataConfig",
@@ -70,6 +71,7 @@ __all__ = [
     "TokenizerConfig",
     "RayConfig",
     "RegistryConfig",
+    "RenamedKey",
     "ScalingSection",
     "SplitConfig",
     "SweepConfig",

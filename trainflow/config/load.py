@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from trainflow.config.errors import ConfigError
+from trainflow.config.objective import renamed_key
 from trainflow.config.overrides import merge, parse_overrides
 from trainflow.config.schema import PipelineConfig, validate_config
 from trainflow.config.trials import check_sweep_space
@@ -46,7 +47,14 @@ def load_config(
         raw = {}
     else:
         raw = read_config_file(source)
-    config = validate_config(merge(raw, parse_overrides(overrides)))
+    updates = parse_overrides(overrides)
+    try:
+        # Each spelled with objective's new name before they merge: `--set task=regression`
+        # overrides a file's `objective:`, as `--set objective=regression` does.
+        raw = merge(renamed_key(raw), renamed_key(updates))
+    except ValueError as e:
+        raise ConfigError(f"invalid config: {e}") from None
+    config = validate_config(raw)
     if config.sweep is not None:
         check_sweep_space(config)
     return config

@@ -8,8 +8,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from trainflow.config.objective import BUILTIN_METRIC_NAMES, LOWER_IS_BETTER
 from trainflow.config.sections import Section, hook_path
-from trainflow.config.task import BUILTIN_METRIC_NAMES, LOWER_IS_BETTER
 
 
 class CheckpointSection(Section):

@@ -18,17 +18,19 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from trainflow.config.data import DataConfig, PreprocessConfig
 from trainflow.config.drift import DriftConfig
 from trainflow.config.errors import ConfigError, validation_message
+from trainflow.config.objective import (
+    EPOCH_METRICS,
+    LOWER_IS_BETTER,
+    OBJECTIVE_LOSSES,
+    OBJECTIVE_METRICS,
+    OLD_KEY,
+    REGRESSION_DEFAULTS,
+    renamed_key,
+)
 from trainflow.config.outputs import CheckpointSection, EvaluationConfig, RegistryConfig
 from trainflow.config.resources import FailureSection, RayConfig, ScalingSection
 from trainflow.config.sections import Section
 from trainflow.config.sweep import SweepConfig
-from trainflow.config.task import (
-    EPOCH_METRICS,
-    LOWER_IS_BETTER,
-    REGRESSION_DEFAULTS,
-    TASK_LOSSES,
-    TASK_METRICS,
-)
 from trainflow.config.training import HF, LOOP_SETTINGS, ModelConfig, TrainConfig
 
 # The URI schemes of pyarrow's filesystems, which every trainflow process reads and
@@ -76,11 +78,11 @@ class PipelineConfig(Section):
         description="The registered model's name, which each run's name starts with: letters, "
         "digits, '_', '.' and '-', starting with a letter or digit.",
     )
-    task: Literal["classification", "regression"] = Field(
+    objective: Literal["classification", "regression"] = Field(
         "classification",
         description="classification: the label holds classes; regression: a number to predict. A "
         "regression starts from its own defaults: the mse loss, checkpoints ranked by val_loss, "
-        "the gate on rmse with no bound.",
+        "the gate on rmse with no bound. Its old name, task, is still read in this release.",
     )
     data: DataConfig = DataConfig()
     preprocess: PreprocessConfig = PreprocessConfig()
@@ -158,9 +160,11 @@ class PipelineConfig(Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _task_defaults(cls, raw: Any) -> Any:
-        """A regression's sections start from REGRESSION_DEFAULTS; what the config sets wins."""
-        if not isinstance(raw, Mapping) or raw.get("task") != "regression":
+    def _objective_defaults(cls, raw: Any) -> Any:
+        """The old key ``task`` read as ``objective``; a regression's sections start from
+        REGRESSION_DEFAULTS, and what the config sets wins."""
+        raw = renamed_key(raw)
+        if not isinstance(raw, Mapping) or raw.get("objective") != "regression":
             return raw
         raw = dict(raw)
         for section, defaults in REGRESSION_DEFAULTS.items():
@@ -172,27 +176,35 @@ class PipelineConfig(Section):
         return raw
 
     @model_validator(mode="after")
-    def _fits_task(self) -> PipelineConfig:
-        task = self.task
+    def _fits_objective(self) -> PipelineConfig:
+        objective = self.objective
         train = self.train
         own = tuple(self.evaluation.metrics)  # the user's metrics, by name
         wrong = []
-        if self.registry.gate_metric not in (*TASK_METRICS[task], *own):
-            wrong.append(("registry.gate_metric", self.registry.gate_metric, (*TASK_METRICS[task], *own)))
-        if train.loss is not None and train.user_loss is None and train.loss not in TASK_LOSSES[task]:
-            wrong.append(("train.loss", train.loss, TASK_LOSSES[task]))
+        if self.registry.gate_metric not in (*OBJECTIVE_METRICS[objective], *own):
+            wrong.append(
+                ("registry.gate_metric", self.registry.gate_metric, (*OBJECTIVE_METRICS[objective], *own))
+            )
+        if (
+            train.loss is not None
+            and train.user_loss is None
+            and train.loss not in OBJECTIVE_LOSSES[objective]
+        ):
+            wrong.append(("train.loss", train.loss, OBJECTIVE_LOSSES[objective]))
         # A loop of the user's own ranks its checkpoints by any metric it reports.
         epoch_metrics = [] if train.loop else [("checkpoint.metric", self.checkpoint.metric)]
         if train.early_stopping is not None:
             epoch_metrics.append(("train.early_stopping.metric", train.early_stopping.metric))
-        valid = (*EPOCH_METRICS[task], *(f"val_{name}" for name in own))
+        valid = (*EPOCH_METRICS[objective], *(f"val_{name}" for name in own))
         wrong += [(f, m, valid) for f, m in epoch_metrics if m not in valid]
-        if self.sweep is not None and self.sweep.metric not in EPOCH_METRICS[task]:
-            wrong.append(("sweep.metric", self.sweep.metric, EPOCH_METRICS[task]))
+        if self.sweep is not None and self.sweep.metric not in EPOCH_METRICS[objective]:
+            wrong.append(("sweep.metric", self.sweep.metric, EPOCH_METRICS[objective]))
         if wrong:
             field, value, valid = wrong[0]
-            raise ValueError(f"{field}: {value} does not measure a {task}; use one of {', '.join(valid)}")
-        if task == "regression":
+            raise ValueError(
+                f"{field}: {value} does not measure a {objective}; use one of {', '.join(valid)}"
+            )
+        if objective == "regression":
             for field in ("label_smoothing", "class_weights"):
                 if field in train.model_fields_set and getattr(train, field):
                     raise ValueError(f"train.{field} applies to classification, not to a regression")
@@ -274,13 +286,13 @@ class PipelineConfig(Section):
 
     @property
     def loss(self) -> str:
-        """The loss training uses: train.loss, or the task's default."""
-        return self.train.loss or TASK_LOSSES[self.task][0]
+        """The loss training uses: train.loss, or the objective's default."""
+        return self.train.loss or OBJECTIVE_LOSSES[self.objective][0]
 
     def config_hash(self) -> str:
         """A stable short hash of the canonical JSON of the whole config: registered models
         carry it, and ``--resume`` continues only a run of the same hash."""
-        data = self.model_dump(mode="json")
+        data = _as_hashed(self.model_dump(mode="json"))
         for section in OPTIONAL_SECTIONS:
             if data[section] is None:
                 # A config without the section leaves the key out, so that it hashes the
@@ -295,11 +307,19 @@ class PipelineConfig(Section):
 
     def preparation_hash(self) -> str:
         """A stable short hash of the sections that decide how data is prepared (``data``,
-        ``preprocess``, ``task``): two configs of the same hash prepare the same input the
-        same way, so a task tells by it whether prepared data was made by this config."""
-        data = self.model_dump(mode="json", include={"data", "preprocess", "task"})
+        ``preprocess``, ``objective``): two configs of the same hash prepare the same input the
+        same way, so a step tells by it whether prepared data was made by this config."""
+        data = _as_hashed(self.model_dump(mode="json", include={"data", "preprocess", "objective"}))
         _drop_unset(data)
         return _short_hash(data)
+
+
+def _as_hashed(data: dict[str, Any]) -> dict[str, Any]:
+    """A config's JSON with ``objective`` spelled by its old name, ``task``: hashed so, a
+    config hashes as it did before the rename, and the versions registered, the runs to
+    resume and the preparations made under the old name are still found by their hash."""
+    data[OLD_KEY] = data.pop("objective")
+    return data
 
 
 def _drop_unset(data: dict) -> None:

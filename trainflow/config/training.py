@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
+from trainflow.config.objective import BUILTIN_LOSSES
 from trainflow.config.sections import HOOK, Section, hook_path
-from trainflow.config.task import BUILTIN_LOSSES
 
 # model.kind: mlp, cnn, torchvision:<architecture> or package.module:callable.
 MODEL_KIND = re.compile(r"mlp|cnn|torchvision:[A-Za-z_]\w*|hf:\S+|[A-Za-z_][\w.]*:[A-Za-z_]\w*")
@@ -257,7 +257,7 @@ class TrainConfig(Section):
         "package.module:name, a loss of your own: a function (outputs, targets) -> scalar tensor, "
         "or an nn.Module class built with loss_args, called the same way. outputs are the "
         "model's [N, classes] logits and targets class indices (int64); for a regression, both "
-        "are [N] floats, the label standardized as training sees it. null: the task's first "
+        "are [N] floats, the label standardized as training sees it. null: the objective's first "
         "(cross_entropy, or mse).",
     )
     loss_args: dict[str, Any] = Field(

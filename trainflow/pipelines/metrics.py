@@ -71,11 +71,11 @@ def score_all(
     return {f"{prefix}{m.name}": m.score(targets, outputs) for m in metrics}
 
 
-def sample(task: str, num_outputs: int) -> tuple[np.ndarray, np.ndarray]:
-    """``targets`` and ``outputs`` of the kind a metric of ``task`` gets (see the module's
+def sample(objective: str, num_outputs: int) -> tuple[np.ndarray, np.ndarray]:
+    """``targets`` and ``outputs`` of the kind a metric of ``objective`` gets (see the module's
     docstring), drawn from a fixed seed: every class among the targets at least twice."""
     rng = np.random.default_rng(0)
-    if task == "regression":
+    if objective == "regression":
         targets = rng.normal(size=SAMPLE_ROWS)
         return targets, targets + rng.normal(scale=0.5, size=SAMPLE_ROWS)
     rows = max(SAMPLE_ROWS, 2 * num_outputs)
@@ -84,11 +84,11 @@ def sample(task: str, num_outputs: int) -> tuple[np.ndarray, np.ndarray]:
     return targets, scores / scores.sum(axis=1, keepdims=True)
 
 
-def check_metrics(cfg: EvaluationConfig, task: str, num_outputs: int) -> None:
-    """Each of ``cfg.metrics`` imported and called on a :func:`sample` of ``task`` with
+def check_metrics(cfg: EvaluationConfig, objective: str, num_outputs: int) -> None:
+    """Each of ``cfg.metrics`` imported and called on a :func:`sample` of ``objective`` with
     ``num_outputs`` outputs; ConfigError in one line naming the field of the first that
     does not import, raises, or returns anything but a finite float."""
-    targets, outputs = sample(task, num_outputs)
+    targets, outputs = sample(objective, num_outputs)
     for metric in load_metrics(cfg):
         value = metric.score(targets, outputs)
         if not math.isfinite(value):

@@ -26,14 +26,14 @@ CACHE_RECORDS = Path("/")
 
 
 def ingest_cache_key(context, parameters: dict[str, Any]) -> str:
-    """The data config and task, the input's fingerprint (file list, sizes, mtimes or
+    """The data config and objective, the input's fingerprint (file list, sizes, mtimes or
     content) and the code that inspects it: trainflow's, and a preprocess.transform's
     (whose output's columns it checks)."""
     config = as_config(parameters["config"], "ingest")
     cache = cache_folder(config)
     parts = [
         config.data.model_dump_json(),
-        config.task,
+        config.objective,
         schema.source_fingerprint(config.data, cache),
         entry.code_version(),
     ]
@@ -68,7 +68,10 @@ def ingest(
     ``checked``: the source as the run's checks (``trainflow.checks``) found it already."""
     config = as_config(config, "ingest")
     info = checked or schema.inspect_source(
-        config.data, cache_folder(config), task=config.task, transform=tokenizer.transform_of(config)
+        config.data,
+        cache_folder(config),
+        objective=config.objective,
+        transform=tokenizer.transform_of(config),
     )
     get_run_logger().info(
         "source %s (%s, %d files): %d features, label %r, fingerprint %s",

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainflow.config import TASK_METRICS
+from trainflow.config import OBJECTIVE_METRICS
 from trainflow.pipelines import registry
 from trainflow.pipelines.evaluation import reports
 from trainflow.tasks.results import Evaluated, PipelineResult, Registered, Reproduced, SweepResult
@@ -36,20 +36,20 @@ def _metrics(metrics: dict[str, float]) -> str:
 
 
 def task_metrics(metrics: dict[str, Any], prefix: str = "") -> tuple[str, ...]:
-    """The headline metrics of the task that ``metrics`` come from: accuracy, macro_f1
+    """The headline metrics of the objective that ``metrics`` come from: accuracy, macro_f1
     and weighted_f1, or rmse, mae and r2 (``prefix``: as they are named there, test_)."""
     regression = f"{prefix}rmse" in metrics
-    return TASK_METRICS["regression" if regression else "classification"]
+    return OBJECTIVE_METRICS["regression" if regression else "classification"]
 
 
 def test_scores(metrics: dict[str, Any]) -> str:
     """``accuracy 0.9667, macro_f1 0.9650, weighted_f1 0.9662, top2 0.9944``: every number
-    of a test split's metrics, the user's own (evaluation.metrics) after the task's."""
+    of a test split's metrics, the user's own (evaluation.metrics) after the objective's."""
     return _metrics({k: v for k, v in metrics.items() if isinstance(v, float)})
 
 
 def lead_metric(metrics: dict[str, float]) -> str:
-    """``accuracy 0.9667`` or ``rmse 53.2101``: the task's first metric, for one-line summaries."""
+    """``accuracy 0.9667`` or ``rmse 53.2101``: the objective's first metric, for one-line summaries."""
     name = task_metrics(metrics)[0]
     return f"{name} {metrics[name]:.4f}"
 
@@ -59,7 +59,7 @@ EPOCH_KEYS = ("train_loss", "val_loss", "val_accuracy")
 
 def epoch_metrics(row: dict[str, Any]) -> str:
     """``train_loss 0.3120  val_loss 0.2981  val_accuracy 0.9410  val_top2 0.9800``: an
-    epoch's metrics that its task reports (a regression has no accuracy), then the
+    epoch's metrics that its objective reports (a regression has no accuracy), then the
     user's own (evaluation.metrics, as val_<name>)."""
     own = [k for k, v in row.items() if k.startswith("val_") and k not in EPOCH_KEYS and _number(v)]
     return "  ".join(f"{k} {row[k]:.4f}" for k in [*(k for k in EPOCH_KEYS if k in row), *own])
@@ -373,7 +373,7 @@ def _score(metrics: dict[str, float], name: str) -> str:
 
 def versions_lines(versions: Sequence[registry.VersionSummary]) -> list[str]:
     """``trainflow models list``: a version per line, with aliases, test metrics (the
-    newest version's task's) and gate."""
+    newest version's objective's) and gate."""
     names = task_metrics(versions[-1].metrics, "test_")[:2] if versions else ("accuracy", "macro_f1")
     rows = [
         (

@@ -46,10 +46,10 @@ class Prepared(BaseModel):
         return join(self.path, name)
 
     def check_made_for(self, config: PipelineConfig, step: str) -> None:
-        """StepInputError unless ``config``'s data, preprocess and task sections prepared this."""
+        """StepInputError unless ``config``'s data, preprocess and objective sections prepared this."""
         if self.preparation and self.preparation != config.preparation_hash():
             raise StepInputError(
-                f"{step}: prepared was made by a config whose data, preprocess or task differ from "
+                f"{step}: prepared was made by a config whose data, preprocess or objective differ from "
                 f"{config.name}'s; prepare with this config: preprocess(config, ingest(config))"
             )
 
@@ -105,7 +105,7 @@ class Evaluated(BaseModel):
     checkpoint: str
     """The checkpoint scored."""
     metrics: dict[str, Any]
-    """The test split's metrics: the task's, the user's evaluation.metrics, per-class tables."""
+    """The test split's metrics: the objective's, the user's evaluation.metrics, per-class tables."""
     reports: list[str] = []
     """PNG plots: the learning curve; the confusion matrix, or a regression's predicted
     against true and its residuals."""

@@ -118,7 +118,7 @@ def cache_key(info: SourceInfo, split: SplitConfig, cfg: PreprocessConfig) -> st
         "categorical": info.categorical_columns,
         "label": info.label_column,
         "classes": info.classes,
-        "task": info.task,
+        "task": info.objective,  # its name before objective: an entry's key is spelled as it was
         "missing": info.missing,
         "image_mode": info.image_mode,
         "limit": info.limit,

@@ -308,7 +308,7 @@ def place_rows(
         [np.concatenate(s.keys or [np.zeros(0, np.uint64)]) for s in scans],
         [np.concatenate(s.labels or [np.zeros(0)]) for s in scans],
         # A regression's label is a number, not a class to stratify by.
-        split if info.task == "classification" else split.model_copy(update={"stratify": False}),
+        split if info.objective == "classification" else split.model_copy(update={"stratify": False}),
     )
     return Placement(counts, list(codes), exact=True)
 

@@ -40,9 +40,9 @@ LABEL = "label"
 # one-hot encoding them would make the model's input that wide.
 MAX_VOCABULARY = 10_000
 # The keys an older trainflow wrote (checkpoints registered then must keep loading):
-# the numeric columns, and the scaler's offset (mean, or minimum under minmax) and
-# scale (std, or range).
-_OLD_KEYS = {"feature_columns": "numeric_columns", "mean": "offset", "std": "scale"}
+# the numeric columns, the scaler's offset (mean, or minimum under minmax) and scale
+# (std, or range), and the objective.
+_OLD_KEYS = {"feature_columns": "numeric_columns", "mean": "offset", "std": "scale", "task": "objective"}
 # Images are transformed this many bytes of float32 output at a time (some ten thousand
 # 28x28 grayscale images, about fifty 224x224 RGB ones), so a batch of large images
 # never needs its whole float copy at once.
@@ -65,7 +65,7 @@ class Preprocessor:
     categorical: dict[str, list[Any]] = field(default_factory=dict)  # column: vocabulary
     # Images: {"shape": [c, h, w], "mean": [...], "std": [...], "augment": bool}.
     image: dict[str, Any] | None = None
-    task: str = "classification"  # or regression: classes empty, the label a number
+    objective: str = "classification"  # or regression: classes empty, the label a number
     # Regression: the label is trained on as (y - label_offset) / label_scale (the train
     # split's mean and std), and predictions are unscaled back.
     label_offset: float = 0.0
@@ -88,8 +88,9 @@ class Preprocessor:
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> Preprocessor:
-        """The state as :meth:`to_dict` writes it, or as trainflow 0.1.0 wrote it (before
-        ``numeric_columns``, ``offset`` and ``scale``)."""
+        """The state as :meth:`to_dict` writes it, or as an older trainflow wrote it: 0.1.0
+        (before ``numeric_columns``, ``offset`` and ``scale``), or any before ``objective``
+        (``task``)."""
         state = {_OLD_KEYS.get(k, k): v for k, v in state.items()}
         if not state.pop("standardize", True):
             state["offset"] = []
@@ -140,7 +141,7 @@ class Preprocessor:
 
     @property
     def is_regression(self) -> bool:
-        return self.task == "regression"
+        return self.objective == "regression"
 
     @property
     def num_outputs(self) -> int:

@@ -35,10 +35,10 @@ FORMAT = 1
 
 def profile_columns(info: SourceInfo) -> tuple[list[str], list[str]]:
     """The columns a profile samples (numeric) and counts (categorical), the label
-    among them by the task."""
+    among them by the objective."""
     numeric = [] if info.is_images else list(info.numeric_columns)
     categorical = [] if info.is_images else list(info.categorical_columns)
-    (numeric if info.task == "regression" else categorical).append(info.label_column)
+    (numeric if info.objective == "regression" else categorical).append(info.label_column)
     return numeric, categorical
 
 

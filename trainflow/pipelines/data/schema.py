@@ -64,7 +64,7 @@ class SourceInfo:
     classes: list[Any] | None = None  # declared in the config (or the image folders, the dataset's)
     missing: str = "fail"
     image_mode: str = "RGB"  # images: RGB or L, data.image_mode or the source's own
-    task: str = "classification"  # or regression: a numeric label, no classes
+    objective: str = "classification"  # or regression: a numeric label, no classes
     location: str = ""  # where the files are: the source, or the torchvision Parquet folder
     bytes: int = 0  # the files' total size
     # A ray.data.Dataset handed in from Python (format "dataset"): read where it is, never
@@ -164,11 +164,11 @@ def inspect_source(
     cfg: DataConfig,
     cache_root: Path | None = None,
     *,
-    task: str = "classification",
+    objective: str = "classification",
     transform: str | None = None,
 ) -> SourceInfo:
     """Check that the source exists and holds the configured columns with usable types
-    for the ``task``'s label; read no rows, but with a ``transform``
+    for the ``objective``'s label; read no rows, but with a ``transform``
     (``preprocess.transform``) the source's first rows, on which it is tried: the columns
     checked are then its output's. ``cache_root`` holds torchvision downloads (default
     TRAINFLOW_HOME/cache)."""
@@ -186,9 +186,9 @@ def inspect_source(
             )
         columns, arrays = transformed_schema(transform, _first_rows(cfg, found), cfg.label_column)
     features = _check_columns(
-        cfg, columns, cfg.source, task, images=images, arrays=arrays, transform=transform
+        cfg, columns, cfg.source, objective, images=images, arrays=arrays, transform=transform
     )
-    classes = _image_classes(cfg, found, task) if images else cfg.classes
+    classes = _image_classes(cfg, found, objective) if images else cfg.classes
     return SourceInfo(
         source=cfg.source,
         format=found.format,
@@ -201,7 +201,7 @@ def inspect_source(
         classes=list(classes) if classes is not None else None,
         missing=cfg.missing,
         image_mode=found.image_mode,
-        task=task,
+        objective=objective,
         location=found.location,
         bytes=found.bytes,
         transform=transform,
@@ -308,14 +308,14 @@ def _file_metadata(cfg: DataConfig, cache_root: Path | None) -> _Metadata:
     return _Metadata(fmt, schema, fingerprint, location, image_mode, listing.files, sum(listing.sizes), found)
 
 
-def _image_classes(cfg: DataConfig, found: _Metadata, task: str) -> list[Any]:
+def _image_classes(cfg: DataConfig, found: _Metadata, objective: str) -> list[Any]:
     """An image source's classes: the declared ones (data.classes), which must hold every
     class the source labels its images with, else the source's own."""
     what = "the image folders" if found.format == "images" else "the classes"
-    if task == "regression":
+    if objective == "regression":
         raise DataError(
-            f"task: regression needs a numeric label column; {what} of {cfg.source} "
-            "label each image by its class name (use task: classification)"
+            f"objective: regression needs a numeric label column; {what} of {cfg.source} "
+            "label each image by its class name (use objective: classification)"
         )
     if cfg.classes is None:
         return found.classes
@@ -328,7 +328,7 @@ def _image_classes(cfg: DataConfig, found: _Metadata, task: str) -> list[Any]:
 
 
 def inspect_dataset(
-    ds: ray.data.Dataset, cfg: DataConfig, *, task: str = "classification", transform: str | None = None
+    ds: ray.data.Dataset, cfg: DataConfig, *, objective: str = "classification", transform: str | None = None
 ) -> SourceInfo:
     """A ``ray.data.Dataset`` as a source (``cfg.source`` is not read): its schema checked as a
     table's is (with a ``transform``, its output's on the first rows), then the Dataset
@@ -349,7 +349,9 @@ def inspect_dataset(
         schema, arrays = transformed_schema(
             transform, ds.limit(transforms.SAMPLE_ROWS).to_pandas(), cfg.label_column
         )
-    features = _check_columns(cfg, schema, DATASET, task, images=False, arrays=arrays, transform=transform)
+    features = _check_columns(
+        cfg, schema, DATASET, objective, images=False, arrays=arrays, transform=transform
+    )
     ds = (ds if transform else ds.select_columns([*features, cfg.label_column])).materialize()
     return SourceInfo(
         source=DATASET,
@@ -362,7 +364,7 @@ def inspect_dataset(
         categorical_columns=list(cfg.categorical_columns),
         classes=list(cfg.classes) if cfg.classes is not None else None,
         missing=cfg.missing,
-        task=task,
+        objective=objective,
         bytes=ds.size_bytes(),
         dataset=ds,
         transform=transform,
@@ -375,7 +377,7 @@ def _check_columns(
     cfg: DataConfig,
     schema: pa.Schema,
     source: str,
-    task: str,
+    objective: str,
     *,
     images: bool,
     arrays: dict[str, Any] | None = None,
@@ -402,7 +404,7 @@ def _check_columns(
     if not features:
         raise DataError(f"data.feature_columns: {source} has no column besides the label")
     if not images:
-        _check_label(cfg, schema, source, task)
+        _check_label(cfg, schema, source, objective)
         _check_features(cfg, schema, features, source, arrays or {}, transform)
     return list(features)
 
@@ -426,14 +428,14 @@ def source_fingerprint(cfg: DataConfig, cache_root: Path) -> str:
         return f"unreadable: {e}"  # inspect_source raises it with the details
 
 
-def _check_label(cfg: DataConfig, schema: pa.Schema, source: str, task: str) -> None:
-    """The label's type fits the task, and data.classes the label's type."""
+def _check_label(cfg: DataConfig, schema: pa.Schema, source: str, objective: str) -> None:
+    """The label's type fits the objective, and data.classes the label's type."""
     label_type = schema.field(cfg.label_column).type
-    if task == "regression":
+    if objective == "regression":
         if not (pa.types.is_integer(label_type) or pa.types.is_floating(label_type)):
             raise DataError(
                 f"data.label_column {cfg.label_column!r} in {source} is {label_type}; a regression "
-                "label must hold numbers (ints or floats), or set task: classification"
+                "label must hold numbers (ints or floats), or set objective: classification"
             )
     elif not _is_category(label_type):
         raise DataError(

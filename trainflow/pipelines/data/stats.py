@@ -52,7 +52,7 @@ class RowCounts:
         for c in checked:
             self.missing[c] = self.missing.get(c, 0) + int(missing[c].sum())
         numeric = [] if info.is_images else info.numeric_columns
-        regression = info.task == "regression"
+        regression = info.objective == "regression"
         for c in [*numeric, info.label_column] if regression else numeric:
             values = pd.to_numeric(batch[c], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
             self.inf[c] = self.inf.get(c, 0) + int(np.isinf(values).sum())
@@ -100,7 +100,7 @@ class RowCounts:
             )
         if self.missing_rows == self.rows:
             raise DataError(f"data.source {src}: every one of its {self.rows} rows has a missing value")
-        if info.task == "regression":
+        if info.objective == "regression":
             return
         labels = self.sorted_labels()
         if info.classes is not None:
@@ -114,7 +114,7 @@ class RowCounts:
         elif len(labels) > MAX_CLASSES:
             raise DataError(
                 f"data.label_column {info.label_column!r} has more than {MAX_CLASSES} distinct values; "
-                "a classifier label has fewer (set task: regression to predict a number)"
+                "a classifier label has fewer (set objective: regression to predict a number)"
             )
         if len(info.classes or labels) < 2:
             raise DataError(
@@ -171,7 +171,7 @@ class FitStats:
                 values = self.categories.setdefault(c, set())
                 if len(values) <= MAX_VOCABULARY:
                     values.update(plain(v) for v in frame[c].dropna().unique()[: MAX_VOCABULARY + 1])
-        if info.task == "regression":
+        if info.objective == "regression":
             y = np.asarray(frame[info.label_column], dtype=np.float64)
             mean = float(y.mean())
             self._merge_label(len(y), mean, float(((y - mean) ** 2).sum()))
@@ -261,8 +261,10 @@ class FitStats:
         if self.rows == 0:
             raise DataError("the train split is empty; add rows or change data.split")
         numeric = [] if info.is_images else info.numeric_columns
-        pre = Preprocessor(list(numeric), info.label_column, list(classes), scaler=cfg.scaler, task=info.task)
-        if info.task == "regression":
+        pre = Preprocessor(
+            list(numeric), info.label_column, list(classes), scaler=cfg.scaler, objective=info.objective
+        )
+        if info.objective == "regression":
             # The label is always standardized: a loss over raw units (prices, say) would
             # need a learning rate per dataset.
             pre.label_offset = self.label_mean

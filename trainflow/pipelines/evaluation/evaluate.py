@@ -80,7 +80,7 @@ class RowPredictor:
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         out = batch[self.keep].reset_index(drop=True) if self.keep else pd.DataFrame(index=range(len(batch)))
-        if self.predictor.task == "regression":
+        if self.predictor.objective == "regression":
             out[PREDICTION] = self.predictor.predict(batch)
         else:
             proba = self.predictor.predict_proba(batch)

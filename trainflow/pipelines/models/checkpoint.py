@@ -135,9 +135,14 @@ class Predictor:
         return self.preprocessor.classes
 
     @property
-    def task(self) -> str:
+    def objective(self) -> str:
         """classification or regression."""
-        return self.preprocessor.task
+        return self.preprocessor.objective
+
+    @property
+    def task(self) -> str:
+        """The old name of :attr:`objective`, still answered in this release."""
+        return self.objective
 
     @torch.inference_mode()
     def predict_logits(self, features: np.ndarray | dict[str, np.ndarray]) -> np.ndarray:

@@ -1,5 +1,5 @@
 """``model.kind: hf:<model id or folder>``: a pretrained Hugging Face transformers model,
-fine-tuned for the run's task with a head sized from the data (``id2label`` names the
+fine-tuned for the run's objective with a head sized from the data (``id2label`` names the
 classes; a regression has one output): a sequence classifier on the tokenizer's inputs,
 an image classifier on images prepared as its image processor says (:func:`image_processing`).
 

@@ -64,7 +64,7 @@ def _what_it_is(reg: Registration, config: PipelineConfig) -> str:
     loop = f" trained by the loop `{config.train.loop}`" if config.train.loop else ""
     rows = [
         ("model", f"`{reg.name}`, version {reg.version}"),
-        ("task", config.task),
+        ("objective", config.objective),
         ("model kind", f"`{config.model.kind}`{loop}"),
     ]
     if config.preprocess.tokenizer is not None:

@@ -124,7 +124,7 @@ def _champion_number(
         # Other features or classes than the new data has (DataError), or an altered
         # checkpoint (IntegrityError): the champion cannot be compared on these rows.
         return None, same, False, f"champion v{champ.version} cannot score this test data ({e})"
-    if metric not in scored:  # a champion of the other task
+    if metric not in scored:  # a champion of the other objective
         return None, same, False, f"champion v{champ.version} is not measured by {metric}"
     return float(scored[metric]), same, True, None
 

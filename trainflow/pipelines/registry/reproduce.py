@@ -11,10 +11,11 @@ code would not answer "can I get this model again?", so it is refused unless for
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trainflow.config import ConfigError, PipelineConfig, load_config
+from trainflow.config import ConfigError, PipelineConfig, RenamedKey, load_config
 from trainflow.pipelines.models.checkpoint import CONFIG
 from trainflow.pipelines.registry.lineage import CONFIG_HASH_TAG, DATA_FINGERPRINT_TAG, GIT_COMMIT_TAG
 from trainflow.pipelines.registry.store import client
@@ -84,7 +85,10 @@ def _saved_config(ws: Workspace, mv, ref: str, registered_hash: str | None) -> P
     if not path.is_file():
         raise RegistryError(f"{ref} has no {CONFIG} in its checkpoint: its config cannot be rebuilt")
     try:
-        config = load_config(json.loads(path.read_text()))
+        with warnings.catch_warnings():
+            # A version registered before `objective` saved `task`: the user wrote neither.
+            warnings.simplefilter("ignore", RenamedKey)
+            config = load_config(json.loads(path.read_text()))
     except ConfigError as e:
         raise RegistryError(
             f"{ref}: its checkpoint's {CONFIG} is not a config of this trainflow release ({e}); "

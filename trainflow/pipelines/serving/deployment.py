@@ -199,7 +199,8 @@ class ModelServer:
             "version": served.version,
             "uri": self._uri,
             "alias": self._alias,
-            "task": pre.task,
+            "objective": pre.objective,
+            "task": pre.objective,  # its old name, still answered in this release
             "classes": list(pre.classes),
         }
         if pre.image:

@@ -58,10 +58,10 @@ def _percentiles(values) -> dict[str, float] | None:
 class _Pair:
     """What the answers of one champion version and one challenger version show."""
 
-    def __init__(self, champion: str, challenger: str, task: str):
+    def __init__(self, champion: str, challenger: str, objective: str):
         self.champion = champion
         self.challenger = challenger
-        self.task = task
+        self.objective = objective
         self.requests = self.rows = self.agreeing = self.errors = self.not_shadowed = 0
         self.abs_diff_sum = self.abs_diff_max = 0.0
         self.times: dict[str, deque] = {
@@ -74,7 +74,7 @@ class _Pair:
     def add(self, champion: np.ndarray, challenger: np.ndarray, requests: int) -> None:
         self.requests += requests
         self.rows += len(champion)
-        if self.task == "regression":
+        if self.objective == "regression":
             diff = np.abs(champion.astype(float) - challenger.astype(float))
             self.abs_diff_sum += float(diff.sum())
             self.abs_diff_max = max(self.abs_diff_max, float(diff.max(initial=0.0)))
@@ -84,7 +84,7 @@ class _Pair:
     def score(self, champion: np.ndarray, challenger: np.ndarray, labels: np.ndarray) -> None:
         self.labelled += len(labels)
         for who, predicted in (("champion", champion), ("challenger", challenger)):
-            if self.task == "regression":
+            if self.objective == "regression":
                 self.scores[who] += float(np.abs(predicted.astype(float) - labels.astype(float)).sum())
             else:
                 self.scores[who] += float((predicted == labels).sum())
@@ -93,14 +93,15 @@ class _Pair:
         out: dict[str, Any] = {
             "champion": self.champion,
             "challenger": self.challenger,
-            "task": self.task,
+            "objective": self.objective,
+            "task": self.objective,  # its old name, still answered in this release
             "requests": self.requests,
             "rows": self.rows,
             "errors": self.errors,
             "not_shadowed": self.not_shadowed,
             "latency_ms": {who: _percentiles(times) for who, times in self.times.items()},
         }
-        if self.task == "regression":
+        if self.objective == "regression":
             out["mean_abs_difference"] = self.abs_diff_sum / self.rows if self.rows else None
             out["max_abs_difference"] = self.abs_diff_max if self.rows else None
         else:
@@ -110,7 +111,7 @@ class _Pair:
 
     def _feedback(self) -> dict[str, Any]:
         n = self.labelled
-        metric = "mae" if self.task == "regression" else "accuracy"
+        metric = "mae" if self.objective == "regression" else "accuracy"
         scored = {who: (self.scores[who] / n if n else None) for who in ("champion", "challenger")}
         won = None
         if n:
@@ -133,16 +134,16 @@ class ShadowLedger:
         self._lock = threading.RLock()
         threading.Thread(target=self._save_every, name="trainflow-shadow-save", daemon=True).start()
 
-    def _pair(self, champion: str, challenger: str, task: str) -> _Pair:
+    def _pair(self, champion: str, challenger: str, objective: str) -> _Pair:
         key = (champion, challenger)
         if key not in self.pairs:
-            self.pairs[key] = _Pair(champion, challenger, task)
+            self.pairs[key] = _Pair(champion, challenger, objective)
         return self.pairs[key]
 
     def record(
         self,
         versions: tuple[str, str],
-        task: str,
+        objective: str,
         answers: list[tuple[str, list, list]],
         times: tuple[list[float], float],
     ) -> None:
@@ -150,10 +151,10 @@ class ShadowLedger:
         the challenger's predictions; the champion's time per request, for each, and the
         challenger's, for all."""
         with self._lock:
-            self._record(versions, task, answers, times)
+            self._record(versions, objective, answers, times)
 
-    def _record(self, versions, task, answers, times) -> None:
-        pair = self._pair(*versions, task)
+    def _record(self, versions, objective, answers, times) -> None:
+        pair = self._pair(*versions, objective)
         for id_, champion, challenger in answers:
             a = np.asarray(champion)
             b = np.asarray(challenger)
@@ -165,10 +166,12 @@ class ShadowLedger:
         pair.times["challenger"].extend([times[1]] * len(answers))
         self._changed = True
 
-    def missed(self, versions: tuple[str, str], task: str, *, errors: int = 0, not_shadowed: int = 0) -> None:
+    def missed(
+        self, versions: tuple[str, str], objective: str, *, errors: int = 0, not_shadowed: int = 0
+    ) -> None:
         """Requests the challenger failed on, or that were not shadowed (it was behind)."""
         with self._lock:
-            pair = self._pair(*versions, task)
+            pair = self._pair(*versions, objective)
             pair.errors += errors
             pair.not_shadowed += not_shadowed
             self._changed = True
@@ -188,7 +191,7 @@ class ShadowLedger:
         if len(labels) != len(champion):
             return f"labels: {len(labels)} labels for an answer of {len(champion)} rows; give one per row"
         pair = self.pairs[versions]
-        if pair.task == "regression":
+        if pair.objective == "regression":
             try:
                 truth = np.asarray(labels, dtype=float)
             except (TypeError, ValueError):
@@ -265,19 +268,19 @@ class ShadowServer:
 
     def compare(self, gathered: list[tuple], not_shadowed: int, latest: tuple[str, str]) -> None:
         """Answer, in one pass per champion version, the requests a served replica
-        answered: each ``(champion version, task, inputs, (answer id, predictions),
+        answered: each ``(champion version, objective, inputs, (answer id, predictions),
         champion's seconds)``;
         record the two answers. ``not_shadowed``: the requests it could not hand over
-        since its last call, counted against ``latest`` (its champion version and task)."""
+        since its last call, counted against ``latest`` (its champion version and objective)."""
         by_version: dict[tuple[str, str], list[tuple]] = {}
         for one in gathered:
             by_version.setdefault((one[0], one[1]), []).append(one)
-        for (champion, task), group in by_version.items():
-            self._compare(champion, task, group)
+        for (champion, objective), group in by_version.items():
+            self._compare(champion, objective, group)
         if not_shadowed:
             self.ledger.missed((latest[0], self.served.version), latest[1], not_shadowed=not_shadowed)
 
-    def _compare(self, champion: str, task: str, group: list[tuple]) -> None:
+    def _compare(self, champion: str, objective: str, group: list[tuple]) -> None:
         from trainflow.pipelines.serving.requests import RequestError
         from trainflow.pipelines.serving.served import answer
 
@@ -293,9 +296,9 @@ class ShadowServer:
         compared = [(one, other) for one, other in zip(group, theirs, strict=True) if isinstance(other, dict)]
         if compared:
             pairs = [(*one[3], other["predictions"]) for one, other in compared]
-            self.ledger.record(versions, task, pairs, ([one[4] for one, _ in compared], took))
+            self.ledger.record(versions, objective, pairs, ([one[4] for one, _ in compared], took))
         if len(compared) < len(group):
-            self.ledger.missed(versions, task, errors=len(group) - len(compared))
+            self.ledger.missed(versions, objective, errors=len(group) - len(compared))
 
     def summary(self) -> dict[str, Any]:
         return self.ledger.summary()
@@ -326,15 +329,15 @@ class Shadowing:
         """Gather a batch that ``champion`` answered in ``seconds``: its answered requests,
         each with its answer's id and predictions (what the comparison reads of it) and its
         share of the time."""
-        task = champion.predictor.preprocessor.task
+        objective = champion.predictor.preprocessor.objective
         each = seconds / len(batch)
         answered = [
-            (champion.version, task, inputs, (one["id"], one["predictions"]), each)
+            (champion.version, objective, inputs, (one["id"], one["predictions"]), each)
             for inputs, one in zip(batch, answers, strict=True)
             if isinstance(one, dict)
         ]
         with self._lock:
-            self._latest = (champion.version, task)
+            self._latest = (champion.version, objective)
             if len(self._gathered) + len(answered) > MAX_GATHERED:
                 self._missed += len(answered)
             else:
@@ -438,7 +441,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for p in summary["pairs"]:
-        if p["task"] == "regression":
+        if p.get("objective", p.get("task")) == "regression":  # task: a replica of an older release
             compared = "—" if p["mean_abs_difference"] is None else f"{p['mean_abs_difference']:.4g}"
         else:
             compared = "—" if p["agreement"] is None else f"{p['agreement']:.1%}"

@@ -291,7 +291,7 @@ class TrainingParts:
             label_smoothing=cfg.label_smoothing,
             class_weights=settings.class_weights,
             loss_args=cfg.loss_args,
-            task=config.task,
+            objective=config.objective,
         )
         metrics = load_metrics(config.evaluation)
         return cls(
@@ -302,9 +302,9 @@ class TrainingParts:
             precision=Precision(cfg.precision, device),
             loss_fn=on_device(loss_fn, device),
             grad_clip_norm=cfg.grad_clip_norm,
-            classify=config.task == "classification",
+            classify=config.objective == "classification",
             stopping=EarlyStopping(**cfg.early_stopping.model_dump()) if cfg.early_stopping else None,
-            scores=ValidationMetrics(metrics, config.task, settings.preprocessor) if metrics else None,
+            scores=ValidationMetrics(metrics, config.objective, settings.preprocessor) if metrics else None,
         )
 
     def train_on(self, batches: Iterable[Batch], on_step: Callable[[int, float], None] | None) -> float:

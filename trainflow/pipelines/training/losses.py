@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from trainflow.config import ConfigError
-from trainflow.config.task import BUILTIN_LOSSES
+from trainflow.config.objective import BUILTIN_LOSSES
 from trainflow.pipelines.hooks import call_hook, describe, load_hook
 
 if TYPE_CHECKING:
@@ -39,13 +39,13 @@ def make_loss(
     label_smoothing: float = 0.0,
     class_weights: list[float] | None = None,
     loss_args: dict[str, Any] | None = None,
-    task: str = "classification",
+    objective: str = "classification",
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The loss of ``loss`` (a train.loss) as ``loss_fn(outputs, labels)``: cross entropy
     over class logits; for a regression (mse, l1, huber) over the model's one output per
-    row against the scaled label; or the user's own (:func:`user_loss`) for ``task``."""
+    row against the scaled label; or the user's own (:func:`user_loss`) for ``objective``."""
     if loss not in BUILTIN_LOSSES:
-        return user_loss(loss, loss_args or {}, regression=task == "regression")
+        return user_loss(loss, loss_args or {}, regression=objective == "regression")
     if loss == "cross_entropy":
         weight = torch.tensor(class_weights, dtype=torch.float32) if class_weights else None
         return nn.CrossEntropyLoss(weight=weight, label_smoothing=label_smoothing)
@@ -87,16 +87,16 @@ def on_device(loss_fn: Callable[..., torch.Tensor], device: torch.device) -> Cal
 
 def check_loss(config: PipelineConfig, num_outputs: int) -> None:
     """A loss of the user's own (``train.loss: package.module:name``) built and called once
-    here on outputs of the model's shape ``[rows, num_outputs]`` and targets of the task's
+    here on outputs of the model's shape ``[rows, num_outputs]`` and targets of the objective's
     kind; ConfigError in one line naming train.loss when it does not import, does not
     build, raises, or gives anything but one finite number that carries a gradient."""
     path = config.train.user_loss
     if path is None:
         return
-    loss_fn = make_loss(path, loss_args=config.train.loss_args, task=config.task)
+    loss_fn = make_loss(path, loss_args=config.train.loss_args, objective=config.objective)
     generator = torch.Generator().manual_seed(0)
     outputs = torch.randn(DRY_ROWS, num_outputs, generator=generator, requires_grad=True)
-    if config.task == "regression":
+    if config.objective == "regression":
         targets = torch.randn(DRY_ROWS, generator=generator)
     else:
         targets = torch.arange(DRY_ROWS) % num_outputs

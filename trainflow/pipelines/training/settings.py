@@ -102,7 +102,7 @@ class TrainSettings:
             lora=config.train.lora.model_dump() if config.train.lora else None,
         )
         check_loss(config, num_outputs)
-        check_metrics(config.evaluation, config.task, num_outputs)
+        check_metrics(config.evaluation, config.objective, num_outputs)
         return cls(
             config=config,
             model_spec=spec,

@@ -26,9 +26,9 @@ class ValidationMetrics:
     """The user's ``metrics`` over a run's validation split; ``preprocessor`` (its state)
     turns a regression's standardized outputs and labels back into the label's units."""
 
-    def __init__(self, metrics: list[UserMetric], task: str, preprocessor: dict[str, Any]):
+    def __init__(self, metrics: list[UserMetric], objective: str, preprocessor: dict[str, Any]):
         self.metrics = metrics
-        self.regression = task == "regression"
+        self.regression = objective == "regression"
         self.label_offset = float(preprocessor.get("label_offset", 0.0))
         self.label_scale = float(preprocessor.get("label_scale", 1.0))
 

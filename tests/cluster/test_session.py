@@ -71,3 +71,22 @@ def test_the_workers_of_a_local_cluster_run_at_the_drivers_priority(tmp_path):
     answer = json.loads(lines[0].removeprefix("ANSWER "))
     driver = os.getpriority(os.PRIO_PROCESS, 0) + 3
     assert answer == {"driver": min(driver, 19), "task": min(driver, 19), "actor": min(driver, 19)}
+
+
+def test_ray_client_init_is_tried_again_only_when_the_jobs_server_process_died():
+    from trainflow.cluster.session import client_server_died
+
+    # As Ray Client's proxier reports a job's server that died as it started (ray#63202).
+    zombie = (
+        "Initialization failure from server:\nTraceback (most recent call last):\n  File "
+        '"ray/util/client/server/proxier.py", line 396, in start_specific_server\n    cmd = '
+        "psutil_proc.cmdline()\npsutil.ZombieProcess: PID still exists but it's a zombie (pid=17741)"
+    )
+    assert client_server_died(ConnectionAbortedError(zombie))
+    assert client_server_died(
+        ConnectionAbortedError("Initialization failure from server:\nStarting Ray client server failed")
+    )
+    # A refused token or a version mismatch is the user's to fix: not tried again.
+    assert not client_server_died(
+        ConnectionAbortedError("Initialization failure from server:\nPermissionError: bad token")
+    )

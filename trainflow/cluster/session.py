@@ -153,8 +153,16 @@ def connect(
 
 
 # Ray Client's server starts a server process for each job; on a busy head that process
-# sometimes ends at once, and ray.init fails with "Starting Ray client server failed".
+# sometimes dies as it forks (ray-project/ray#63202), and ray.init fails with "Starting Ray
+# client server failed", or with the proxier's psutil.ZombieProcess on reading it.
 CLIENT_INIT_ATTEMPTS = 3
+CLIENT_SERVER_DIED = ("Starting Ray client server failed", "ZombieProcess")
+
+
+def client_server_died(error: ConnectionAbortedError) -> bool:
+    """Whether Ray Client's ``ray.init`` failed because the job's server process died as it
+    started, which another attempt starts anew."""
+    return any(sign in str(error) for sign in CLIENT_SERVER_DIED)
 
 
 def _client_init(address: str, kwargs: dict, logger: logging.Logger | logging.LoggerAdapter) -> None:
@@ -166,7 +174,7 @@ def _client_init(address: str, kwargs: dict, logger: logging.Logger | logging.Lo
             ray.init(address=address, **kwargs)
             return
         except ConnectionAbortedError as e:
-            if "Starting Ray client server failed" not in str(e) or attempt == CLIENT_INIT_ATTEMPTS:
+            if not client_server_died(e) or attempt == CLIENT_INIT_ATTEMPTS:
                 raise
             logger.warning("Ray Client's server at %s did not start this job's server; trying again", address)
             ray.shutdown()

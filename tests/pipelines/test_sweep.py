@@ -104,7 +104,7 @@ def test_trials_of_one_cpu_worker_on_data_in_memory_train_in_their_own_reused_pr
     space = {"train.lr": {"grid": [0.01, 0.1]}}
     assert trains_in_trial(sweep_config(space), prepared)
     half = sweep_config(space, scaling={"num_workers": 1, "resources_per_worker": {"CPU": 0.5}})
-    assert trial_resources(half, prepared) == {"CPU": 0.5}
+    assert trial_resources(half, trains_in_trial(half, prepared)) == {"CPU": 0.5}
     # Trials that need Ray Train's own workers, or PBT's hand-over of checkpoints, keep them.
     for others in (
         {"reuse_workers": False},
@@ -114,6 +114,6 @@ def test_trials_of_one_cpu_worker_on_data_in_memory_train_in_their_own_reused_pr
     ):
         config = sweep_config(space, **others)
         assert not trains_in_trial(config, prepared), others
-        assert trial_resources(config, prepared) == {"CPU": 0, "memory": 1}
+        assert trial_resources(config, trains_in_trial(config, prepared)) == {"CPU": 0, "memory": 1}
     for train in ({"in_memory": "never"}, {"loop": "pkg.loops:fit"}):
         assert not trains_in_trial(load_config({"sweep": {"space": space}, "train": train}), prepared), train

@@ -10,7 +10,7 @@ from typing import Any
 
 # What a run learns to predict: a class (its label holds categories) or a number.
 OBJECTIVES = ("classification", "regression")
-# The test metrics each objective is measured and gated on, and the direction that is better.
+# The test metrics of each objective, which the gate compares; and which are better lower.
 OBJECTIVE_METRICS = {
     "classification": ("accuracy", "macro_f1", "weighted_f1"),
     "regression": ("rmse", "mae", "r2"),

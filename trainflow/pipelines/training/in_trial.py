@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from trainflow.config import PipelineConfig
+from trainflow.config.outputs import CheckpointSection
 from trainflow.config.sweep import POPULATION_SCHEDULERS
-from trainflow.pipelines.models.checkpoint import CONFIG, METRICS
+from trainflow.pipelines.models.checkpoint import METRICS
 from trainflow.pipelines.training.inputs import TRAIN_SPLITS, splits_in_memory
 from trainflow.pipelines.training.settings import PreparedSplits
 from trainflow.pipelines.training.trial_reports import CHECKPOINT_PATH
@@ -65,19 +66,21 @@ def trains_in_trial(config: PipelineConfig, prepared: PreparedSplits) -> bool:
     )
 
 
-def trial_resources(config: PipelineConfig, prepared: PreparedSplits) -> dict[str, float]:
+def trial_resources(config: PipelineConfig, in_trial: bool) -> dict[str, float]:
     """What each trial's process asks of the cluster: its one worker's resources when it
-    trains itself; else nothing but a byte (Tune refuses a trial that asks for nothing),
-    since its Ray Train workers hold the CPUs."""
-    if trains_in_trial(config, prepared):
+    trains itself (``in_trial``); else nothing but a byte (Tune refuses a trial that asks
+    for nothing), since its Ray Train workers hold the CPUs."""
+    if in_trial:
         return {"CPU": 1.0, **config.sweep.scaling.resources_per_worker}
     return {"CPU": 0, "memory": 1}
 
 
-def save_and_report(metrics: dict[str, float], folder: str, keep: int, save: Callable[[Path], Any]) -> None:
+def save_and_report(
+    metrics: dict[str, float], folder: str, kept: CheckpointSection, save: Callable[[Path], Any]
+) -> None:
     """Save an epoch's checkpoint with ``save(folder)`` as ``checkpoint_epoch_<n>`` in the
     run ``folder`` (written under a temporary name, then renamed), delete those past the
-    best ``keep`` by the config's metric and the latest, and report the epoch to Ray Tune
+    best ``kept.keep`` by ``kept.metric`` and the latest, and report the epoch to Ray Tune
     with the checkpoint's path."""
     import ray.tune
 
@@ -88,23 +91,21 @@ def save_and_report(metrics: dict[str, float], folder: str, keep: int, save: Cal
     save(tmp)
     shutil.rmtree(path, ignore_errors=True)  # a trial reset to the same run name starts over
     os.replace(tmp, path)
-    _keep_best(run, keep, path)
+    _keep_best(run, kept, path)
     ray.tune.report({**metrics, CHECKPOINT_PATH: str(path)})
 
 
-def _keep_best(run: Path, keep: int, latest: Path) -> None:
-    """Delete the run's checkpoints but the best ``keep`` by the metric each one's config
-    names (``checkpoint.metric`` and ``mode``) and ``latest``."""
+def _keep_best(run: Path, kept: CheckpointSection, latest: Path) -> None:
+    """Delete the run's checkpoints but the best ``kept.keep`` by ``kept.metric`` (better
+    by ``kept.mode``) and ``latest``."""
     saved = sorted(run.glob("checkpoint_epoch_*"))
-    checkpoint = json.loads((latest / CONFIG).read_text())["checkpoint"]
-    metric = checkpoint["metric"]
-    sign = -1.0 if checkpoint["mode"] == "max" else 1.0
+    sign = -1.0 if kept.mode == "max" else 1.0
 
     def score(folder: Path) -> float:
-        value = json.loads((folder / METRICS).read_text()).get(metric)
+        value = json.loads((folder / METRICS).read_text()).get(kept.metric)
         return float("inf") if value is None else sign * float(value)
 
-    kept = set(sorted(saved, key=score)[:keep]) | {latest}
+    best = set(sorted(saved, key=score)[: kept.keep]) | {latest}
     for folder in saved:
-        if folder not in kept:
+        if folder not in best:
             shutil.rmtree(folder, ignore_errors=True)

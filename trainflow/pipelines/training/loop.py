@@ -384,7 +384,7 @@ def report_epoch(
         )
 
     if settings.trial_folder:  # a sweep's trial, in its own process (.in_trial)
-        save_and_report(metrics, settings.trial_folder, settings.config.checkpoint.keep, save)
+        save_and_report(metrics, settings.trial_folder, settings.config.checkpoint, save)
         return
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = None

@@ -101,9 +101,10 @@ def run_trial(
     storage: str,
     placements: str,
     population: bool = False,
+    in_trial: bool = False,
 ) -> None:
     """One trial, run by Ray Tune in its actor: trained there (:func:`.run.train_in_trial`)
-    where :func:`.in_trial.trains_in_trial` says, else :func:`run_training` of the sampled
+    when ``in_trial`` (:func:`.in_trial.trains_in_trial`), else :func:`run_training` of the sampled
     config, whose reports reach Tune from this thread (:func:`.trial_reports.report_to_tune`).
     A diverged loss fails the trial. Worker groups record their placement groups with
     ``placements``. Under ``population`` (pbt, pb2) each epoch's checkpoint goes to Tune too,
@@ -112,14 +113,13 @@ def run_trial(
 
     configure_ray_data()  # this trial's actor runs the trainer's Dataset executions
     quiet_stop()  # Tune ends a trial's actor with SIGTERM
-    swept = PipelineConfig.model_validate(base)
-    config = trial_config(swept, tune_config["params"])
+    config = trial_config(PipelineConfig.model_validate(base), tune_config["params"])
     # No restarts of a trial's workers: when a trial ends, the sweep removes its workers'
     # placement group, and a controller that outlived it would restart them in a new one
     # that nothing removes. A worker that fails fails its trial, which the sweep reports.
     config = config.model_copy(update={"failure": FailureSection(max_failures=0)})
     trial_id = ray.tune.get_context().get_trial_id()
-    if trains_in_trial(swept, prepared):
+    if in_trial:
         train_in_trial(config, prepared, storage=storage, run_name=trial_run(trial_id))
         return
     train = functools.partial(
@@ -310,6 +310,7 @@ def build_tuner(
 
     sweep = config.sweep
     population = sweep.scheduler.kind in POPULATION_SCHEDULERS
+    in_trial = trains_in_trial(config, prepared)
     trainable = tune.with_parameters(
         run_trial,
         base=config.model_dump(mode="json"),
@@ -317,9 +318,10 @@ def build_tuner(
         storage=f"{storage_path}/{name}",
         placements=placements,
         population=population,
+        in_trial=in_trial,
     )
     return tune.Tuner(
-        tune.with_resources(trainable, trial_resources(config, prepared)),
+        tune.with_resources(trainable, trial_resources(config, in_trial)),
         param_space={"params": search_space(sweep)},
         tune_config=tune.TuneConfig(
             metric=sweep.metric,
@@ -329,7 +331,7 @@ def build_tuner(
             search_alg=search_algorithm(sweep, max_concurrent),
             # A trial that trains in its own process hands it to the next (.in_trial); one
             # with a trainer of its own ends with it, as PBT's pause needs.
-            reuse_actors=trains_in_trial(config, prepared),
+            reuse_actors=in_trial,
         ),
         run_config=tune.RunConfig(
             name=name,

@@ -93,7 +93,8 @@ def measure_loop(device_name: str, steps: int, warmup: int, batch_size: int) -> 
     from trainflow.pipelines.data.preprocess import FEATURES as X
     from trainflow.pipelines.data.preprocess import LABEL
     from trainflow.pipelines.models.build import build_model
-    from trainflow.pipelines.training.loop import Precision, train_epoch
+    from trainflow.pipelines.training.loop import train_epoch
+    from trainflow.pipelines.training.optim import Precision
 
     model_spec, device = spec(), torch.device(device_name)
     torch.manual_seed(0)
@@ -147,7 +148,8 @@ def measure_transformer(device_name: str, steps: int, warmup: int, batch_size: i
     from trainflow.config import ModelConfig
     from trainflow.pipelines.data.preprocess import LABEL
     from trainflow.pipelines.models.build import build_model, model_spec
-    from trainflow.pipelines.training.loop import Precision, resolved_precision, train_epoch
+    from trainflow.pipelines.training.loop import train_epoch
+    from trainflow.pipelines.training.optim import Precision, resolved_precision
 
     device = torch.device(device_name)
     precision = Precision("auto", device)

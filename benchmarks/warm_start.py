@@ -1,6 +1,8 @@
 """Warm start: the default digits job as `trainflow run` with the services of `trainflow up`
 running (warm), as `trainflow run` alone (cold: it starts Prefect's temporary server and a
-Ray cluster of its own), and as a plain PyTorch loop, alternating (A B C A B C ...).
+Ray cluster of its own), each also with `--set scaling.num_workers=0` (trained in the
+flow's own process, no Ray Train workers), and as a plain PyTorch loop, alternating
+(A B C ... A B C ...).
 
     python benchmarks/warm_start.py --rounds 3
     python benchmarks/warm_start.py --quick     # 2 epochs, 1 round, into results/quick
@@ -26,8 +28,14 @@ from common import add_results_arg, load1, median, ratio, run_measured, write_se
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-ROWS = ("cold", "warm", "plain_torch")
-TARGETS = {"warm_vs_plain_torch_wall": 1.5, "cold_vs_plain_torch_wall": 2.5}
+ROWS = ("cold", "warm", "cold_no_workers", "warm_no_workers", "plain_torch")
+TARGETS = {
+    "warm_vs_plain_torch_wall": 1.5,
+    "cold_vs_plain_torch_wall": 2.5,
+    "warm_no_workers_vs_plain_torch_wall": 1.5,
+    "cold_no_workers_vs_plain_torch_wall": 2.5,
+}
+NO_WORKERS = ("--set", "scaling.num_workers=0")
 # A run must not inherit another cluster or server.
 SCRUB = {"RAY_ADDRESS", "PREFECT_API_URL", "TRAINFLOW_TIMELINE"}
 
@@ -35,7 +43,8 @@ SCRUB = {"RAY_ADDRESS", "PREFECT_API_URL", "TRAINFLOW_TIMELINE"}
 def command(row: str, epochs: int) -> list[str]:
     if row == "plain_torch":
         return [sys.executable, str(HERE / "plain_torch.py"), "--epochs", str(epochs)]
-    return [sys.executable, "-m", "trainflow.cli", "run", "--set", f"train.epochs={epochs}"]
+    extra = NO_WORKERS if row.endswith("_no_workers") else ()
+    return [sys.executable, "-m", "trainflow.cli", "run", "--set", f"train.epochs={epochs}", *extra]
 
 
 def trainflow(env: dict[str, str], *args: str) -> None:
@@ -54,7 +63,7 @@ def run_once(row: str, epochs: int, env: dict[str, str]) -> dict:
     if result["returncode"] != 0:
         sys.stderr.write(result["stdout"][-4000:])
         raise SystemExit(f"the {row} run failed ({result['returncode']})")
-    if row == "warm" and "using the services of trainflow up" not in result["stdout"]:
+    if row.startswith("warm") and "using the services of trainflow up" not in result["stdout"]:
         raise SystemExit("the warm run did not use the services of trainflow up")
     return {k: result[k] for k in ("wall_s", "cpu_s", "load_1min")}
 
@@ -62,10 +71,12 @@ def run_once(row: str, epochs: int, env: dict[str, str]) -> dict:
 def measure(rounds: int, epochs: int, homes: Path) -> dict[str, list[dict]]:
     """Every row's timed runs, alternating, after each trainflow row's first run off the clock."""
     base = {k: v for k, v in os.environ.items() if k not in SCRUB}
-    envs = {row: {**base, "TRAINFLOW_HOME": str(homes / row), "RAY_USAGE_STATS_ENABLED": "0"} for row in ROWS}
+    # A row with no workers shares its cold or warm row's home (and, warm, its services).
+    base["RAY_USAGE_STATS_ENABLED"] = "0"
+    envs = {row: {**base, "TRAINFLOW_HOME": str(homes / row.removesuffix("_no_workers"))} for row in ROWS}
     trainflow(envs["warm"], "up")
     try:
-        for row in ("cold", "warm"):
+        for row in ("cold", "warm", "cold_no_workers", "warm_no_workers"):
             run_once(row, epochs, envs[row])
         runs: dict[str, list[dict]] = {row: [] for row in ROWS}
         for i in range(rounds):
@@ -105,9 +116,11 @@ def markdown(figures: dict) -> str:
         "Prefect server in the background; the command connects to them). Each has a "
         "TRAINFLOW_HOME of its own, kept across rounds, after a first run off the clock: its "
         "registry and Prefect's database exist and the prepared splits are cached, as when a "
-        "user iterates on a model. plain_torch: `benchmarks/plain_torch.py`, one process, no Ray. "
-        "The warm row's CPU seconds leave out the services' own processes, Ray's workers "
-        "included. Load average (1 min) around the runs: "
+        "user iterates on a model. *_no_workers: the same with `--set scaling.num_workers=0` (the "
+        "flow's own process trains; the default job has two Ray Train workers), in the same "
+        "home. plain_torch: `benchmarks/plain_torch.py`, one process, no Ray. The warm rows' "
+        "CPU seconds leave out the services' own processes, Ray's workers included. Load "
+        "average (1 min) around the runs: "
         f"{min(loads):g} to {max(loads):g}.\n"
     )
 
@@ -135,8 +148,7 @@ def main() -> None:
         "runs": runs,
         "medians": med,
         "ratios": {
-            "warm_vs_plain_torch_wall": ratio(med["warm"]["wall_s"], plain),
-            "cold_vs_plain_torch_wall": ratio(med["cold"]["wall_s"], plain),
+            **{f"{row}_vs_plain_torch_wall": ratio(med[row]["wall_s"], plain) for row in ROWS[:-1]},
             "warm_vs_cold_wall": ratio(med["warm"]["wall_s"], med["cold"]["wall_s"]),
         },
         "targets": TARGETS,

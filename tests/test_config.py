@@ -51,11 +51,37 @@ def test_a_range_of_workers_is_elastic_and_one_upside_down_is_refused_naming_the
     assert (scaling.elastic, scaling.min_workers, scaling.max_workers) == (True, 1, 4)
     assert load_config({"scaling": {"num_workers": 3}}).scaling.elastic is False
     with pytest.raises(
-        ConfigError, match=r"scaling\.num_workers: .*\[4, 1\]: give a number of workers of at least 1, or"
+        ConfigError, match=r"scaling\.num_workers: .*\[4, 1\]: give a number of workers \(0: none, .*\), or"
     ):
         load_config({"scaling": {"num_workers": [4, 1]}})
     with pytest.raises(ConfigError, match=r"sweep\.scaling: .*a trial trains on a fixed number of workers"):
         load_config({"sweep": {"scaling": {"num_workers": [1, 2]}}})
+
+
+def test_no_workers_trains_in_the_flows_process_and_what_needs_workers_is_refused_naming_it():
+    scaling = load_config({}, ["scaling.num_workers=0"]).scaling
+    assert scaling.in_process and not scaling.elastic
+    assert not load_config({}).scaling.in_process
+    refused = {
+        r"scaling: .*num_workers 0 trains in the flow's own process on its CPU: set use_gpu false": {
+            "scaling": {"num_workers": 0, "use_gpu": True}
+        },
+        r"scaling\.num_workers 0 trains trainflow's own loop .*train\.loop mycode:train_func runs on Ray": {
+            "scaling": {"num_workers": 0},
+            "train": {"loop": "mycode:train_func"},
+        },
+        r"train\.in_memory never streams the splits to Ray Train workers, .*use auto or always": {
+            "scaling": {"num_workers": 0},
+            "train": {"in_memory": "never"},
+        },
+        r"sweep\.scaling: .*num_workers 0: each trial trains in a process of its own": {
+            "sweep": {"scaling": {"num_workers": 0}}
+        },
+        r"scaling\.num_workers: .*\[0, 2\]: give a number of workers": {"scaling": {"num_workers": [0, 2]}},
+    }
+    for message, raw in refused.items():
+        with pytest.raises(ConfigError, match=message):
+            load_config(raw)
 
 
 def test_an_elastic_runs_workers_share_the_global_batch_of_its_largest_size():

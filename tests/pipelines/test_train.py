@@ -3,6 +3,7 @@ stopping), its inputs, its progress rows, and whole runs resuming exactly where 
 stopped. Fits run on real Ray Train workers over the prepared digits."""
 
 import math
+import os
 import pickle
 import time
 import uuid
@@ -21,7 +22,7 @@ from trainflow.pipelines.data.prepare import prepare
 from trainflow.pipelines.data.preprocess import FEATURES, LABEL
 from trainflow.pipelines.data.schema import inspect_source
 from trainflow.pipelines.models.checkpoint import load_checkpoint
-from trainflow.pipelines.training import inputs
+from trainflow.pipelines.training import inputs, optim
 from trainflow.pipelines.training import loop as tl
 from trainflow.pipelines.training.placements import PlacementTracker, record_placement
 from trainflow.pipelines.training.progress import PROGRESS_NAMESPACE, ProgressLog, follow_progress
@@ -81,7 +82,7 @@ def test_settings_refuse_what_cannot_cross_naming_it():
 def test_lr_schedules_warm_up_then_decay():
     def factors(scheduler, **kw):
         settings = {"epochs": 10, "warmup_epochs": 0, "step_size": 3, "gamma": 0.5, **kw}
-        return [tl.lr_factor(e, scheduler=scheduler, **settings) for e in range(settings["epochs"])]
+        return [optim.lr_factor(e, scheduler=scheduler, **settings) for e in range(settings["epochs"])]
 
     assert factors("none") == [1.0] * 10
     assert factors("step") == [1, 1, 1, 0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.125]
@@ -92,12 +93,12 @@ def test_lr_schedules_warm_up_then_decay():
 
 
 def test_early_stopping_counts_epochs_without_improvement():
-    stop = tl.EarlyStopping("val_loss", "min", patience=2, min_delta=0.01)
+    stop = optim.EarlyStopping("val_loss", "min", patience=2, min_delta=0.01)
     assert [stop.update({"val_loss": v}) for v in (1.0, 0.9, 0.895, 0.95)] == [False, False, False, True]
-    resumed = tl.EarlyStopping("val_loss", "min", patience=2, min_delta=0.01)
+    resumed = optim.EarlyStopping("val_loss", "min", patience=2, min_delta=0.01)
     resumed.load_state_dict(stop.state_dict())
     assert (resumed.best, resumed.bad_epochs) == (0.9, 2)
-    assert tl.EarlyStopping("val_accuracy", "max", 1, 0.0).update({"val_accuracy": 0.5}) is False
+    assert optim.EarlyStopping("val_accuracy", "max", 1, 0.0).update({"val_accuracy": 0.5}) is False
 
 
 def _batches(n=4, size=16, seed=0):
@@ -112,26 +113,26 @@ def test_mixed_precision_autocasts_on_the_cpu(precision):
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
     seen = []
     model[0].register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
-    p = tl.Precision(precision, torch.device("cpu"))
+    p = optim.Precision(precision, torch.device("cpu"))
     assert p.scaler.is_enabled() == (precision == "16-mixed")
     before = [w.detach().clone() for w in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loss = tl.train_epoch(model, _batches(), opt, nn.CrossEntropyLoss(), p)
     assert math.isfinite(loss)
-    assert set(seen) == {tl.AUTOCAST_DTYPES[precision]}
+    assert set(seen) == {optim.AUTOCAST_DTYPES[precision]}
     assert all(w.dtype == torch.float32 for w in model.parameters())  # master weights stay fp32
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
 def test_auto_precision_is_full_on_the_cpu():
-    p = tl.Precision("auto", torch.device("cpu"))
+    p = optim.Precision("auto", torch.device("cpu"))
     assert p.dtype is None and not p.scaler.is_enabled()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_auto_precision_is_bf16_on_a_gpu_that_has_it():
     expected = torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    assert tl.Precision("auto", torch.device("cuda")).dtype == expected
+    assert optim.Precision("auto", torch.device("cuda")).dtype == expected
 
 
 def test_gradient_clipping_bounds_each_update():
@@ -169,7 +170,7 @@ def test_the_trainer_keeps_and_places_what_the_config_says(tmp_path):
 
 
 def test_momentum_reaches_sgd():
-    opt = tl.make_optimizer("sgd", nn.Linear(2, 2).parameters(), 0.1, 0.0, momentum=0.5)
+    opt = optim.make_optimizer("sgd", nn.Linear(2, 2).parameters(), 0.1, 0.0, momentum=0.5)
     assert opt.param_groups[0]["momentum"] == 0.5
 
 
@@ -180,7 +181,7 @@ def test_adamw_decays_the_weights_apart_from_the_gradient_and_adam_through_it():
 
     def one_step(name: str) -> tuple[torch.Tensor, torch.Tensor]:
         weight = nn.Parameter(torch.full((3,), 2.0))
-        opt = tl.make_optimizer(name, [weight], 0.1, 0.01)
+        opt = optim.make_optimizer(name, [weight], 0.1, 0.01)
         weight.grad = torch.zeros(3)  # the loss does not move it
         opt.step()
         return weight.detach(), torch.full((3,), 2.0)
@@ -533,6 +534,50 @@ def test_a_run_reports_its_progress_picks_its_best_checkpoint_and_resumes_exactl
     for m in straight:
         for key in ("train_loss", "val_loss", "val_accuracy", "lr"):
             assert by_epoch[m["epoch"]][key] == pytest.approx(m[key], rel=1e-5), (m["epoch"], key)
+
+
+SEEN: list[tuple[int, int]] = []  # (pid, epoch) of each epoch seen_here was called after
+
+
+def seen_here(epoch: int, metrics: dict, rank: int) -> None:
+    """A train.callbacks function: where each epoch ran, kept in this module."""
+    SEEN.append((os.getpid(), epoch))
+
+
+def test_no_workers_trains_in_this_process_as_one_worker_would_and_goes_on_from_its_checkpoint(
+    splits, tmp_path
+):
+    train = {"epochs": 3, "deterministic": True, "callbacks": [f"{__name__}:seen_here"]}
+    config = load_config(small_config(train=train, scaling={"num_workers": 0}, checkpoint={"keep": 1}))
+    SEEN.clear()
+    rows = []
+    result = run_training(config, splits, run_name="here", storage=str(tmp_path), on_row=rows.append)
+    # Every epoch ran in this very process (a Ray Train worker's callback list is its own).
+    assert SEEN == [(os.getpid(), epoch) for epoch in (1, 2, 3)]
+    epochs = [r for r in rows if r["kind"] == "epoch"]
+    assert rows[0]["run_path"] == str(tmp_path / "here") and rows[0]["in_memory"] == ["train", "val"]
+    assert [r["kind"] for r in rows[1:]] == ["start", "epoch", "epoch", "epoch"]
+    assert (result.status, result.epoch, result.starts) == ("completed", 3, [0])
+    assert [h["epoch"] for h in result.history] == [1, 2, 3]
+    # The best checkpoint by val_accuracy is the one handed on; keep 1 leaves it and the latest.
+    best = max(reversed(epochs), key=lambda r: r["val_accuracy"])["epoch"]
+    assert result.best_metrics["epoch"] == best == load_checkpoint(result.best_checkpoint).metrics["epoch"]
+    kept = {f"checkpoint_epoch_{epoch:06d}" for epoch in (best, 3)}
+    assert {p.name for p in (tmp_path / "here").glob("checkpoint_*")} == kept
+
+    # The same epochs on one Ray Train worker give the same figures.
+    one = config.model_copy(update={"scaling": config.scaling.model_copy(update={"num_workers": 1})})
+    on_worker = run_training(one, splits, run_name="worker", storage=str(tmp_path))
+    for mine, theirs in zip(result.history, on_worker.history, strict=True):
+        for key in ("train_loss", "val_loss", "val_accuracy"):
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-4), (mine["epoch"], key)
+
+    # Run again under its name with more epochs (a retry, --resume), it goes on after epoch 3.
+    more = config.model_copy(update={"train": config.train.model_copy(update={"epochs": 5})})
+    SEEN.clear()
+    result = run_training(more, splits, run_name="here", storage=str(tmp_path))
+    assert SEEN == [(os.getpid(), 4), (os.getpid(), 5)]
+    assert [h["epoch"] for h in result.history] == [1, 2, 3, 4, 5]
 
 
 def test_balanced_class_weights_are_scikit_learns_from_the_prepared_train_labels(tmp_path):

@@ -123,6 +123,10 @@ def preflight(config: PipelineConfig, logger: logging.Logger | logging.LoggerAda
     import ray
 
     scaling = config.scaling
+    if scaling.in_process:  # no workers: the flow's own process trains
+        _in_process_here()
+        check_cluster(config, logger)
+        return config
     fitted = _fitted_scaling(scaling, logger)
     if fitted is not scaling:
         _say_once(
@@ -150,6 +154,18 @@ def preflight(config: PipelineConfig, logger: logging.Logger | logging.LoggerAda
         fitted = grown
     check_cluster(config, logger)
     return config.model_copy(update={"scaling": fitted})
+
+
+def _in_process_here() -> None:
+    """PreflightError when this process reaches its cluster through Ray Client, whose
+    driver is off the cluster: ``scaling.num_workers`` 0 would train there."""
+    from ray.util.client import ray as client
+
+    if client.is_connected():
+        raise PreflightError(
+            "scaling.num_workers 0 trains in the flow's own process, and this one reaches its Ray "
+            "cluster through Ray Client (ray://), off the cluster: give num_workers 1 or more"
+        )
 
 
 def _fitted_scaling(scaling: ScalingSection, logger) -> ScalingSection:

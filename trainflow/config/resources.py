@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from trainflow.config.sections import Section
 
@@ -19,7 +19,9 @@ class ScalingSection(Section):
         "the train split (data-parallel, gradients averaged every step). A range [min, max]: "
         "elastic, the run starts once min workers fit, grows toward max as the cluster gains "
         "room and shrinks when a worker's node is lost, resuming from its latest checkpoint "
-        "each time.",
+        "each time. 0: no Ray Train workers, as Ray Train's local mode: trainflow's loop trains "
+        "in the flow's own process on its CPU, the splits in memory, for iterating on a small "
+        "model without the workers' start.",
     )
     use_gpu: bool = Field(
         False,
@@ -58,12 +60,27 @@ class ScalingSection(Section):
     @classmethod
     def _a_count_or_a_range(cls, v: int | tuple[int, int]) -> int | tuple[int, int]:
         low, high = (v, v) if isinstance(v, int) else v
-        if low < 1 or high < low:
+        if (low < 1 and v != 0) or high < low:
             shown = list(v) if isinstance(v, tuple) else v
             raise ValueError(
-                f"{shown}: give a number of workers of at least 1, or [min, max] with 1 <= min <= max"
+                f"{shown}: give a number of workers (0: none, the flow's own process trains), or "
+                "[min, max] with 1 <= min <= max"
             )
         return v
+
+    @model_validator(mode="after")
+    def _in_process_on_the_cpu(self) -> ScalingSection:
+        if self.num_workers == 0 and (self.use_gpu or self.resources_per_worker.get("GPU")):
+            raise ValueError(
+                "num_workers 0 trains in the flow's own process on its CPU: set use_gpu false, or "
+                "give num_workers 1 or more for workers with GPUs"
+            )
+        return self
+
+    @property
+    def in_process(self) -> bool:
+        """Whether the flow's own process trains (num_workers 0, Ray Train's local mode)."""
+        return self.num_workers == 0
 
     @property
     def elastic(self) -> bool:

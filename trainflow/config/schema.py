@@ -256,6 +256,24 @@ class PipelineConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _in_process_runs_trainflows_loop(self) -> PipelineConfig:
+        """scaling.num_workers 0 runs trainflow's loop on splits held in the flow's memory."""
+        if not self.scaling.in_process:
+            return self
+        if self.train.loop is not None:
+            raise ValueError(
+                f"scaling.num_workers 0 trains trainflow's own loop in the flow's process; train.loop "
+                f"{self.train.loop} runs on Ray Train workers: give num_workers 1 or more"
+            )
+        if self.train.in_memory == "never":
+            raise ValueError(
+                "train.in_memory never streams the splits to Ray Train workers, and scaling.num_workers "
+                "0 has none: the flow's process reads them into memory; use auto or always, or give "
+                "num_workers 1 or more"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _loop_replaces_trainflows(self) -> PipelineConfig:
         """Beside train.loop, the train fields that only trainflow's loop reads keep their
         defaults: the user's loop would never read them. train.loop_config goes with a loop."""

@@ -194,6 +194,11 @@ class SweepConfig(Section):
     @field_validator("scaling")
     @classmethod
     def _fixed_workers(cls, v: ScalingSection) -> ScalingSection:
+        if v.in_process:
+            raise ValueError(
+                "num_workers 0: each trial trains in a process of its own; give sweep.scaling."
+                "num_workers 1 (a trial of one CPU worker trains in its Tune trial's process) or more"
+            )
         if v.elastic:
             raise ValueError(
                 f"num_workers {list(v.num_workers)}: a trial trains on a fixed number of workers; "

@@ -143,15 +143,22 @@ def _log_plan(logger, config: PipelineConfig, row: dict[str, Any]) -> None:
     """Log the run's ``plan`` row: the model, the workers, the splits, the loss or the
     user's loop."""
     s = config.scaling
+    if s.in_process:
+        where = "in the flow's own process (scaling.num_workers 0)"
+        kind = "run folder"
+    else:
+        kind = "Ray run"
+        workers = f"{s.min_workers} to {s.max_workers}" if s.elastic else s.num_workers
+        where = f"on {workers} workers ({s.resources_per_worker} each)"
     logger.info(
-        "training %s (%s)%s for %d epochs on %s workers (%s each), %s; Ray run %s",
+        "training %s (%s)%s for %d epochs %s, %s; %s %s",
         config.model.kind,
         row["parameters"],
         f" with train.loop {row['loop']}" if row.get("loop") else "",
         config.train.epochs,
-        f"{s.min_workers} to {s.max_workers}" if s.elastic else s.num_workers,
-        s.resources_per_worker,
+        where,
         _describe_splits(row["in_memory"], row["streamed"]),
+        kind,
         row["run_path"],
     )
     if not row.get("loop"):
@@ -254,7 +261,8 @@ def _log_result(logger, config: PipelineConfig, result: TrainingResult) -> None:
         logger.info("stopped early after epoch %d: %s", result.epoch, result.message)
     sizes = sorted(set(result.sizes)) or [config.scaling.min_workers]
     workers = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]} to {sizes[-1]}"
-    logger.info("%s workers trained on %d Ray node(s)", workers, len(result.nodes))
+    if not config.scaling.in_process:
+        logger.info("%s workers trained on %d Ray node(s)", workers, len(result.nodes))
     if len(result.starts) > 1 and not config.scaling.elastic:
         logger.warning(
             "the worker group started %d times (a worker or node failed or was preempted); it resumed "

@@ -85,7 +85,10 @@ def augments(preprocessor: dict[str, Any]) -> bool:
 
 def splits_in_memory(config: PipelineConfig, path: str | Path) -> tuple[str, ...]:
     """The splits of the prepared entry at ``path`` that the workers of ``config`` read once
-    into memory (:func:`in_memory_splits`); the rest stream from Ray Data."""
+    into memory (:func:`in_memory_splits`), every one without workers (``num_workers``
+    0); the rest stream from Ray Data."""
+    if config.scaling.in_process:  # no workers to stream to: the flow's process holds them
+        return TRAIN_SPLITS
     sizes = {name: split_bytes(join(path, name)) for name in TRAIN_SPLITS}
     # An elastic run's fewest workers hold the largest share each.
     return in_memory_splits(config.train.in_memory, sizes, workers=config.scaling.min_workers)

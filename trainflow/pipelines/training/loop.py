@@ -1,5 +1,7 @@
-"""The training loop that runs on every Ray Train worker, and its parts: optimizer,
-learning-rate schedule, precision, early stopping, one epoch of training, validation.
+"""The training loop that runs on every Ray Train worker (or in its caller's process,
+:mod:`.in_process`), and its parts: one epoch of training, validation, each epoch's
+checkpoint and report; the optimizer, schedule, precision and early stopping it builds
+are :mod:`.optim`'s.
 
 :func:`train_loop_per_worker` reads its :class:`~.settings.TrainSettings`, builds its
 :class:`TrainingParts`, resumes them from Ray's latest checkpoint when there is one, opens
@@ -27,9 +29,10 @@ from trainflow.pipelines.metrics import load_metrics
 from trainflow.pipelines.models.build import initial_model
 from trainflow.pipelines.models.checkpoint import save_checkpoint
 from trainflow.pipelines.models.hf import has_adapter
-from trainflow.pipelines.training.in_trial import TrialContext, save_and_report
+from trainflow.pipelines.training.in_process import LocalContext, report_to_tune, save_kept
 from trainflow.pipelines.training.inputs import Batch, epoch_batches, model_input, open_splits
 from trainflow.pipelines.training.losses import make_loss, on_device
+from trainflow.pipelines.training.optim import EarlyStopping, Precision, make_optimizer, make_scheduler
 from trainflow.pipelines.training.placements import record_placement
 from trainflow.pipelines.training.progress import ProgressLog
 from trainflow.pipelines.training.resume import resume_state, same_start, step_hooks
@@ -37,64 +40,7 @@ from trainflow.pipelines.training.settings import SETTINGS, Outcome
 from trainflow.pipelines.training.val_metrics import ValidationMetrics
 
 if TYPE_CHECKING:
-    from trainflow.config import TrainConfig
     from trainflow.pipelines.training.settings import TrainSettings
-
-
-def make_optimizer(
-    name: str, params, lr: float, weight_decay: float, momentum: float = 0.9
-) -> torch.optim.Optimizer:
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    raise ValueError(f"train.optimizer {name!r}: use adam, adamw or sgd")
-
-
-def lr_factor(epoch: int, *, epochs: int, scheduler: str, warmup_epochs: int, step_size: int, gamma: float):
-    """The multiple of train.lr used in ``epoch`` (0-based): linear warm-up, then the schedule."""
-    if epoch < warmup_epochs:
-        return (epoch + 1) / (warmup_epochs + 1)
-    after = epoch - warmup_epochs
-    if scheduler == "cosine":
-        span = max(epochs - warmup_epochs, 1)
-        return 0.5 * (1.0 + math.cos(math.pi * after / span))
-    if scheduler == "step":
-        return gamma ** (after // step_size)
-    return 1.0
-
-
-def make_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig):
-    """A LambdaLR stepped once per epoch; its state (the epoch count) resumes with the run."""
-    schedule = {k: getattr(train, k) for k in ("epochs", "scheduler", "warmup_epochs", "step_size", "gamma")}
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: lr_factor(epoch, **schedule))
-
-
-AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
-
-
-def resolved_precision(precision: str, device: torch.device) -> str:
-    """``train.precision`` on ``device``: ``auto`` is bf16-mixed on a GPU with bfloat16 and 32
-    elsewhere (a CPU without bf16 units runs bf16 slower than fp32)."""
-    if precision != "auto":
-        return precision
-    return "bf16-mixed" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "32"
-
-
-class Precision:
-    """``train.precision`` on one device: the autocast context and, for fp16, a gradient scaler."""
-
-    def __init__(self, precision: str, device: torch.device):
-        precision = resolved_precision(precision, device)
-        self.device_type = device.type
-        self.dtype = AUTOCAST_DTYPES.get(precision)
-        # fp16 gradients underflow without loss scaling; bf16 has fp32's range.
-        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "16-mixed")
-
-    def autocast(self):
-        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
 
 
 def seed_everything(seed: int) -> None:
@@ -196,41 +142,6 @@ def validate(
     return out
 
 
-class EarlyStopping:
-    """Counts epochs without improvement of one metric; its state resumes with the run."""
-
-    def __init__(self, metric: str, mode: str, patience: int, min_delta: float):
-        self.metric = metric
-        self.mode = mode
-        self.patience = patience
-        self.min_delta = min_delta
-        self.best: float | None = None
-        self.bad_epochs = 0
-
-    def update(self, metrics: dict[str, float]) -> bool:
-        """Record an epoch; True when training should stop."""
-        value = metrics[self.metric]
-        if self.best is None:
-            improved = True
-        elif self.mode == "max":
-            improved = value > self.best + self.min_delta
-        else:
-            improved = value < self.best - self.min_delta
-        if improved:
-            self.best = value
-            self.bad_epochs = 0
-        else:
-            self.bad_epochs += 1
-        return self.bad_epochs >= self.patience
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "bad_epochs": self.bad_epochs}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best = state["best"]
-        self.bad_epochs = state["bad_epochs"]
-
-
 def load_callbacks(paths: list[str]) -> list[Callable[..., None]]:
     """Import ``train.callbacks`` ("package.module:function") on the worker."""
     import importlib
@@ -278,7 +189,7 @@ class TrainingParts:
             ray.train.torch.enable_reproducibility(cfg.seed)
         else:
             seed_everything(cfg.seed)
-        if settings.trial_folder:  # one worker in a sweep trial's process (.in_trial)
+        if settings.own_folder:  # the only worker, in its caller's process (.in_process)
             device = torch.device("cpu")
             model = initial_model(settings.model_spec)
         else:
@@ -368,8 +279,8 @@ def report_epoch(
     """Report an epoch's ``metrics`` to Ray Train from every worker, rank 0's report with
     a checkpoint: the model with its spec, preprocessor and config, the metrics with the
     ``history`` of every epoch so far, and the train state to resume from. Rank 0 also
-    writes the epoch's progress row. A sweep's trial in its own process saves and reports
-    to Ray Tune instead (:func:`.in_trial.save_and_report`)."""
+    writes the epoch's progress row. A loop in its caller's process saves the checkpoint
+    itself (:func:`.in_process.save_kept`), a sweep's trial then reporting to Ray Tune."""
     import ray.train
 
     def save(folder: str | Path) -> None:
@@ -383,8 +294,12 @@ def report_epoch(
             train_state=parts.train_state(metrics["epoch"], history),
         )
 
-    if settings.trial_folder:  # a sweep's trial, in its own process (.in_trial)
-        save_and_report(metrics, settings.trial_folder, settings.config.checkpoint, save)
+    if settings.own_folder:  # the only worker, in its caller's process (.in_process)
+        path = save_kept(metrics, settings.own_folder, settings.config.checkpoint, save)
+        if progress is not None:
+            progress.add(metrics)
+        if settings.to_tune:
+            report_to_tune(metrics, path)
         return
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = None
@@ -416,22 +331,22 @@ def early_stopped(stopping: EarlyStopping, epoch: int) -> Outcome:
 
 
 def resumed(
-    parts: TrainingParts, settings: TrainSettings, progress: ProgressLog | None
+    parts: TrainingParts, settings: TrainSettings, progress: ProgressLog | None, workers: int
 ) -> tuple[int, int, list[dict[str, float]]]:
     """``parts`` resumed from the newest state, the same on every worker: Ray's latest
     checkpoint (after a lost worker, or when the same run name is fitted again: a Prefect
     retry of the train task, `--resume`), a newer folder that Ray's controller never
     recorded (its driver died first), or a mid-epoch save (:func:`.resume.resume_state`).
-    The epochs and steps it ends after and the history so far, as the start row says."""
+    The epochs and steps it ends after and the history so far, as the start row says,
+    with the group's ``workers``."""
     import ray
     import ray.train
 
-    checkpoint = None if settings.trial_folder else ray.train.get_checkpoint()
+    checkpoint = None if settings.own_folder else ray.train.get_checkpoint()
     epoch, step, history = parts.resume(resume_state(checkpoint, settings))
     if settings.step_folder:
         same_start(epoch, step)
     if progress is not None:
-        workers = ray.train.get_context().get_world_size()
         progress.started(ray.get_runtime_context().get_node_id(), epoch, workers, step)
     return epoch, step, history
 
@@ -451,7 +366,7 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
 
     # Set up: the model and what trains it; this worker's place in the group.
     parts = TrainingParts.build(settings)
-    ctx = TrialContext(settings.trial_folder) if settings.trial_folder else ray.train.get_context()
+    ctx = LocalContext(settings.own_folder) if settings.own_folder else ray.train.get_context()
     rank = ctx.get_world_rank()
     # The ProgressLog the driver follows (None: nobody follows this run).
     progress = ProgressLog(settings.progress, rank) if settings.progress else None
@@ -459,7 +374,7 @@ def train_loop_per_worker(loop_config: dict[str, TrainSettings]) -> Outcome:
         record_placement(settings.placements, ctx.get_experiment_name())
 
     # Resume after a lost worker, a retry of the task or `--resume` (:func:`resumed`).
-    start_epoch, skip, history = resumed(parts, settings, progress)
+    start_epoch, skip, history = resumed(parts, settings, progress, ctx.get_world_size())
 
     # Data: the splits in memory_splits are read once, straight from the prepared Parquet,
     # and kept as tensors: Ray Data's split coordinators and a streaming pass per epoch

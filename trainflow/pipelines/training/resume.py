@@ -135,11 +135,12 @@ class PreemptionWatch:
 
 def preemption_checks(settings: TrainSettings) -> int:
     """Every how many steps the workers ask whether a node is being preempted: 0 where no
-    save could follow (no folder for it) or the cluster warns of none (Ray Train's
-    preemption watcher off, as on trainflow's own local clusters)."""
+    save could follow (no folder for it), the cluster warns of none (Ray Train's
+    preemption watcher off, as on trainflow's own local clusters), or no Ray Train run
+    would tell (a loop in its caller's process)."""
     every = settings.config.checkpoint.preemption_check_steps
     watched = os.environ.get(switches.TRAIN_PREEMPTION_WATCHER, "1").lower() not in ("0", "false")
-    return every if settings.step_folder and watched else 0
+    return every if settings.step_folder and watched and not settings.own_folder else 0
 
 
 def step_hooks(

@@ -1,7 +1,8 @@
 """One training run, assembled in one place: :func:`run_training` hands a prepared entry's
 train and val splits to a TorchTrainer running :func:`~.loop.train_loop_per_worker` with
 the run's :class:`~.settings.TrainSettings`, or the user's own loop (``train.loop``,
-:mod:`.user_loop`), and returns what came of it. The train task runs it once per flow
+:mod:`.user_loop`), and returns what came of it; with ``scaling.num_workers: 0``, the loop
+runs in this process instead (:mod:`.in_process`). The train task runs it once per flow
 run; a sweep, once per trial.
 """
 
@@ -11,7 +12,6 @@ import dataclasses
 import functools
 import json
 import logging
-import uuid
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -25,26 +25,23 @@ from trainflow.config import ConfigError, PipelineConfig
 from trainflow.files import is_uri, join, redacted
 from trainflow.pipelines.data import profile as profiles
 from trainflow.pipelines.data.schema import DataError
-from trainflow.pipelines.models.build import describe_parameters
 from trainflow.pipelines.models.checkpoint import METRICS, read_json
-from trainflow.pipelines.training.inputs import TRAIN_SPLITS, split_inputs, splits_in_memory
+from trainflow.pipelines.training.in_process import best_kept
 from trainflow.pipelines.training.loop import train_loop_per_worker
-from trainflow.pipelines.training.progress import Progress, clear_progress, follow_progress
-from trainflow.pipelines.training.resume import step_folder
+from trainflow.pipelines.training.progress import Progress, follow_progress
 from trainflow.pipelines.training.runs import local_checkpoint, newest_checkpoint
 from trainflow.pipelines.training.settings import (
     SETTINGS,
     Outcome,
     PreparedSplits,
     TrainSettings,
-    balanced_class_weights,
 )
 from trainflow.pipelines.training.user_loop import (
-    check_loop,
     converted_checkpoint,
     user_loop_per_worker,
     worker_config,
 )
+from trainflow.pipelines.training.worker_settings import plan_row, trainer_inputs
 from trainflow.ray_internals.errors import worker_error
 from trainflow.signals import stop_on_signals
 from trainflow.timeline import timeline
@@ -128,6 +125,8 @@ def run_training(
     checkpoint and epoch to go on from (a PBT exploit).
 
     Raises TrainingDiverged when the loss became NaN or infinite."""
+    if config.scaling.num_workers == 0:  # Ray Train's local mode: the loop runs here
+        return train_in_process(config, prepared, run_name=run_name, storage=storage, on_row=on_row)
     # The trainer's inputs: the workers' settings and the streamed splits' Datasets.
     settings, datasets, in_memory = trainer_inputs(
         config,
@@ -159,18 +158,65 @@ def run_training(
     return trained
 
 
+def train_in_process(
+    config: PipelineConfig,
+    prepared: PreparedSplits,
+    *,
+    run_name: str,
+    storage: str,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> TrainingResult:
+    """Train ``config`` (``scaling.num_workers: 0``) on the ``prepared`` splits in this
+    process, as the run ``run_name`` in its folder under ``storage``, and return its best
+    checkpoint: trainflow's loop, the splits in memory, each epoch's checkpoint saved by
+    the loop (:mod:`.in_process`); a run with checkpoints resumes from the latest.
+    ``on_row`` as :func:`run_training`'s. Raises TrainingDiverged as it does."""
+    folder = Path(storage) / run_name
+    settings, _, in_memory = trainer_inputs(
+        config, prepared, run_name=run_name, storage=storage, follow=on_row is not None, placements=None
+    )
+    settings = dataclasses.replace(settings, own_folder=str(folder))
+    folder.mkdir(parents=True, exist_ok=True)
+    if on_row is not None:
+        on_row(plan_row(settings, in_memory, str(folder)))
+    timeline("train fit start")
+    with (
+        follow_progress(settings.progress, on_row) if settings.progress else nullcontext(Progress()) as seen,
+        stop_on_signals(),
+    ):
+        outcome = train_loop_per_worker({SETTINGS: settings})
+    timeline("train fit returned")
+    if outcome.status == "diverged":
+        raise TrainingDiverged(outcome.message)
+    best = str(best_kept(str(folder), config.checkpoint))
+    profiles.attach(prepared.path, best)
+    return TrainingResult(
+        run_path=str(folder),
+        best_checkpoint=best,
+        best_metrics=checkpoint_metrics(best),
+        history=read_json(newest_checkpoint(storage, run_name)[0], METRICS)["history"],
+        status=outcome.status,
+        epoch=outcome.epoch,
+        message=outcome.message,
+        starts=seen.starts,
+        nodes=seen.nodes,
+        sizes=seen.sizes,
+        in_memory=in_memory,
+    )
+
+
 def train_in_trial(config: PipelineConfig, prepared: PreparedSplits, *, storage: str, run_name: str) -> None:
     """Train ``config`` on the ``prepared`` splits in this process, a sweep trial's
-    (:mod:`.in_trial`), trainflow's loop its only worker, as the run ``run_name`` under
-    ``storage``; the train split's profile goes with each checkpoint kept, also when Tune
-    stops the trial at a report. Raises TrainingDiverged when the loss became NaN or
-    infinite."""
+    (:mod:`.in_process`), trainflow's loop its only worker, as the run ``run_name`` under
+    ``storage``, each epoch reported to Ray Tune; the train split's profile goes with each
+    checkpoint kept, also when Tune stops the trial at a report. Raises TrainingDiverged
+    when the loss became NaN or infinite."""
     folder = Path(storage) / run_name
     settings = trainer_inputs(
         config, prepared, run_name=run_name, storage=storage, follow=False, placements=None
     )[0]
     # No mid-epoch saves: a trial is not resumed (the sweep reports a failed one).
-    settings = dataclasses.replace(settings, trial_folder=str(folder), step_folder=None)
+    settings = dataclasses.replace(settings, own_folder=str(folder), to_tune=True, step_folder=None)
     folder.mkdir(parents=True, exist_ok=True)
     try:
         outcome = train_loop_per_worker({SETTINGS: settings})
@@ -196,89 +242,6 @@ def _ended(
         run_path = stored_run_path(storage, run_name, result)
         return loop_training_result(result, settings, run_path=run_path, seen=seen)
     return training_result(result, config, storage=storage, run_name=run_name, seen=seen, in_memory=in_memory)
-
-
-def trainer_inputs(
-    config: PipelineConfig,
-    prepared: PreparedSplits,
-    *,
-    run_name: str,
-    storage: str,
-    follow: bool,
-    placements: str | None,
-    start_from: tuple[str, int] | None = None,
-) -> tuple[TrainSettings, dict[str, ray.data.Dataset] | None, tuple[str, ...]]:
-    """What the trainer of a run of ``config`` on ``prepared`` is given: the workers'
-    settings and a Dataset for each streamed split (None when none streams); with the
-    names of the splits the workers hold in memory. ``follow``: the workers write
-    progress rows, to a :class:`~.progress.ProgressLog` of this call's own. A loop of the
-    user's own is checked here, and reads every split from its Ray Data shard."""
-    if config.train.loop:
-        check_loop(config.train.loop)
-    in_memory = () if config.train.loop else splits_in_memory(config, prepared.path)
-    memory_splits, datasets = split_inputs(
-        prepared.path, in_memory=in_memory, preprocessor=prepared.preprocessor
-    )
-    progress = new_progress_name(run_name) if follow else None
-    settings = TrainSettings.from_config(
-        config,
-        preprocessor=prepared.preprocessor,
-        num_features=prepared.num_features,
-        num_outputs=prepared.num_outputs,
-        memory_splits=memory_splits,
-        class_weights=(
-            balanced_class_weights(prepared.path, prepared.num_outputs)
-            if config.train.class_weights == "balanced"
-            else None
-        ),
-        split_rows=prepared.counts,
-        progress=progress,
-        placements=placements,
-        resume_from=max(
-            filter(None, (newest_checkpoint(storage, run_name), start_from)), key=lambda c: c[1], default=None
-        ),
-        step_folder=steps_of(config, storage, run_name),
-    )
-    return settings, datasets, in_memory
-
-
-def steps_of(config: PipelineConfig, storage: str, run_name: str) -> str | None:
-    """The folder of the run's mid-epoch saves (``checkpoint.every_n_steps``, and the save
-    when a node is being preempted); None when neither can save, or on a storage bucket,
-    where they have no folder: ConfigError there when every_n_steps is set."""
-    if config.checkpoint.every_n_steps is None and not config.checkpoint.preemption_check_steps:
-        return None
-    folder = step_folder(storage, run_name)
-    if folder is None and config.checkpoint.every_n_steps is not None:
-        raise ConfigError(
-            f"checkpoint.every_n_steps keeps its saves in the run's folder, and storage {redacted(storage)} "
-            "is a bucket: use a folder every node sees (a shared mount), or leave every_n_steps unset"
-        )
-    return folder
-
-
-def new_progress_name(run_name: str) -> str:
-    """The name of the progress rows of one call of the run ``run_name``: unique, so that a
-    retry does not read the last attempt's rows. Rows that a killed driver of this run left
-    on the cluster (its follower never deleted them) are deleted first."""
-    clear_progress(f"trainflow-progress-{run_name}-")
-    return f"trainflow-progress-{run_name}-{uuid.uuid4().hex[:8]}"
-
-
-def plan_row(settings: TrainSettings, in_memory: tuple[str, ...], run_path: str) -> dict[str, Any]:
-    """The ``plan`` row ``on_row`` gets before the workers start: the splits held in memory
-    and those streamed, where the run is stored, the model's parameters, the loss and the
-    class weights."""
-    return {
-        "kind": "plan",
-        "in_memory": list(in_memory),
-        "streamed": [name for name in TRAIN_SPLITS if name not in in_memory],
-        "run_path": run_path,
-        "parameters": describe_parameters(settings.model_spec),
-        "loss": settings.config.loss,
-        "class_weights": settings.class_weights,
-        **({"loop": settings.config.train.loop} if settings.config.train.loop else {}),
-    }
 
 
 def fit(trainer: TorchTrainer) -> ray.train.Result:

@@ -58,9 +58,12 @@ class TrainSettings:
     # Where rank 0 saves the state mid-epoch (resume.StepSaver): every
     # checkpoint.every_n_steps steps, and when a node is being preempted; None: no saves.
     step_folder: str | None = None
-    # A sweep's trial training in its Tune trial's own process (.in_trial): its run's
-    # folder, where each epoch's checkpoint is saved; None: Ray Train keeps them.
-    trial_folder: str | None = None
+    # The run's folder when the loop runs in its caller's process, without Ray Train
+    # (.in_process): a sweep's trial in Tune's trial process, or a run of
+    # scaling.num_workers 0 in the flow's. It saves each epoch's checkpoint there itself;
+    # None: Ray Train's workers report them. ``to_tune``: each epoch also goes to Ray Tune.
+    own_folder: str | None = None
+    to_tune: bool = False
 
     def __post_init__(self) -> None:
         for name in ("model_spec", "preprocessor", "memory_splits", "class_weights"):

@@ -29,7 +29,7 @@ from trainflow.cluster.session import driver_side
 from trainflow.config import FailureSection, PipelineConfig, SweepConfig, trial_config
 from trainflow.config.sweep import POPULATION_SCHEDULERS
 from trainflow.files import replacing_file
-from trainflow.pipelines.training.in_trial import trains_in_trial, trial_resources
+from trainflow.pipelines.training.in_process import trains_in_trial, trial_resources
 from trainflow.pipelines.training.placements import PlacementTracker
 from trainflow.pipelines.training.run import checkpoint_metrics, run_training, train_in_trial
 from trainflow.pipelines.training.settings import PreparedSplits
@@ -104,7 +104,7 @@ def run_trial(
     in_trial: bool = False,
 ) -> None:
     """One trial, run by Ray Tune in its actor: trained there (:func:`.run.train_in_trial`)
-    when ``in_trial`` (:func:`.in_trial.trains_in_trial`), else :func:`run_training` of the sampled
+    when ``in_trial`` (:func:`.in_process.trains_in_trial`), else :func:`run_training` of the sampled
     config, whose reports reach Tune from this thread (:func:`.trial_reports.report_to_tune`).
     A diverged loss fails the trial. Worker groups record their placement groups with
     ``placements``. Under ``population`` (pbt, pb2) each epoch's checkpoint goes to Tune too,
@@ -329,7 +329,7 @@ def build_tuner(
             num_samples=sweep.trials,
             scheduler=trial_scheduler(config),
             search_alg=search_algorithm(sweep, max_concurrent),
-            # A trial that trains in its own process hands it to the next (.in_trial); one
+            # A trial that trains in its own process hands it to the next (.in_process); one
             # with a trainer of its own ends with it, as PBT's pause needs.
             reuse_actors=in_trial,
         ),

@@ -1,13 +1,13 @@
-"""A sweep's trial trained inside Ray Tune's trial process, which Tune hands the next trial.
+"""Training in the calling process, without Ray Train's controller and workers: a sweep's
+trial in Ray Tune's trial process, which Tune hands the next trial (``reuse_actors``), and a
+run of ``scaling.num_workers: 0`` in the flow's own process, as Ray Train's local mode runs
+a training function.
 
-Each Ray Train run starts a controller and its workers, whose start (torch imported in
-new processes) costs far more than a small model's epochs. A trial of one CPU worker,
-trainflow's own loop and data held in memory needs neither: its trial process runs the
-loop itself, and Tune reuses that process for the next trial (``reuse_actors``). Ray
-Train's functions refuse to answer inside a Tune trial, so the loop asks
-:class:`TrialContext`, saves each epoch's checkpoint in the trial's run folder, as Ray
-Train would, keeps the best ``checkpoint.keep`` and the latest, and reports the epoch to
-Tune from the trial's thread, where ASHA stops it at a report (docs/guides/sweeps.md).
+Their start (torch imported in new processes) costs more than a small model's epochs. The
+loop asks :class:`LocalContext` what it would ask Ray Train's context, saves each epoch's
+checkpoint in the run's folder as Ray Train would (:func:`save_kept`), keeps the best
+``checkpoint.keep`` and the latest, and a trial reports each epoch to Tune from its thread,
+where ASHA stops it (docs/guides/sweeps.md).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from trainflow.pipelines.training.settings import PreparedSplits
 from trainflow.pipelines.training.trial_reports import CHECKPOINT_PATH
 
 
-class TrialContext:
-    """What the loop asks of Ray Train's context, for a trial training in its own process:
-    the only worker, in the run of its folder's name (Ray Train's own functions refuse to
-    answer inside a Tune trial)."""
+class LocalContext:
+    """What the loop asks of Ray Train's context when it runs in its caller's process: the
+    only worker, in the run of its folder's name (Ray Train's own functions refuse to
+    answer inside a Tune trial, and outside a Ray Train run)."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
@@ -75,15 +75,12 @@ def trial_resources(config: PipelineConfig, in_trial: bool) -> dict[str, float]:
     return {"CPU": 0, "memory": 1}
 
 
-def save_and_report(
+def save_kept(
     metrics: dict[str, float], folder: str, kept: CheckpointSection, save: Callable[[Path], Any]
-) -> None:
+) -> Path:
     """Save an epoch's checkpoint with ``save(folder)`` as ``checkpoint_epoch_<n>`` in the
     run ``folder`` (written under a temporary name, then renamed), delete those past the
-    best ``kept.keep`` by ``kept.metric`` and the latest, and report the epoch to Ray Tune
-    with the checkpoint's path."""
-    import ray.tune
-
+    best ``kept.keep`` by ``kept.metric`` and the latest, and return its path."""
     run = Path(folder)
     path = run / f"checkpoint_epoch_{int(metrics['epoch']):06d}"
     tmp = run / f".{path.name}.tmp-{os.getpid()}"
@@ -92,20 +89,37 @@ def save_and_report(
     shutil.rmtree(path, ignore_errors=True)  # a trial reset to the same run name starts over
     os.replace(tmp, path)
     _keep_best(run, kept, path)
-    ray.tune.report({**metrics, CHECKPOINT_PATH: str(path)})
+    return path
+
+
+def report_to_tune(metrics: dict[str, float], checkpoint: Path) -> None:
+    """Report a trial's epoch to Ray Tune, with the path of its checkpoint."""
+    import ray.tune
+
+    ray.tune.report({**metrics, CHECKPOINT_PATH: str(checkpoint)})
+
+
+def best_kept(folder: str, kept: CheckpointSection) -> Path:
+    """The run's checkpoint that scores best on ``kept.metric``; of equals, the latest."""
+    saved = sorted(Path(folder).glob("checkpoint_epoch_*"))
+    if not saved:
+        raise FileNotFoundError(f"{folder}: the run saved no checkpoint")
+    return max(reversed(saved), key=lambda path: -_score(path, kept))
 
 
 def _keep_best(run: Path, kept: CheckpointSection, latest: Path) -> None:
     """Delete the run's checkpoints but the best ``kept.keep`` by ``kept.metric`` (better
     by ``kept.mode``) and ``latest``."""
     saved = sorted(run.glob("checkpoint_epoch_*"))
-    sign = -1.0 if kept.mode == "max" else 1.0
-
-    def score(folder: Path) -> float:
-        value = json.loads((folder / METRICS).read_text()).get(kept.metric)
-        return float("inf") if value is None else sign * float(value)
-
-    best = set(sorted(saved, key=score)[: kept.keep]) | {latest}
+    best = set(sorted(saved, key=lambda path: _score(path, kept))[: kept.keep]) | {latest}
     for folder in saved:
         if folder not in best:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _score(folder: Path, kept: CheckpointSection) -> float:
+    """A checkpoint's ``kept.metric``, signed so that the lower is the better; infinite
+    where the checkpoint lacks it."""
+    value = json.loads((folder / METRICS).read_text()).get(kept.metric)
+    sign = -1.0 if kept.mode == "max" else 1.0
+    return float("inf") if value is None else sign * float(value)

@@ -22,16 +22,20 @@ model's concurrency slot) and :func:`step_times` (what each step took); the Ray 
 and the cluster's preflight are in :mod:`trainflow.cluster`.
 """
 
+from typing import TYPE_CHECKING
+
 from trainflow.tasks.drift import drift
 from trainflow.tasks.evaluate import evaluate
 from trainflow.tasks.predict import check_input, predict, resolve_model
 from trainflow.tasks.prepare import ingest, preprocess
 from trainflow.tasks.register import register
-from trainflow.tasks.serving import serve_endpoint
 from trainflow.tasks.slots import one_training_at_a_time
 from trainflow.tasks.steps import StepInputError, step_times
 from trainflow.tasks.sweep import sweep
 from trainflow.tasks.train import train
+
+if TYPE_CHECKING:
+    from trainflow.tasks.serving import serve_endpoint
 
 __all__ = [
     "StepInputError",
@@ -49,3 +53,13 @@ __all__ = [
     "sweep",
     "train",
 ]
+
+
+def __getattr__(name: str):
+    """``serve_endpoint``, imported when first asked for: it imports Ray Serve and FastAPI,
+    which a flow that trains never uses."""
+    if name == "serve_endpoint":
+        from trainflow.tasks.serving import serve_endpoint
+
+        return serve_endpoint
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

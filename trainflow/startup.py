@@ -6,7 +6,8 @@ temporary server starts first, as a subprocess (so that its start-up, and on a n
 machine its database migrations, do not wait behind Ray and torch for the CPU); then
 the flow's module is imported and the MLflow store opened in threads while this thread
 starts Ray. The flow run, called inside, finds Ray connected and uses the session as it
-is; the command shuts it down when the flow returns. A command checks its run
+is, while the store may still be opening (the register step waits for it); the command
+shuts Ray down when the flow returns. A command checks its run
 (``trainflow.checks``) before it starts any of this.
 """
 
@@ -54,7 +55,7 @@ def started(
 ) -> Iterator[None]:
     """Prefect's API, the flow's module (``imports``), the MLflow store
     (``open_registry``) and Ray for ``ray_config``, started side by side; ready when this
-    yields. Raises ``prefect_server.PrefectServerError`` when Prefect's temporary server
+    yields, but for the store, which goes on opening beside the flow. Raises ``prefect_server.PrefectServerError`` when Prefect's temporary server
     does not come up. ``warm``: modules for Ray's first worker processes to import
     (``cluster.session.warm_workers``)."""
     apply_quiet_env()
@@ -74,10 +75,13 @@ def started(
             if server is not None:
                 server.wait(check=raise_if_interrupted)
                 timeline("prefect server answered")
+        try:
+            yield
+        finally:
+            # The flow runs beside the store's opening, which only its register step
+            # needs (and then waits for); the command never exits in the middle of it.
             if store is not None:
-                store.wait()
-                timeline("mlflow store open")
-        yield
+                store.thread.join()
     timeline("prefect server stopped")
 
 
@@ -119,3 +123,4 @@ def _open_registry() -> None:
     from trainflow.pipelines import registry
 
     registry.client(workspace())
+    timeline("mlflow store open")

@@ -55,8 +55,9 @@ def started(
 ) -> Iterator[None]:
     """Prefect's API, the flow's module (``imports``), the MLflow store
     (``open_registry``) and Ray for ``ray_config``, started side by side; ready when this
-    yields, but for the store, which goes on opening beside the flow. Raises ``prefect_server.PrefectServerError`` when Prefect's temporary server
-    does not come up. ``warm``: modules for Ray's first worker processes to import
+    yields, but for the store, which goes on opening beside the flow. Raises
+    ``prefect_server.PrefectServerError`` when Prefect's temporary server does not come
+    up. ``warm``: modules for Ray's first worker processes to import
     (``cluster.session.warm_workers``)."""
     apply_quiet_env()
     # MLflow hides this pydantic warning in warnings.catch_warnings(), which is not
@@ -67,7 +68,7 @@ def started(
         # Imports in three threads: a Ctrl-C waits for a safe point (raised by wait()).
         with interrupts_deferred():
             flow = _Background("import-flow", lambda: importlib.import_module(imports))
-            store = _Background("mlflow-store", _open_registry) if open_registry else None
+            store = _Background("mlflow-store", _before_register) if open_registry else None
             # this thread, which outlives the run; the flow's logs follow the line with Ray's address
             ray.enter_context(ray_session(ray_config, command_logger(), warm))
             flow.wait()
@@ -114,6 +115,14 @@ class _Background:
             raise_if_interrupted()
         if self.error is not None:
             raise self.error
+
+
+def _before_register() -> None:
+    """What a flow that registers needs by its end, made ready beside it: the registry's
+    store, and the imports of the evaluation plots it publishes."""
+    _open_registry()
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.figure  # noqa: F401
 
 
 def _open_registry() -> None:

@@ -22,7 +22,7 @@ from trainflow.pipelines.data.preprocess import FEATURES, LABEL
 from trainflow.pipelines.data.schema import inspect_source
 from trainflow.pipelines.evaluation.evaluate import evaluate_split
 from trainflow.pipelines.models.checkpoint import load_checkpoint
-from trainflow.pipelines.training import loop as tl
+from trainflow.pipelines.training import loop as training_loop
 from trainflow.pipelines.training import optim
 from trainflow.pipelines.training.losses import make_loss
 from trainflow.pipelines.training.run import run_training
@@ -143,9 +143,9 @@ def test_the_loop_trains_with_a_users_loss_in_every_precision(mod, precision):
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     focal = make_loss(f"{mod}:FocalLoss", loss_args={"gamma": 2.0})
     p = optim.Precision(precision, torch.device("cpu"))
-    losses = [tl.train_epoch(model, batches, optimizer, focal, p) for _ in range(5)]
+    losses = [training_loop.train_epoch(model, batches, optimizer, focal, p) for _ in range(5)]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
-    assert tl.validate(model, batches, focal, p)["val_loss"] < losses[0]
+    assert training_loop.validate(model, batches, focal, p)["val_loss"] < losses[0]
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
-from trainflow.pipelines.data import prepare as pp
+from trainflow.pipelines.data import prepare as preparing
 from trainflow.pipelines.data import readers
-from trainflow.pipelines.data import split as sp
+from trainflow.pipelines.data import split as splitting
 from trainflow.pipelines.data.entry import split_files
 from trainflow.pipelines.data.prepare import prepare, raw_split
 from trainflow.pipelines.data.preprocess import FEATURES, LABEL
@@ -64,17 +64,17 @@ def _prepared(entry, name: str) -> np.ndarray:
 def _in_one_pass(info, frame: pd.DataFrame, split: SplitConfig, cfg: PreprocessConfig, *, exact: bool):
     """What preparing gives, computed on all the rows at once in this process."""
     kept = frame[[*info.input_columns, info.label_column]].dropna().reset_index(drop=True)
-    keys = sp.row_keys(kept, info, split.seed)
+    keys = splitting.row_keys(kept, info, split.seed)
     if exact:
-        codes = sp.exact_split_codes([keys], [kept["label"].to_numpy()], split)[0]
+        codes = splitting.exact_split_codes([keys], [kept["label"].to_numpy()], split)[0]
     else:
-        codes = sp.hash_split_codes(keys, val=split.val, test=split.test)
+        codes = splitting.hash_split_codes(keys, val=split.val, test=split.test)
     stats = FitStats()
     stats.add(kept[codes == 0], info, cfg.scaler)
     pre = stats.preprocessor(info, ["a", "b", "c"], cfg)
     rows = {
         name: _rows(pre.features(kept[codes == i]), pre.labels(kept[codes == i]["label"]))
-        for i, name in enumerate(sp.SPLIT_NAMES)
+        for i, name in enumerate(splitting.SPLIT_NAMES)
     }
     return pre, rows, kept[codes == 2]
 
@@ -94,10 +94,10 @@ def test_fragments_prepare_what_one_pass_over_all_rows_gives(
         DataConfig(source=str(source), label_column="label", categorical_columns=["c"], missing="drop")
     )
     if not exact:
-        monkeypatch.setattr(sp, "SMALL_INPUT_BYTES", 0)  # the driver's choice: split by row hash
+        monkeypatch.setattr(splitting, "SMALL_INPUT_BYTES", 0)  # the driver's choice: split by row hash
     split, cfg = SplitConfig(seed=3, stratify=stratify), PreprocessConfig()
     assert len(readers.plan_fragments(info)) == 3  # small row groups: one fragment per file
-    assert not pp.prepares_in_driver(info)
+    assert not preparing.prepares_in_driver(info)
 
     entry = prepare(info, split, cfg, tmp_path / "cache")
     pre, expected, test_rows = _in_one_pass(info, frame, split, cfg, exact=exact)
@@ -106,7 +106,7 @@ def test_fragments_prepare_what_one_pass_over_all_rows_gives(
     assert entry.preprocessor.classes == ["a", "b", "c"] and entry.preprocessor.categorical == pre.categorical
     assert entry.preprocessor.offset == pytest.approx(pre.offset, rel=1e-12)
     assert entry.preprocessor.scale == pytest.approx(pre.scale, rel=1e-9)
-    for name in sp.SPLIT_NAMES:
+    for name in splitting.SPLIT_NAMES:
         np.testing.assert_allclose(_prepared(entry, name), expected[name], rtol=1e-6, err_msg=name)
         assert entry.dataset(name).count() == entry.counts[name]
     # The rows the gate scores a champion on: the test split's raw rows, read again,
@@ -174,7 +174,7 @@ def test_a_ray_dataset_source_prepares_as_the_same_rows_in_a_file_do(tmp_path, r
 
     assert from_dataset.counts == from_file.counts and not from_dataset.reused
     assert from_dataset.preprocessor.to_dict() == from_file.preprocessor.to_dict()
-    for name in sp.SPLIT_NAMES:
+    for name in splitting.SPLIT_NAMES:
         np.testing.assert_array_equal(_prepared(from_dataset, name), _prepared(from_file, name), err_msg=name)
     # A Dataset cannot be fingerprinted without reading it all: never reused.
     assert not prepare(inspect_dataset(ds, DataConfig()), split, cfg, tmp_path / "c").reused
@@ -248,11 +248,11 @@ def test_one_small_file_is_prepared_in_the_driver_as_ray_tasks_prepare_it(tmp_pa
     frame.to_csv(source, index=False)
     info = inspect_source(DataConfig(source=str(source), label_column="label", categorical_columns=["c"]))
     split, cfg = SplitConfig(seed=1), PreprocessConfig()
-    assert pp.prepares_in_driver(info)
+    assert preparing.prepares_in_driver(info)
     in_driver = prepare(info, split, cfg, tmp_path / "driver")
 
-    monkeypatch.setattr(pp, "IN_DRIVER_BYTES", -1)  # the same input through Ray tasks
-    assert not pp.prepares_in_driver(info)
+    monkeypatch.setattr(preparing, "IN_DRIVER_BYTES", -1)  # the same input through Ray tasks
+    assert not preparing.prepares_in_driver(info)
     on_ray = prepare(info, split, cfg, tmp_path / "ray")
 
     assert in_driver.counts == on_ray.counts and sum(in_driver.counts.values()) == 500

@@ -23,7 +23,7 @@ from trainflow.pipelines.data.preprocess import FEATURES, LABEL
 from trainflow.pipelines.data.schema import inspect_source
 from trainflow.pipelines.models.checkpoint import load_checkpoint
 from trainflow.pipelines.training import inputs, optim
-from trainflow.pipelines.training import loop as tl
+from trainflow.pipelines.training import loop as training_loop
 from trainflow.pipelines.training.placements import PlacementTracker, record_placement
 from trainflow.pipelines.training.progress import PROGRESS_NAMESPACE, ProgressLog, follow_progress
 from trainflow.pipelines.training.run import build_trainer, run_training
@@ -117,7 +117,7 @@ def test_mixed_precision_autocasts_on_the_cpu(precision):
     assert p.scaler.is_enabled() == (precision == "16-mixed")
     before = [w.detach().clone() for w in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loss = tl.train_epoch(model, _batches(), opt, nn.CrossEntropyLoss(), p)
+    loss = training_loop.train_epoch(model, _batches(), opt, nn.CrossEntropyLoss(), p)
     assert math.isfinite(loss)
     assert set(seen) == {optim.AUTOCAST_DTYPES[precision]}
     assert all(w.dtype == torch.float32 for w in model.parameters())  # master weights stay fp32
@@ -140,7 +140,7 @@ def test_gradient_clipping_bounds_each_update():
     model = nn.Linear(8, 3)
     before = torch.cat([w.detach().flatten() for w in model.parameters()])
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    tl.train_epoch(model, _batches(n=1), opt, nn.CrossEntropyLoss(), grad_clip_norm=0.01)
+    training_loop.train_epoch(model, _batches(n=1), opt, nn.CrossEntropyLoss(), grad_clip_norm=0.01)
     after = torch.cat([w.detach().flatten() for w in model.parameters()])
     assert (after - before).norm() == pytest.approx(0.01, rel=1e-4)  # lr x clipped norm
 

@@ -23,7 +23,7 @@ from trainflow.config import (
     PreprocessConfig,
     SplitConfig,
 )
-from trainflow.pipelines.data import transform as tf
+from trainflow.pipelines.data import transform as transforms
 from trainflow.pipelines.data.entry import split_files
 from trainflow.pipelines.data.prepare import prepare
 from trainflow.pipelines.data.preprocess import FEATURES, LABEL, Preprocessor
@@ -121,7 +121,7 @@ def test_int_arrays_stay_int64_unscaled_and_float_arrays_scale_number_by_number(
         "window": {"shape": [3], "dtype": "float32"},
     }
     assert pre.num_features == 7 and pre.raw_columns == ["text", "x"]
-    assert pre.transform["path"] == "tr_arrays:tokens" and pre.transform["hash"] == tf.code_hash(
+    assert pre.transform["path"] == "tr_arrays:tokens" and pre.transform["hash"] == transforms.code_hash(
         "tr_arrays:tokens"
     )
     # Prediction hands the transform the raw columns, without the label.
@@ -293,16 +293,19 @@ def test_the_ingest_step_inspects_again_when_the_transform_changes(tmp_path, cod
 def test_a_splits_raw_rows_are_the_source_rows_the_transform_was_handed(tmp_path, code):
     """What a champion is re-scored on: the raw rows of this run's test split, placed by
     the transform's output as preparing placed them."""
-    from trainflow.pipelines.data import prepare as pp
+    from trainflow.pipelines.data import prepare as preparing
 
     code("tr_raw", TRANSFORM)
     split = SplitConfig()
     info = inspect_source(DataConfig(source=_csv(tmp_path, texts())), transform="tr_raw:tokens")
     entry = prepare(info, split, PreprocessConfig(transform="tr_raw:tokens"), tmp_path / "cache")
-    fragments = pp.plan(info, True)
-    placed = pp.place_rows(info, split, fragments, True, kept=sum(entry.counts.values()))
+    fragments = preparing.plan(info, True)
+    placed = preparing.place_rows(info, split, fragments, True, kept=sum(entry.counts.values()))
     raw = pd.concat(
-        [pp.select_fragment(info, f, split, c, 2) for f, c in zip(fragments, placed.codes, strict=True)]
+        [
+            preparing.select_fragment(info, f, split, c, 2)
+            for f, c in zip(fragments, placed.codes, strict=True)
+        ]
     )
     assert list(raw.columns) == ["text", "x", "label"] and len(raw) == entry.counts["test"]
     again = entry.preprocessor.model_inputs(raw.drop(columns=["label"]))["ids"]

@@ -24,6 +24,7 @@ from trainflow.pipelines.data.schema import inspect_source
 from trainflow.pipelines.models.checkpoint import load_checkpoint
 from trainflow.pipelines.training import inputs, optim
 from trainflow.pipelines.training import loop as training_loop
+from trainflow.pipelines.training.in_process import on_a_folder, run_folder
 from trainflow.pipelines.training.placements import PlacementTracker, record_placement
 from trainflow.pipelines.training.progress import PROGRESS_NAMESPACE, ProgressLog, follow_progress
 from trainflow.pipelines.training.run import build_trainer, run_training
@@ -578,6 +579,14 @@ def test_no_workers_trains_in_this_process_as_one_worker_would_and_goes_on_from_
     result = run_training(more, splits, run_name="here", storage=str(tmp_path))
     assert SEEN == [(os.getpid(), 4), (os.getpid(), 5)]
     assert [h["epoch"] for h in result.history] == [1, 2, 3, 4, 5]
+
+
+def test_a_run_without_workers_keeps_its_checkpoints_in_a_folder_and_refuses_a_bucket(tmp_path):
+    assert run_folder(f"file://{tmp_path}", "run") == tmp_path / "run" and (tmp_path / "run").is_dir()
+    assert on_a_folder(str(tmp_path)) and not on_a_folder("gs://bucket/runs")  # a sweep's trials too
+    refused = r"^scaling\.num_workers 0 saves its checkpoints in a folder, and storage s3://bucket/runs is"
+    with pytest.raises(ConfigError, match=refused):
+        run_folder("s3://key:secret@bucket/runs", "run")
 
 
 def test_balanced_class_weights_are_scikit_learns_from_the_prepared_train_labels(tmp_path):

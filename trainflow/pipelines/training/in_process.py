@@ -19,9 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainflow.config import PipelineConfig
+from trainflow.config import ConfigError, PipelineConfig
 from trainflow.config.outputs import CheckpointSection
 from trainflow.config.sweep import POPULATION_SCHEDULERS
+from trainflow.files import redacted
 from trainflow.pipelines.models.checkpoint import METRICS
 from trainflow.pipelines.training.inputs import TRAIN_SPLITS, splits_in_memory
 from trainflow.pipelines.training.settings import PreparedSplits
@@ -44,6 +45,25 @@ class LocalContext:
 
     def get_experiment_name(self) -> str:
         return Path(self.folder).name
+
+
+def on_a_folder(storage: str) -> bool:
+    """Whether ``storage`` is a folder (local, a shared mount, ``file://``), where a loop in
+    its caller's process saves its checkpoints; not a bucket."""
+    return "://" not in storage or storage.startswith("file://")
+
+
+def run_folder(storage: str, run_name: str) -> Path:
+    """The folder of the run ``run_name`` under ``storage``, made; ConfigError, in one line,
+    on a bucket, where only Ray Train's workers save checkpoints."""
+    if not on_a_folder(storage):
+        raise ConfigError(
+            f"scaling.num_workers 0 saves its checkpoints in a folder, and storage {redacted(storage)} is "
+            "a bucket: use a folder, or give num_workers 1 or more"
+        )
+    folder = Path(storage.removeprefix("file://")) / run_name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def trains_in_trial(config: PipelineConfig, prepared: PreparedSplits) -> bool:

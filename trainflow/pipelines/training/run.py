@@ -15,7 +15,6 @@ import logging
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainflow import ray_internals
@@ -26,7 +25,7 @@ from trainflow.files import is_uri, join, redacted
 from trainflow.pipelines.data import profile as profiles
 from trainflow.pipelines.data.schema import DataError
 from trainflow.pipelines.models.checkpoint import METRICS, read_json
-from trainflow.pipelines.training.in_process import best_kept
+from trainflow.pipelines.training.in_process import best_kept, run_folder
 from trainflow.pipelines.training.loop import train_loop_per_worker
 from trainflow.pipelines.training.progress import Progress, follow_progress
 from trainflow.pipelines.training.runs import local_checkpoint, newest_checkpoint
@@ -170,13 +169,13 @@ def train_in_process(
     process, as the run ``run_name`` in its folder under ``storage``, and return its best
     checkpoint: trainflow's loop, the splits in memory, each epoch's checkpoint saved by
     the loop (:mod:`.in_process`); a run with checkpoints resumes from the latest.
-    ``on_row`` as :func:`run_training`'s. Raises TrainingDiverged as it does."""
-    folder = Path(storage) / run_name
+    ``on_row`` as :func:`run_training`'s. Raises TrainingDiverged as it does, and
+    ConfigError on a storage bucket."""
+    folder = run_folder(storage, run_name)
     settings, _, in_memory = trainer_inputs(
         config, prepared, run_name=run_name, storage=storage, follow=on_row is not None, placements=None
     )
     settings = dataclasses.replace(settings, own_folder=str(folder))
-    folder.mkdir(parents=True, exist_ok=True)
     if on_row is not None:
         on_row(plan_row(settings, in_memory, str(folder)))
     timeline("train fit start")
@@ -211,13 +210,12 @@ def train_in_trial(config: PipelineConfig, prepared: PreparedSplits, *, storage:
     ``storage``, each epoch reported to Ray Tune; the train split's profile goes with each
     checkpoint kept, also when Tune stops the trial at a report. Raises TrainingDiverged
     when the loss became NaN or infinite."""
-    folder = Path(storage) / run_name
+    folder = run_folder(storage, run_name)
     settings = trainer_inputs(
         config, prepared, run_name=run_name, storage=storage, follow=False, placements=None
     )[0]
     # No mid-epoch saves: a trial is not resumed (the sweep reports a failed one).
     settings = dataclasses.replace(settings, own_folder=str(folder), to_tune=True, step_folder=None)
-    folder.mkdir(parents=True, exist_ok=True)
     try:
         outcome = train_loop_per_worker({SETTINGS: settings})
     finally:

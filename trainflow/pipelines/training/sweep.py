@@ -29,7 +29,7 @@ from trainflow.cluster.session import driver_side
 from trainflow.config import FailureSection, PipelineConfig, SweepConfig, trial_config
 from trainflow.config.sweep import POPULATION_SCHEDULERS
 from trainflow.files import replacing_file
-from trainflow.pipelines.training.in_process import trains_in_trial, trial_resources
+from trainflow.pipelines.training.in_process import on_a_folder, trains_in_trial, trial_resources
 from trainflow.pipelines.training.placements import PlacementTracker
 from trainflow.pipelines.training.run import checkpoint_metrics, run_training, train_in_trial
 from trainflow.pipelines.training.settings import PreparedSplits
@@ -310,7 +310,8 @@ def build_tuner(
 
     sweep = config.sweep
     population = sweep.scheduler.kind in POPULATION_SCHEDULERS
-    in_trial = trains_in_trial(config, prepared)
+    # On a bucket, only Ray Train's workers save a trial's checkpoints.
+    in_trial = trains_in_trial(config, prepared) and on_a_folder(storage_path)
     trainable = tune.with_parameters(
         run_trial,
         base=config.model_dump(mode="json"),

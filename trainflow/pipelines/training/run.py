@@ -124,7 +124,7 @@ def run_training(
     checkpoint and epoch to go on from (a PBT exploit).
 
     Raises TrainingDiverged when the loss became NaN or infinite."""
-    if config.scaling.num_workers == 0:  # Ray Train's local mode: the loop runs here
+    if config.scaling.in_process:  # Ray Train's local mode: the loop runs here
         return train_in_process(config, prepared, run_name=run_name, storage=storage, on_row=on_row)
     # The trainer's inputs: the workers' settings and the streamed splits' Datasets.
     settings, datasets, in_memory = trainer_inputs(
@@ -189,19 +189,8 @@ def train_in_process(
         raise TrainingDiverged(outcome.message)
     best = str(best_kept(str(folder), config.checkpoint))
     profiles.attach(prepared.path, best)
-    return TrainingResult(
-        run_path=str(folder),
-        best_checkpoint=best,
-        best_metrics=checkpoint_metrics(best),
-        history=read_json(newest_checkpoint(storage, run_name)[0], METRICS)["history"],
-        status=outcome.status,
-        epoch=outcome.epoch,
-        message=outcome.message,
-        starts=seen.starts,
-        nodes=seen.nodes,
-        sizes=seen.sizes,
-        in_memory=in_memory,
-    )
+    history = read_json(newest_checkpoint(storage, run_name)[0], METRICS)["history"]
+    return _loop_result(outcome, str(folder), best, history, seen, in_memory)
 
 
 def train_in_trial(config: PipelineConfig, prepared: PreparedSplits, *, storage: str, run_name: str) -> None:
@@ -274,11 +263,26 @@ def training_result(
     # The best checkpoint as a folder here (on an object store, a local copy); the history
     # from the last checkpoint, read where Ray stored it.
     best = local_checkpoint(result.get_best_checkpoint(config.checkpoint.metric, config.checkpoint.mode))
+    history = stored_json(result.checkpoint, METRICS)["history"]
+    run_path = stored_run_path(storage, run_name, result)
+    return _loop_result(outcome, run_path, best, history, seen, in_memory)
+
+
+def _loop_result(
+    outcome: Outcome,
+    run_path: str,
+    best: str,
+    history: list[dict[str, float]],
+    seen: Progress,
+    in_memory: tuple[str, ...],
+) -> TrainingResult:
+    """What a run of trainflow's loop gives: how it ended, its best checkpoint (a folder
+    here) with that epoch's metrics, every epoch's, and the starts ``seen``."""
     return TrainingResult(
-        run_path=stored_run_path(storage, run_name, result),
+        run_path=run_path,
         best_checkpoint=best,
         best_metrics=checkpoint_metrics(best),
-        history=stored_json(result.checkpoint, METRICS)["history"],
+        history=history,
         status=outcome.status,
         epoch=outcome.epoch,
         message=outcome.message,

@@ -120,7 +120,7 @@ def test_the_troubleshooting_pages_errors_are_what_trainflow_says(tmp_path, monk
     (the CLI prints ``error: `` and the message); paths under /tmp are the test's own."""
     import trainflow
     from tests.e2e.test_cli import trainflow as trainflow_cli
-    from trainflow import checks
+    from trainflow import run_checks
     from trainflow.config import load_config
 
     page = Path(__file__).resolve().parents[1] / "docs" / "guides" / "troubleshooting.md"
@@ -146,7 +146,7 @@ def test_the_troubleshooting_pages_errors_are_what_trainflow_says(tmp_path, monk
             for key, value in env.items():
                 patch.setenv(key, value)
             with pytest.raises(Exception) as caught:
-                checks.before_run(load_config(overrides))
+                run_checks.before_run(load_config(overrides))
         said.append(str(caught.value).replace(str(tmp_path), "/tmp"))
     with pytest.raises(Exception) as caught:
         trainflow.load_model("nosuch@champion")

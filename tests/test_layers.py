@@ -2,7 +2,7 @@
 
 Layers, from the bottom: ``config``, ``files``, ``timeline`` and ``ray_internals``;
 ``workspace``, ``signals``, ``cluster`` and ``prefect_server``; ``pipelines`` and
-``serving``; ``tasks`` and ``checks``; ``flows`` and ``startup``; ``cli`` and ``testing``.
+``serving``; ``tasks`` and ``run_checks``; ``flows`` and ``startup``; ``cli`` and ``testing``.
 A module imports only from its own layer or below, wherever the import statement sits
 (a lazy import inside a function is a dependency too). Prefect is imported only from the
 orchestration layers, never by ``pipelines`` or the layers below. And no module depends on itself through
@@ -38,7 +38,7 @@ LAYERS = {
     "cli": 5,
     "testing": 5,
     "stack": 5,  # a team's services: trainflow stack (cli.stack)
-    "checks": 3,
+    "run_checks": 3,
     "startup": 4,
 }
 # Where Prefect may be imported.

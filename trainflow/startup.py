@@ -8,7 +8,7 @@ the flow's module is imported and the MLflow store opened in threads while this 
 starts Ray. The flow run, called inside, finds Ray connected and uses the session as it
 is, while the store may still be opening (the register step waits for it); the command
 shuts Ray down when the flow returns. A command checks its run
-(``trainflow.checks``) before it starts any of this.
+(``trainflow.run_checks``) before it starts any of this.
 """
 
 from __future__ import annotations

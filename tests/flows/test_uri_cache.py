@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainflow.checks import before_run
 from trainflow.cluster.checks import PreflightError
 from trainflow.config import ConfigError, load_config
 from trainflow.files import filesystem
 from trainflow.flows.training import training_pipeline
 from trainflow.pipelines.data.entry import PUBLISHED, finished_entry
+from trainflow.run_checks import before_run
 from trainflow.tasks import preprocess
 
 moto_server = pytest.importorskip(

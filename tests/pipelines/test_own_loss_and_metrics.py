@@ -13,7 +13,6 @@ import pytest
 import torch
 from torch import nn
 
-from trainflow.checks import before_run
 from trainflow.config import ConfigError, DataConfig, PreprocessConfig, load_config
 from trainflow.pipelines import registry
 from trainflow.pipelines.data.entry import read_split_batches
@@ -27,6 +26,7 @@ from trainflow.pipelines.training import optim
 from trainflow.pipelines.training.losses import make_loss
 from trainflow.pipelines.training.run import run_training
 from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings
+from trainflow.run_checks import before_run
 from trainflow.testing import small_config
 
 # A user's module: a focal loss (a class built with train.loss_args), a loss function,

@@ -138,7 +138,7 @@ def test_watch_served_emits_only_under_retrain_with_data_no_version_was_trained_
     """The watch-served flow, as its deployment runs it, on the served champion: drift under
     the champion's drift.action warn is logged; under retrain it emits the event when the
     data moved on since that config was trained, and says what to do when it did not."""
-    from trainflow import checks
+    from trainflow import run_checks
     from trainflow.config import PipelineConfig
     from trainflow.pipelines.registry.lineage import CONFIG_HASH_TAG, DATA_FINGERPRINT_TAG
 
@@ -152,7 +152,7 @@ def test_watch_served_emits_only_under_retrain_with_data_no_version_was_trained_
 
     ws = workspace()
     retrain = PipelineConfig.model_validate({"name": "toy-drift", "drift": {"action": "retrain"}})
-    now = checks.source(retrain).fingerprint
+    now = run_checks.source(retrain).fingerprint
     for version, (accuracy, fingerprint) in enumerate([(0.9, "older-data"), (0.95, now)], start=2):
         folder = make_checkpoint(tmp_path / f"c{version}", seed=version, pre=TOY)
         (Path(folder) / "config.json").write_text(json.dumps(retrain.model_dump(mode="json")))

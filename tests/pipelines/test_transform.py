@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from trainflow import checks
+from trainflow import run_checks
 from trainflow.config import (
     ConfigError,
     DataConfig,
@@ -206,7 +206,7 @@ def test_a_bad_transform_fails_in_one_line_before_any_worker_starts(case, tmp_pa
     )
     connected = "ray" in sys.modules and __import__("ray").is_initialized()  # another test's session
     with pytest.raises(ConfigError) as raised:
-        checks.before_run(config)
+        run_checks.before_run(config)
     message = str(raised.value)
     assert "\n" not in message and message.startswith(f"preprocess.transform {path}"), message
     assert expected in message, message

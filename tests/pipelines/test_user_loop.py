@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from tests.controller_probe import ControllerModules, controller_imported_torch, controller_record
-from trainflow.checks import before_run
 from trainflow.config import (
     ConfigError,
     DataConfig,
@@ -34,6 +33,7 @@ from trainflow.pipelines.training.loop_reports import HISTORY, LoopHistory, Loop
 from trainflow.pipelines.training.run import run_training
 from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings
 from trainflow.pipelines.training.user_loop import check_loop, converted_checkpoint, loop_config
+from trainflow.run_checks import before_run
 from trainflow.testing import small_config
 
 HERE = Path(__file__).parent

@@ -201,13 +201,13 @@ def models_reproduce(
     beside the version's. Refused in one line, before Ray starts, when the data's
     fingerprint or the code's git commit differs from the version's lineage, unless --force.
     """
-    from trainflow import checks, startup
+    from trainflow import run_checks, startup
     from trainflow.cli.app import call_flow, check_before_start
 
     _registry()
     with registry_errors():
         found = check_before_start(
-            lambda: checks.before_reproduce(model, force=force),
+            lambda: run_checks.before_reproduce(model, force=force),
             "reproduce",
             "reproduce-" + model.removeprefix("models:/").replace("/", "-v"),
             model=model,

@@ -29,12 +29,12 @@ def validate(config: ConfigArg = None, set_: SetOpt = None) -> None:
 
     It reads the config, imports the model and inspects the data source; nothing starts.
     """
-    from trainflow import checks
+    from trainflow import run_checks
 
     cfg = read_config(config, set_)
     with one_line_errors():
-        checks.model_kind(cfg)
-        checks.source(cfg)
+        run_checks.model_kind(cfg)
+        run_checks.source(cfg)
     typer.echo(f"ok: {cfg.name} (config hash {cfg.config_hash()}), source {cfg.data.source}")
 
 
@@ -43,7 +43,7 @@ def run(
     config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False, resume: ResumeOpt = False
 ) -> None:
     """Run the training pipeline flow and print a summary."""
-    from trainflow import checks, startup
+    from trainflow import run_checks, startup
     from trainflow.cli.stack import use_warm_services
     from trainflow.timeline import timeline
 
@@ -51,7 +51,7 @@ def run(
     cfg = read_config(config, set_, smoke)
     use_warm_services(cfg.ray.address)
     checked = check_before_start(
-        lambda: checks.before_run(cfg, resume=resume),
+        lambda: run_checks.before_run(cfg, resume=resume),
         "training-pipeline",
         f"{cfg.name}-{cfg.config_hash()[:8]}",
         config=cfg.model_dump(mode="json"),
@@ -76,13 +76,13 @@ def sweep(
     ] = None,
 ) -> None:
     """Sweep settings on Ray Tune and register the best trial's model."""
-    from trainflow import checks, startup
+    from trainflow import run_checks, startup
     from trainflow.cli.stack import use_warm_services
 
     cfg = read_config(config, set_)
     use_warm_services(cfg.ray.address)
     checked = check_before_start(
-        lambda: checks.before_run(cfg, sweep=True),
+        lambda: run_checks.before_run(cfg, sweep=True),
         "sweep-pipeline",
         f"{cfg.name}-sweep-{cfg.config_hash()[:8]}",
         config=cfg.model_dump(mode="json"),
@@ -115,14 +115,14 @@ def predict(
     gpu: Annotated[bool, typer.Option("--gpu", help="One GPU per actor.")] = False,
 ) -> None:
     """Predict INPUT with a registered model; write Parquet to OUTPUT."""
-    from trainflow import checks, startup
+    from trainflow import run_checks, startup
     from trainflow.cli.stack import use_warm_services
 
     use_warm_services(None)
     # The model (pinned to its version), input, output and cluster, before Prefect and Ray start.
     with registry_errors():
         checked = check_before_start(
-            lambda: checks.before_predict(model, str(input), str(output), use_gpu=gpu),
+            lambda: run_checks.before_predict(model, str(input), str(output), use_gpu=gpu),
             "batch-predict",
             f"predict-{model}",
             model=model,

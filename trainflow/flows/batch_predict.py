@@ -8,9 +8,9 @@ import time
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from trainflow import checks
-from trainflow.checks import PredictChecks
+from trainflow import run_checks
 from trainflow.cluster import ray_session
+from trainflow.run_checks import PredictChecks
 from trainflow.tasks import check_input, predict, render, resolve_model
 from trainflow.tasks.logs import one_line_expected_errors
 from trainflow.tasks.predict import Predicted
@@ -37,7 +37,7 @@ def batch_predict(
         concurrency: actors in the pool, each holding the model once.
         use_gpu: one GPU per actor.
         ray_address: a running Ray cluster; None: RAY_ADDRESS, else a local one.
-        checked: the caller's checks (``checks.before_predict``); None: the flow checks."""
+        checked: the caller's checks (``run_checks.before_predict``); None: the flow checks."""
     one_line_expected_errors()
     start = time.perf_counter()
     # resolve the model and check the input and the cluster's address, before Ray starts
@@ -45,7 +45,7 @@ def batch_predict(
     info = checked.input if checked else check_input(input, output, ref)
     cluster = ref.cluster(ray_address)
     if not checked:
-        checks.cluster(cluster, workers=None, gpus_per_actor=1 if use_gpu else 0)
+        run_checks.cluster(cluster, workers=None, gpus_per_actor=1 if use_gpu else 0)
     # predict: no warm-up workers, the prediction's actor pool starts processes of its own
     with ray_session(cluster):
         predicted = predict(ref, info, output, batch_size, concurrency, use_gpu)

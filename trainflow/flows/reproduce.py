@@ -7,9 +7,9 @@ as a new version tagged ``reproduces=<version>``, each test metric compared."""
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from trainflow import checks
-from trainflow.checks import RunChecks
+from trainflow import run_checks
 from trainflow.flows.training import training_pipeline
+from trainflow.run_checks import RunChecks
 from trainflow.tasks.logs import one_line_expected_errors
 from trainflow.tasks.reproduce import compare_reproduction
 from trainflow.tasks.results import Reproduced
@@ -30,11 +30,11 @@ def reproduce_version(model: str, force: bool = False, checked: RunChecks | None
         model: the version, NAME/VERSION (NAME@ALIAS: the version the alias points at now).
         force: reproduce it although its data's fingerprint or the code's git commit changed;
             without it, either is refused in one line.
-        checked: a training run's checks of the version's config (``checks.before_run``);
+        checked: a training run's checks of the version's config (``run_checks.before_run``);
             None: the flow checks for itself."""
     one_line_expected_errors()
     # check: the exact config, its data and code against the version's lineage; no Ray worker yet
-    found = checks.before_reproduce(model, force=force, run=checked)
+    found = run_checks.before_reproduce(model, force=force, run=checked)
     original = found.original
     for change in found.changed:
         get_run_logger().warning("reproducing %s although %s (force)", original.ref, change)

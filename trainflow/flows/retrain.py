@@ -20,7 +20,7 @@ import uuid
 
 from prefect import flow, get_run_logger
 
-from trainflow import checks
+from trainflow import run_checks
 from trainflow.config import PipelineConfig
 from trainflow.flows.training import DEFAULT_CONFIG, resolve_config, training_pipeline
 from trainflow.tasks.logs import one_line_expected_errors
@@ -85,7 +85,7 @@ def watch_data(config: PipelineConfig | str = DEFAULT_CONFIG, overrides: list[st
     """
     one_line_expected_errors()
     resolved = resolve_config(config, overrides)
-    fingerprint = checks.source(resolved).fingerprint
+    fingerprint = run_checks.source(resolved).fingerprint
     logger = get_run_logger()
     version = trained_version(resolved, fingerprint)
     if version is not None:
@@ -159,7 +159,7 @@ def watch_served(model: str = "digits") -> bool:
             "%s: served requests: %s (drift.action %s)", model, report.summary(), thresholds.action
         )
         return False
-    fingerprint = checks.source(config).fingerprint
+    fingerprint = run_checks.source(config).fingerprint
     version = trained_version(config, fingerprint)
     if version is not None:
         trained = f"version {version} was trained on {config.data.source} as it is now ({fingerprint})"
@@ -190,7 +190,7 @@ def retrain_on_new_data(
     """
     one_line_expected_errors()
     resolved = resolve_config(config, overrides)
-    checked = checks.before_run(resolved)
+    checked = run_checks.before_run(resolved)
     version = trained_version(resolved, checked.source.fingerprint)
     if version is not None:
         get_run_logger().info(

@@ -9,12 +9,12 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from trainflow import checks
-from trainflow.checks import RunChecks
+from trainflow import run_checks
 from trainflow.cluster import ray_session
 from trainflow.cluster.preflight import preflight_sweep
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.flows.training import resolve_config
+from trainflow.run_checks import RunChecks
 from trainflow.tasks import evaluate, ingest, one_training_at_a_time, preprocess, register, render, step_times
 from trainflow.tasks.logs import one_line_expected_errors
 from trainflow.tasks.results import Evaluated, Registered, SweepResult, Swept
@@ -40,14 +40,14 @@ def sweep_pipeline(
     Args:
         config: a config with a ``sweep`` section, or the path of a YAML/JSON one.
         overrides: dotted overrides applied on top, such as ``["sweep.trials=16"]``.
-        checked: what the caller's checks of this config found (``checks.before_run`` with
+        checked: what the caller's checks of this config found (``run_checks.before_run`` with
             ``sweep=True``); None: the flow checks for itself.
     """
     one_line_expected_errors()
     config = resolve_config(config, overrides)
     # check: the sweep section, the source and whether one trial fits the cluster, before
     # any Ray worker starts
-    checked = checked or checks.before_run(config, sweep=True)
+    checked = checked or run_checks.before_run(config, sweep=True)
     with step_times() as steps:
         # ingest: cached across runs
         source = ingest(config, checked.source)

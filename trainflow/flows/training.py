@@ -7,11 +7,11 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from trainflow import checks
-from trainflow.checks import RunChecks
+from trainflow import run_checks
 from trainflow.cluster import preflight, ray_session
 from trainflow.config import ConfigError, PipelineConfig, load_config, smoke_config
 from trainflow.files import redacted
+from trainflow.run_checks import RunChecks
 from trainflow.tasks import (
     drift,
     evaluate,
@@ -75,12 +75,12 @@ def training_pipeline(
             registered as ``<name>-smoke``.
         resume: continue the latest unfinished training of this config and data from its
             latest checkpoint; refused when that run is of another config or data.
-        checked: the caller's checks of this config (``checks.before_run``); None: the
+        checked: the caller's checks of this config (``run_checks.before_run``); None: the
             flow checks for itself."""
     one_line_expected_errors()
     config = resolve_config(config, overrides, smoke)
     # check: the model, the source and what the run asks of the cluster, before any Ray worker starts
-    checked = checked or checks.before_run(config, resume=resume)
+    checked = checked or run_checks.before_run(config, resume=resume)
     if resume and checked.resume is None:
         get_run_logger().info(
             "no unfinished run of %s under %s to resume: starting a new one",

@@ -8,13 +8,13 @@ from prefect import get_run_logger
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
-from trainflow import checks
-from trainflow.checks import ModelRef
+from trainflow import run_checks
 from trainflow.cluster.checks import check_shipped
 from trainflow.cluster.session import connected
 from trainflow.pipelines import registry
 from trainflow.pipelines.evaluation import predict as prediction
 from trainflow.pipelines.evaluation.predict_input import InputInfo
+from trainflow.run_checks import ModelRef
 from trainflow.tasks.steps import step
 
 
@@ -51,7 +51,7 @@ def _retry_unless_refused(_task, _task_run, state) -> bool:
 def resolve_model(model: str) -> ModelRef:
     """The registered version behind NAME@ALIAS, NAME/VERSION or models:/..., checked and
     local, pinned to its version."""
-    ref = checks.model(model, pin=True)
+    ref = run_checks.model(model, pin=True)
     get_run_logger().info(
         "%s is %s version %s (%d features)", model, ref.name, ref.version, len(ref.input_columns)
     )
@@ -62,7 +62,7 @@ def resolve_model(model: str) -> ModelRef:
 def check_input(input: str, output: str, model: ModelRef) -> InputInfo:
     """The input holds every feature the model needs, and the output is free: in this
     process, before any Ray worker starts."""
-    info = checks.predict_input(input, output, model)
+    info = run_checks.predict_input(input, output, model)
     get_run_logger().info("input %s (%s, %d files)", info.path, info.format, len(info.files))
     return info
 
@@ -81,8 +81,8 @@ def predict(
     preprocessing, into Parquet in the new folder ``output``; connects to Ray when the
     caller has not. A model or input given by name is checked first."""
     start = time.perf_counter()
-    ref = model if isinstance(model, ModelRef) else checks.model(model, pin=True)
-    info = input if isinstance(input, InputInfo) else checks.predict_input(input, output, ref)
+    ref = model if isinstance(model, ModelRef) else run_checks.model(model, pin=True)
+    info = input if isinstance(input, InputInfo) else run_checks.predict_input(input, output, ref)
     _connected(ref)
     rows = _predicted_rows(ref, info, output, batch_size, concurrency, use_gpu)
     get_run_logger().info("wrote %d predictions of %s v%s to %s", rows, ref.name, ref.version, output)

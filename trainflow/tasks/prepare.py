@@ -65,7 +65,7 @@ def ingest(
 ) -> schema.SourceInfo:
     """Check ``config``'s data source, its columns and types, and fingerprint it; in this
     process, reading no rows. Cached across flow runs while the input is unchanged.
-    ``checked``: the source as the run's checks (``trainflow.checks``) found it already."""
+    ``checked``: the source as the run's checks (``trainflow.run_checks``) found it already."""
     config = as_config(config, "ingest")
     info = checked or schema.inspect_source(
         config.data,

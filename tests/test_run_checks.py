@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from trainflow import checks
+from trainflow import run_checks
 from trainflow.config import ConfigError, load_config
 from trainflow.pipelines.data import schema as data
 from trainflow.pipelines.data.schema import DataError
@@ -31,8 +31,8 @@ def test_each_call_checks_afresh_and_holds_nothing_for_later(inspections):
     nothing is kept here for whoever calls next (a served deployment's next run checks
     its own data)."""
     config = load_config({"name": "checked"})
-    first = checks.before_run(config)
-    again = checks.before_run(config)
+    first = run_checks.before_run(config)
+    again = run_checks.before_run(config)
     assert again is not first and again.source.fingerprint == first.source.fingerprint
     assert inspections == ["builtin:digits", "builtin:digits"]
 
@@ -40,12 +40,12 @@ def test_each_call_checks_afresh_and_holds_nothing_for_later(inspections):
 def test_a_failed_check_fails_in_one_line_naming_the_source(inspections):
     config = load_config({"name": "bad", "data": {"source": "/no/such/data.csv"}})
     with pytest.raises(DataError, match="data.source /no/such/data.csv: no such file"):
-        checks.before_run(config)
+        run_checks.before_run(config)
 
 
 def test_a_sweep_without_a_sweep_section_is_refused_naming_the_field(inspections):
     with pytest.raises(ConfigError, match=r"^invalid config: sweep: plain has no sweep section; add one"):
-        checks.before_run(load_config({"name": "plain"}), sweep=True)
+        run_checks.before_run(load_config({"name": "plain"}), sweep=True)
     assert inspections == []  # refused before the source is looked at
 
 
@@ -67,7 +67,7 @@ def test_the_checks_before_a_run_import_neither_torch_nor_ray():
     # They run before Prefect's server and Ray start: seconds of imports here would come
     # before everything else a command does, and before a bad config's one line.
     code = (
-        "import sys, trainflow.checks\n"
+        "import sys, trainflow.run_checks\n"
         "print(sorted(m for m in ('torch', 'ray', 'prefect') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -86,7 +86,7 @@ def test_a_database_registry_whose_driver_is_missing_fails_before_the_run_in_one
         pytest.skip("pg8000 is installed here: its URI would pass the check")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "postgresql+pg8000://ana:secret@127.0.0.1:5432/mlflow")
     with pytest.raises(PreflightError) as refused:
-        checks.before_run(load_config({"name": "checked"}))
+        run_checks.before_run(load_config({"name": "checked"}))
     assert str(refused.value) == (
         "registry: MLFLOW_TRACKING_URI postgresql+pg8000://127.0.0.1:5432/mlflow needs the database driver "
         "pg8000, which is not installed here: install it, or point MLFLOW_TRACKING_URI at an MLflow server "
@@ -96,7 +96,7 @@ def test_a_database_registry_whose_driver_is_missing_fails_before_the_run_in_one
     with pytest.raises(
         PreflightError, match=r"SQLAlchemy has no driver 'postgresql\+psycopg9'; write one it has"
     ):
-        checks.before_run(load_config({"name": "checked"}))
+        run_checks.before_run(load_config({"name": "checked"}))
 
 
 def test_an_mlflow_server_that_does_not_answer_fails_before_the_run_in_one_line(trainflow_home, monkeypatch):
@@ -110,7 +110,7 @@ def test_an_mlflow_server_that_does_not_answer_fails_before_the_run_in_one_line(
         port = s.getsockname()[1]
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://ana:secret@127.0.0.1:{port}")
     with pytest.raises(PreflightError) as refused:
-        checks.before_run(load_config({"name": "checked"}))
+        run_checks.before_run(load_config({"name": "checked"}))
     assert str(refused.value) == (
         f"registry: no MLflow server answers at http://127.0.0.1:{port} (MLFLOW_TRACKING_URI): "
         "[Errno 111] Connection refused; start it, or unset MLFLOW_TRACKING_URI for the embedded "

@@ -1,5 +1,5 @@
 """The ``trainflow`` command: ``run``, ``validate``, ``sweep``, ``predict``, ``schedule``,
-``deploy``, ``models`` and ``ui``, a module each by what it does (``runs``, ``scheduling``,
+``deploy``, ``models`` and ``ui``, a module each by what it does (``run_commands``, ``scheduling``,
 ``models``, ``ui``), on one Typer app (``app``)."""
 
 from trainflow.cli.app import app

@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from trainflow.cli import models, runs, scheduling, stack, ui  # noqa: F401 - each adds its commands to the app
+from trainflow.cli import models, run_commands, scheduling, stack, ui  # noqa: F401 - each adds its commands to the app
 from trainflow.cli.app import app
 
 # The command as Click sees it, for the documentation's command reference.

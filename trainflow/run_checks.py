@@ -24,7 +24,7 @@ from trainflow.files import is_uri, redacted
 from trainflow.pipelines.data.schema import SourceInfo
 from trainflow.pipelines.data.tokenizer import is_reference
 from trainflow.pipelines.evaluation.predict_input import InputInfo, check_output, inspect_input
-from trainflow.pipelines.training.runs import RunRecord
+from trainflow.pipelines.training.run_records import RunRecord
 
 if TYPE_CHECKING:
     from trainflow.pipelines.registry.reproduce import Original
@@ -44,12 +44,12 @@ def before_run(
 ) -> RunChecks:
     """A training (or, with ``sweep``, a sweep) run's checks: ConfigError, DataError or
     PreflightError with one line saying what to change. ``resume``: also find the
-    unfinished run of this config and data to continue (``runs.run_to_resume``).
+    unfinished run of this config and data to continue (``run_records.run_to_resume``).
     ``found``: the source as the caller's own check of it found it, not looked at again."""
     from trainflow.cluster.checks import check_cache
     from trainflow.pipelines.data.prepare import worker_modules
     from trainflow.pipelines.registry.store import check_server
-    from trainflow.pipelines.training.runs import run_to_resume
+    from trainflow.pipelines.training.run_records import run_to_resume
     from trainflow.timeline import timeline
     from trainflow.workspace import storage_location, workspace
 

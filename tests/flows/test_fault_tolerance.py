@@ -73,7 +73,7 @@ def test_a_registry_server_down_at_register_keeps_the_training_and_resume_regist
 ):
     # The registry's server answers the run's check, then goes down (nothing answers at its
     # address): the register step fails, naming it, and the trained run is left to register.
-    from trainflow.pipelines.training.runs import records
+    from trainflow.pipelines.training.run_records import records
     from trainflow.workspace import storage_location
 
     down = server_answering_once()

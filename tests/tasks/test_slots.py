@@ -146,7 +146,7 @@ def test_a_live_holder_keeps_its_slot_beside_a_dead_holders_record(prefect_harne
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
     from tests.pipelines.test_runs import dead_driver
-    from trainflow.pipelines.training.runs import Driver
+    from trainflow.pipelines.training.run_records import Driver
     from trainflow.tasks.slots import SlotHolder, slot_holders
 
     limit = "trainflow-model-held"

@@ -14,7 +14,7 @@ from trainflow.pipelines.data import schema
 from trainflow.pipelines.evaluation import evaluate as scoring
 from trainflow.pipelines.registry.registration import FLOW_NAME_TAG, FLOW_RUN_NAME_TAG
 from trainflow.pipelines.registry.versions import server_in_one_line
-from trainflow.pipelines.training.runs import mark_registered
+from trainflow.pipelines.training.run_records import mark_registered
 from trainflow.tasks import render
 from trainflow.tasks.results import Drifted, Evaluated, Prepared, Registered, Trained
 from trainflow.tasks.steps import StepInputError, as_config, expect, step

@@ -21,7 +21,7 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel
 
 from trainflow.config import PipelineConfig
-from trainflow.pipelines.training.runs import Driver, records, write_record
+from trainflow.pipelines.training.run_records import Driver, records, write_record
 from trainflow.workspace import storage_location
 
 log = logging.getLogger("trainflow")

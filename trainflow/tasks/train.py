@@ -14,7 +14,7 @@ from trainflow.cluster.session import connected
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.config.resources import ScalingSection
 from trainflow.pipelines.training.run import TrainingDiverged, TrainingResult, run_training
-from trainflow.pipelines.training.runs import RunRecord, read_record, recorded_run
+from trainflow.pipelines.training.run_records import RunRecord, read_record, recorded_run
 from trainflow.pipelines.training.settings import PreparedSplits
 from trainflow.tasks import render
 from trainflow.tasks.render import artifact_key

@@ -28,7 +28,7 @@ from trainflow.pipelines.models.checkpoint import METRICS, read_json
 from trainflow.pipelines.training.in_process import best_kept, run_folder
 from trainflow.pipelines.training.loop import train_loop_per_worker
 from trainflow.pipelines.training.progress import Progress, follow_progress
-from trainflow.pipelines.training.runs import local_checkpoint, newest_checkpoint
+from trainflow.pipelines.training.run_records import local_checkpoint, newest_checkpoint
 from trainflow.pipelines.training.settings import (
     SETTINGS,
     Outcome,

@@ -52,7 +52,7 @@ class TrainSettings:
     placements: str | None = None  # the PlacementTracker rank 0 records its group in (sweeps)
     # A checkpoint folder of this run newer than the one Ray Train will hand back, with its
     # epoch: written by a driver that died before Ray's controller recorded it
-    # (runs.newest_checkpoint). The loop resumes from whichever is newer.
+    # (run_records.newest_checkpoint). The loop resumes from whichever is newer.
     resume_from: str | None = None
     resume_from_epoch: int = 0
     # Where rank 0 saves the state mid-epoch (resume.StepSaver): every

@@ -14,7 +14,7 @@ from trainflow.pipelines.models.build import describe_parameters
 from trainflow.pipelines.training.inputs import TRAIN_SPLITS, split_inputs, splits_in_memory
 from trainflow.pipelines.training.progress import clear_progress
 from trainflow.pipelines.training.resume import step_folder
-from trainflow.pipelines.training.runs import newest_checkpoint
+from trainflow.pipelines.training.run_records import newest_checkpoint
 from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings, balanced_class_weights
 from trainflow.pipelines.training.user_loop import check_loop
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from trainflow.config import ConfigError, PipelineConfig
-from trainflow.pipelines.training.runs import (
+from trainflow.pipelines.training.run_records import (
     Driver,
     RunRecord,
     mark_registered,
@@ -27,7 +27,9 @@ def config(**sections) -> PipelineConfig:
 
 def dead_driver() -> Driver:
     """The driver record of a process that ran on this machine and exited."""
-    code = "from trainflow.pipelines.training.runs import Driver; print(Driver.this().model_dump_json())"
+    code = (
+        "from trainflow.pipelines.training.run_records import Driver; print(Driver.this().model_dump_json())"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return Driver.model_validate_json(out.stdout)
 

@@ -267,7 +267,7 @@ def test_a_trial_config_runs_as_is_and_hashes_as_a_plain_config():
     # holds, nor an unset drift section, nor the newer fields that hold their empty default).
     import hashlib
 
-    from trainflow.config.schema import HASHED_UNLESS_DEFAULT, HASHED_WHEN_SET
+    from trainflow.config.pipeline import HASHED_UNLESS_DEFAULT, HASHED_WHEN_SET
 
     dropped = ("sweep", "cache", "drift")
     plain = {k: v for k, v in trial.model_dump(mode="json").items() if k not in dropped}
@@ -428,7 +428,7 @@ def test_an_unknown_key_in_an_optional_section_lists_that_sections_keys():
 
 
 def test_each_field_hashed_unless_default_holds_that_default_in_the_schema():
-    from trainflow.config.schema import HASHED_UNLESS_DEFAULT
+    from trainflow.config.pipeline import HASHED_UNLESS_DEFAULT
 
     config = load_config({"sweep": {"space": {"train.lr": {"loguniform": [1e-4, 1e-1]}}}})
     for path, default in HASHED_UNLESS_DEFAULT.items():

@@ -4,7 +4,7 @@ By concern: ``sections`` (what every section shares), ``data`` (data, split, pre
 ``drift`` (how far new data may move from the champion's, and what then),
 ``training`` (model, train, early stopping), ``resources`` (scaling, failure, ray),
 ``outputs`` (checkpoint, evaluation, registry), ``sweep`` (the sweep section: search space,
-scheduler), ``schema`` (``PipelineConfig``: the sections together, the rules across them,
+scheduler), ``pipeline`` (``PipelineConfig``: the sections together, the rules across them,
 its hashes), ``objective`` (what each objective measures and trains with), ``overrides`` (dotted
 ``train.lr=0.01`` overrides), ``load`` (``load_config``, ``smoke_config``), ``trials`` (a
 sweep's space checked, a trial's config), ``errors`` (``ConfigError``) and ``reference``
@@ -27,8 +27,8 @@ from trainflow.config.objective import (
 )
 from trainflow.config.outputs import CheckpointSection, EvaluationConfig, RegistryConfig
 from trainflow.config.overrides import parse_overrides
+from trainflow.config.pipeline import CACHE_SCHEMES, PipelineConfig
 from trainflow.config.resources import FailureSection, RayConfig, ScalingSection
-from trainflow.config.schema import CACHE_SCHEMES, PipelineConfig
 from trainflow.config.sections import HOOK, hook_path
 from trainflow.config.sweep import DIMENSION_KINDS, SWEEPABLE_SECTIONS, Dimension, SweepConfig, SweepScheduler
 from trainflow.config.training import (

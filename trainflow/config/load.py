@@ -13,7 +13,7 @@ import yaml
 from trainflow.config.errors import ConfigError
 from trainflow.config.objective import renamed_key
 from trainflow.config.overrides import merge, parse_overrides
-from trainflow.config.schema import PipelineConfig, validate_config
+from trainflow.config.pipeline import PipelineConfig, validate_config
 from trainflow.config.trials import check_sweep_space
 
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from trainflow.config.schema import PipelineConfig
+from trainflow.config.pipeline import PipelineConfig
 from trainflow.config.sections import section_type
 
 # What a key of a mapping of sections stands for in a field's path: evaluation.metrics.<name>.fn.

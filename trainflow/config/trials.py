@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from trainflow.config.errors import ConfigError, validation_message
 from trainflow.config.overrides import at_path, merge
-from trainflow.config.schema import PipelineConfig, validate_config
+from trainflow.config.pipeline import PipelineConfig, validate_config
 from trainflow.config.sections import section_type
 from trainflow.config.sweep import POPULATION_SCHEDULERS, SWEEPABLE_SECTIONS
 

@@ -7,7 +7,7 @@ with ``shadow=`` ``GET /shadow`` and ``POST /feedback``. Requests are batched on
 replica; a malformed one is a 4xx naming the field; a replica serving an alias follows its
 moves without dropping a request. docs/guides/serving.md says each in full.
 
-By concern: ``settings`` (limits, batching, polling), ``requests`` (a request's body,
+By concern: ``serve_settings`` (limits, batching, polling), ``requests`` (a request's body,
 checked), ``served`` (a loaded version, one pass over a batch), ``deployment``
 (``ModelServer``, :func:`app`; Serve imports it by this path), ``server`` (the command's
 checks, :func:`serve_until_stopped`), ``sampled`` (the rows each replica answered, for
@@ -15,9 +15,7 @@ checks, :func:`serve_until_stopped`), ``sampled`` (the rows each replica answere
 
 from trainflow.pipelines.serving.deployment import ModelServer, app
 from trainflow.pipelines.serving.requests import Inputs, RequestError, parse_body, parse_inputs, read_body
-from trainflow.pipelines.serving.served import Served, answer
-from trainflow.pipelines.serving.server import check_fits, check_port, model_kind, serve_until_stopped
-from trainflow.pipelines.serving.settings import (
+from trainflow.pipelines.serving.serve_settings import (
     APP_NAME,
     BATCH_MAX_ROWS,
     BATCH_WAIT_S,
@@ -30,6 +28,8 @@ from trainflow.pipelines.serving.settings import (
     TARGET_ONGOING_REQUESTS,
     ServeSettings,
 )
+from trainflow.pipelines.serving.served import Served, answer
+from trainflow.pipelines.serving.server import check_fits, check_port, model_kind, serve_until_stopped
 
 __all__ = [
     "APP_NAME",

@@ -24,14 +24,14 @@ from trainflow.pipelines import registry
 from trainflow.pipelines.models.checkpoint import model_actor_options
 from trainflow.pipelines.serving.requests import Inputs, RequestError, parse_body, parse_inputs, read_body
 from trainflow.pipelines.serving.sampled import SAVE_EVERY_S, RequestSample, samples_folder
-from trainflow.pipelines.serving.served import Served, answer, now, use_registry
-from trainflow.pipelines.serving.settings import (
+from trainflow.pipelines.serving.serve_settings import (
     BATCH_MAX_ROWS,
     BATCH_WAIT_S,
     MAX_ONGOING_REQUESTS,
     TARGET_ONGOING_REQUESTS,
     ServeSettings,
 )
+from trainflow.pipelines.serving.served import Served, answer, now, use_registry
 from trainflow.pipelines.serving.shadow import Shadowing, ShadowServer, parse_feedback, shadow_uri
 from trainflow.workspace import Workspace, workspace
 

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 
 from trainflow.pipelines.data.preprocess import Preprocessor
 from trainflow.pipelines.data.schema import IMAGE
-from trainflow.pipelines.serving.settings import MAX_IMAGE_PIXELS
+from trainflow.pipelines.serving.serve_settings import MAX_IMAGE_PIXELS
 
 
 class RequestError(Exception):

@@ -21,7 +21,7 @@ from trainflow.cluster.session import ray_address, ray_session
 from trainflow.config import PipelineConfig
 from trainflow.pipelines import registry
 from trainflow.pipelines.models.checkpoint import SPEC, read_json
-from trainflow.pipelines.serving.settings import APP_NAME, DIRECT_DRAIN_S, QUIET_LOGS
+from trainflow.pipelines.serving.serve_settings import APP_NAME, DIRECT_DRAIN_S, QUIET_LOGS
 from trainflow.ray_internals import local_cluster_resources, switches
 from trainflow.workspace import Workspace, workspace
 

@@ -10,7 +10,7 @@ import pytest
 from trainflow.config import load_config
 from trainflow.pipelines.training.in_process import trains_in_trial, trial_resources
 from trainflow.pipelines.training.settings import PreparedSplits
-from trainflow.pipelines.training.sweep import SweepFailed, TrialSummary, best_trial, search_space
+from trainflow.pipelines.training.tuning import SweepFailed, TrialSummary, best_trial, search_space
 
 
 def sweep_config(space: dict, **section):

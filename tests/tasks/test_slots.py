@@ -99,7 +99,7 @@ def test_a_slot_whose_holder_died_before_training_is_freed_by_the_next_run(
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
     from prefect.settings import get_current_settings
 
-    from tests.pipelines.test_runs import dead_driver
+    from tests.pipelines.test_run_records import dead_driver
     from trainflow.tasks.slots import SlotHolder, slot_holders
 
     limit = "trainflow-model-died-early"
@@ -145,7 +145,7 @@ def test_a_live_holder_keeps_its_slot_beside_a_dead_holders_record(prefect_harne
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
-    from tests.pipelines.test_runs import dead_driver
+    from tests.pipelines.test_run_records import dead_driver
     from trainflow.pipelines.training.run_records import Driver
     from trainflow.tasks.slots import SlotHolder, slot_holders
 
@@ -182,7 +182,7 @@ def test_a_run_leaves_the_holders_of_another_servers_slot_of_that_name_alone(pre
     holds the other server's slot of the same model, which the next run there frees."""
     import uuid
 
-    from tests.pipelines.test_runs import dead_driver
+    from tests.pipelines.test_run_records import dead_driver
     from trainflow.tasks.slots import SlotHolder, slot_holders
 
     elsewhere = slot_holders("trainflow-model-two-servers", uuid.uuid4())

@@ -116,3 +116,15 @@ def test_an_mlflow_server_that_does_not_answer_fails_before_the_run_in_one_line(
         "[Errno 111] Connection refused; start it, or unset MLFLOW_TRACKING_URI for the embedded "
         "registry in TRAINFLOW_HOME"
     )
+
+
+def test_the_old_module_name_still_gives_the_checks_and_says_where_they_are():
+    import importlib
+    import sys
+
+    sys.modules.pop("trainflow.checks", None)
+    with pytest.warns(DeprecationWarning, match=r"trainflow\.checks is now trainflow\.run_checks"):
+        old = importlib.import_module("trainflow.checks")
+    from trainflow.run_checks import before_run
+
+    assert old.before_run is before_run

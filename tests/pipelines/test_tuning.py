@@ -117,3 +117,36 @@ def test_trials_of_one_cpu_worker_on_data_in_memory_train_in_their_own_reused_pr
         assert trial_resources(config, trains_in_trial(config, prepared)) == {"CPU": 0, "memory": 1}
     for train in ({"in_memory": "never"}, {"loop": "pkg.loops:fit"}):
         assert not trains_in_trial(load_config({"sweep": {"space": space}, "train": train}), prepared), train
+
+
+@pytest.mark.parametrize("every_s", [0.0, 3600.0])
+def test_a_trials_epochs_go_to_tune_at_once_or_together_and_each_reaches_the_sweep(
+    ray_cluster, tmp_path, every_s
+):
+    """Each report is a round trip to the sweep's driver that the trial waits for: under ASHA
+    (``every_s`` 0) every epoch goes at once; under FIFO the epochs of a second go as one
+    report, and the sweep still sees every epoch, in order, each with its checkpoint."""
+    from ray import tune
+
+    from trainflow.pipelines.training.trial_reports import CHECKPOINT_PATH, TuneReports, epoch_rows
+
+    def trial(config):
+        reports = TuneReports(every_s=config["every_s"])
+        for epoch in range(1, 6):
+            reports.add({"epoch": epoch, "val_loss": 1 / epoch}, tmp_path / f"checkpoint_{epoch}")
+        reports.flush()
+
+    results = []
+
+    class Seen(tune.Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            results.append(result)
+
+    run = tune.RunConfig(storage_path=str(tmp_path / "tune"), callbacks=[Seen()], verbose=0)
+    grid = tune.Tuner(trial, param_space={"every_s": every_s}, run_config=run).fit()
+    assert grid.errors == []
+    assert len(results) == (5 if every_s == 0 else 1)
+    rows = [row for result in results for row in epoch_rows(result)]
+    assert [row["epoch"] for row in rows] == [1, 2, 3, 4, 5]
+    assert [row[CHECKPOINT_PATH] for row in rows] == [str(tmp_path / f"checkpoint_{e}") for e in range(1, 6)]
+    assert results[-1]["epoch"] == 5  # the latest at the top, for Tune's own bookkeeping

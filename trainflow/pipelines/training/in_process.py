@@ -6,8 +6,8 @@ a training function.
 Their start (torch imported in new processes) costs more than a small model's epochs. The
 loop asks :class:`LocalContext` what it would ask Ray Train's context, saves each epoch's
 checkpoint in the run's folder as Ray Train would (:func:`save_kept`), keeps the best
-``checkpoint.keep`` and the latest, and a trial reports each epoch to Tune from its thread,
-where ASHA stops it (docs/guides/sweeps.md).
+``checkpoint.keep`` and the latest, and a trial reports its epochs to Tune from its thread
+(:class:`.trial_reports.TuneReports`), where ASHA stops it (docs/guides/sweeps.md).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from trainflow.files import redacted
 from trainflow.pipelines.models.checkpoint import METRICS
 from trainflow.pipelines.training.inputs import TRAIN_SPLITS, splits_in_memory
 from trainflow.pipelines.training.settings import PreparedSplits
-from trainflow.pipelines.training.trial_reports import CHECKPOINT_PATH
 
 
 class LocalContext:
@@ -110,13 +109,6 @@ def save_kept(
     os.replace(tmp, path)
     _keep_best(run, kept, path)
     return path
-
-
-def report_to_tune(metrics: dict[str, float], checkpoint: Path) -> None:
-    """Report a trial's epoch to Ray Tune, with the path of its checkpoint."""
-    import ray.tune
-
-    ray.tune.report({**metrics, CHECKPOINT_PATH: str(checkpoint)})
 
 
 def best_kept(folder: str, kept: CheckpointSection) -> Path:

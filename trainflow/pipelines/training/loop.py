@@ -29,7 +29,7 @@ from trainflow.pipelines.metrics import load_metrics
 from trainflow.pipelines.models.build import initial_model
 from trainflow.pipelines.models.checkpoint import save_checkpoint
 from trainflow.pipelines.models.hf import has_adapter
-from trainflow.pipelines.training.in_process import LocalContext, report_to_tune, save_kept
+from trainflow.pipelines.training.in_process import LocalContext, save_kept
 from trainflow.pipelines.training.inputs import Batch, epoch_batches, model_input, open_splits
 from trainflow.pipelines.training.losses import make_loss, on_device
 from trainflow.pipelines.training.optim import EarlyStopping, Precision, make_optimizer, make_scheduler
@@ -298,8 +298,8 @@ def report_epoch(
         path = save_kept(metrics, settings.own_folder, settings.config.checkpoint, save)
         if progress is not None:
             progress.add(metrics)
-        if settings.to_tune:
-            report_to_tune(metrics, path)
+        if settings.to_tune is not None:
+            settings.to_tune.add(metrics, path)
         return
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = None

@@ -35,6 +35,7 @@ from trainflow.pipelines.training.settings import (
     PreparedSplits,
     TrainSettings,
 )
+from trainflow.pipelines.training.trial_reports import TuneReports
 from trainflow.pipelines.training.user_loop import (
     converted_checkpoint,
     user_loop_per_worker,
@@ -193,23 +194,33 @@ def train_in_process(
     return _loop_result(outcome, str(folder), best, history, seen, in_memory)
 
 
-def train_in_trial(config: PipelineConfig, prepared: PreparedSplits, *, storage: str, run_name: str) -> None:
+def train_in_trial(
+    config: PipelineConfig,
+    prepared: PreparedSplits,
+    *,
+    storage: str,
+    run_name: str,
+    report_every_s: float = 0.0,
+) -> None:
     """Train ``config`` on the ``prepared`` splits in this process, a sweep trial's
     (:mod:`.in_process`), trainflow's loop its only worker, as the run ``run_name`` under
-    ``storage``, each epoch reported to Ray Tune; the train split's profile goes with each
-    checkpoint kept, also when Tune stops the trial at a report. Raises TrainingDiverged
-    when the loss became NaN or infinite."""
+    ``storage``, its epochs reported to Ray Tune ``report_every_s`` seconds' worth at a time
+    (:class:`.trial_reports.TuneReports`); the train split's profile goes with each checkpoint
+    kept, also when Tune stops the trial at a report. Raises TrainingDiverged when the loss
+    became NaN or infinite."""
     folder = run_folder(storage, run_name)
     settings = trainer_inputs(
         config, prepared, run_name=run_name, storage=storage, follow=False, placements=None
     )[0]
+    reports = TuneReports(every_s=report_every_s)
     # No mid-epoch saves: a trial is not resumed (the sweep reports a failed one).
-    settings = dataclasses.replace(settings, own_folder=str(folder), to_tune=True, step_folder=None)
+    settings = dataclasses.replace(settings, own_folder=str(folder), to_tune=reports, step_folder=None)
     try:
         outcome = train_loop_per_worker({SETTINGS: settings})
     finally:
         for checkpoint in folder.glob("checkpoint_epoch_*"):
             profiles.attach(prepared.path, str(checkpoint))
+    reports.flush()
     if outcome.status == "diverged":
         raise TrainingDiverged(outcome.message)
 

@@ -7,9 +7,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainflow.config import ConfigError, PipelineConfig, TrainConfig
+
+if TYPE_CHECKING:
+    from trainflow.pipelines.training.trial_reports import TuneReports
 
 # The key under which the trainer hands every worker its TrainSettings.
 SETTINGS = "settings"
@@ -61,9 +64,9 @@ class TrainSettings:
     # The run's folder when the loop runs in its caller's process, without Ray Train
     # (.in_process): a sweep's trial in Tune's trial process, or a run of
     # scaling.num_workers 0 in the flow's. It saves each epoch's checkpoint there itself;
-    # None: Ray Train's workers report them. ``to_tune``: each epoch also goes to Ray Tune.
+    # None: Ray Train's workers report them. ``to_tune``: where a trial's epochs go to Ray Tune.
     own_folder: str | None = None
-    to_tune: bool = False
+    to_tune: TuneReports | None = None
 
     def __post_init__(self) -> None:
         for name in ("model_spec", "preprocessor", "memory_splits", "class_weights"):

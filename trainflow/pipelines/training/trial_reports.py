@@ -7,13 +7,15 @@ Train run fits in another, the rows coming from Ray Train's controller through a
 queue that the trial drains before it returns. Ray Tune's TuneReportCallback forwards
 only a report's metrics and its checkpoint's path, and its rows go through Tune's session
 from another thread: a row that arrives after the trial's function returned waits there
-forever, and the sweep with it (seen under load).
+forever, and the sweep with it (seen under load). A trial that trains in its own process
+reports through :class:`TuneReports`, several epochs at once where its scheduler allows.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,14 @@ from trainflow.pipelines.models.checkpoint import METRICS
 
 # Where a trial's report row holds its checkpoint's path (the key TuneReportCallback uses too).
 CHECKPOINT_PATH = "checkpoint_path"
+# Where one report of several epochs holds their rows, as JSON (TuneReports).
+EPOCH_ROWS = "epoch_rows"
+
+
+def epoch_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The epochs one of a trial's reports to Tune holds, in order: its own row, or the
+    rows it carries under :data:`EPOCH_ROWS`."""
+    return json.loads(result[EPOCH_ROWS]) if EPOCH_ROWS in result else [result]
 
 
 def exploited_checkpoint(checkpoint) -> tuple[str, int] | None:
@@ -31,6 +41,40 @@ def exploited_checkpoint(checkpoint) -> tuple[str, int] | None:
         return None
     epoch = json.loads((Path(checkpoint.path) / METRICS).read_text())["epoch"]
     return checkpoint.path, int(epoch)
+
+
+# How long a trial's epochs wait to go to Tune together, where its scheduler allows it.
+REPORT_EVERY_S = 1.0
+
+
+class TuneReports:
+    """A trial's epochs on their way to Ray Tune, each row with its checkpoint's path.
+
+    A report is a round trip to the sweep's driver, which the trial waits for. With
+    ``every_s`` 0 each epoch goes at once, as a scheduler that decides at every epoch
+    (ASHA) needs; else the epochs of ``every_s`` seconds go as one report (the latest at
+    its top, all under :data:`EPOCH_ROWS`) and :meth:`flush` sends the rest."""
+
+    def __init__(self, every_s: float = 0.0) -> None:
+        self.every_s = every_s
+        self.pending: list[dict[str, Any]] = []
+        self.sent = time.monotonic()
+
+    def add(self, metrics: dict[str, float], checkpoint: Path) -> None:
+        self.pending.append({**metrics, CHECKPOINT_PATH: str(checkpoint)})
+        if time.monotonic() - self.sent >= self.every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Report the epochs not reported yet, if any."""
+        import ray.tune
+
+        if not self.pending:
+            return
+        rows = self.pending
+        self.pending = []
+        ray.tune.report({**rows[-1], EPOCH_ROWS: json.dumps(rows)} if len(rows) > 1 else rows[-1])
+        self.sent = time.monotonic()
 
 
 def report_to_tune(train: Callable[..., Any], checkpoints: bool) -> None:

@@ -35,6 +35,8 @@ from trainflow.pipelines.training.run import checkpoint_metrics, run_training, t
 from trainflow.pipelines.training.settings import PreparedSplits
 from trainflow.pipelines.training.trial_reports import (
     CHECKPOINT_PATH,
+    REPORT_EVERY_S,
+    epoch_rows,
     exploited_checkpoint,
     quiet_stop,
     report_to_tune,
@@ -120,7 +122,9 @@ def run_trial(
     config = config.model_copy(update={"failure": FailureSection(max_failures=0)})
     trial_id = ray.tune.get_context().get_trial_id()
     if in_trial:
-        train_in_trial(config, prepared, storage=storage, run_name=trial_run(trial_id))
+        # FIFO decides nothing before a trial ends: its epochs go to Tune a second's worth at a time.
+        every = REPORT_EVERY_S if base["sweep"]["scheduler"]["kind"] == "fifo" else 0.0
+        train_in_trial(config, prepared, storage=storage, run_name=trial_run(trial_id), report_every_s=every)
         return
     train = functools.partial(
         run_training, config, prepared, storage=storage, placements=placements, run_name=trial_run(trial_id)
@@ -170,7 +174,8 @@ def trial_events(on_event: Callable[[dict[str, Any]], None], release: Callable[[
             on_event(event)
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            on_event({"kind": "epoch", "trial_id": trial.trial_id, **_row(result)})
+            for row in epoch_rows(result):
+                on_event({"kind": "epoch", "trial_id": trial.trial_id, **_row(row)})
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             release(trial_run(trial.trial_id))

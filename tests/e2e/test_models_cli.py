@@ -95,3 +95,23 @@ def test_predict_refuses_a_bad_model_input_or_output_before_prefect_and_ray(thre
         line = result.stderr.strip()
         assert line.startswith("error: " + message.format(tmp=tmp_path)), line
         assert "\n" not in line
+
+
+def test_the_registry_commands_import_no_torch(three_versions):
+    """`trainflow models list | show | promote | rollback` read and move MLflow's records:
+    PyTorch's seconds of imports are for the commands that load a model."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from trainflow.cli import app\n"
+        "for args in (['list', 'toy'], ['show', 'toy/2'], ['promote', 'toy', '1'], ['rollback', 'toy']):\n"
+        "    result = CliRunner().invoke(app, ['models', *args])\n"
+        "    assert result.exit_code == 0, (args, result.output)\n"
+        "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]"

@@ -21,6 +21,13 @@ def _registry():
     return registry, workspace()
 
 
+def _listing():
+    """How these commands show the registry; torch-free, unlike ``tasks.render``."""
+    from trainflow.pipelines.registry import listing
+
+    return listing
+
+
 def registry_errors():
     """One-line errors for unknown models, versions and aliases, and impossible moves."""
     from contextlib import contextmanager
@@ -53,7 +60,7 @@ def models_list(name: NameArg) -> None:
     registry, ws = _registry()
     with registry_errors():
         versions = registry.version_summaries(ws, name)
-    typer.echo("\n".join(render().versions_lines(versions)))
+    typer.echo("\n".join(_listing().versions_lines(versions)))
 
 
 @models_app.command("show")
@@ -62,7 +69,7 @@ def models_show(model: ModelArg) -> None:
     registry, ws = _registry()
     with registry_errors():
         details = registry.version_details(ws, model)
-    typer.echo(render().version_json(details))
+    typer.echo(_listing().version_json(details))
 
 
 @models_app.command("promote")
@@ -104,7 +111,7 @@ def models_promote(
             reason = f"promoted by hand, {found}"
             typer.echo(f"{name} version {version}: {found}")
         move = registry.promote(ws, name, version, reason=reason)
-    typer.echo(render().move_line(name, move))
+    typer.echo(_listing().move_line(name, move))
 
 
 @models_app.command("rollback")
@@ -113,7 +120,7 @@ def models_rollback(name: NameArg) -> None:
     registry, ws = _registry()
     with registry_errors():
         move = registry.rollback(ws, name)
-    typer.echo(render().move_line(name, move))
+    typer.echo(_listing().move_line(name, move))
 
 
 ShadowOpt = Annotated[

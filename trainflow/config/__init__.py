@@ -24,6 +24,7 @@ from trainflow.config.objective import (
     OBJECTIVES,
     REGRESSION_DEFAULTS,
     RenamedKey,
+    headline_metrics,
 )
 from trainflow.config.outputs import CheckpointSection, EvaluationConfig, RegistryConfig
 from trainflow.config.overrides import parse_overrides
@@ -86,4 +87,5 @@ __all__ = [
     "HOOK",
     "hook_path",
     "user_module_of",
+    "headline_metrics",
 ]

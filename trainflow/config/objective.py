@@ -16,6 +16,15 @@ OBJECTIVE_METRICS = {
     "regression": ("rmse", "mae", "r2"),
 }
 LOWER_IS_BETTER = ("rmse", "mae")
+
+
+def headline_metrics(metrics: Mapping[str, Any], prefix: str = "") -> tuple[str, ...]:
+    """The headline metrics of the objective that ``metrics`` come from: accuracy, macro_f1
+    and weighted_f1, or rmse, mae and r2 (``prefix``: as they are named there, test_)."""
+    regression = f"{prefix}rmse" in metrics
+    return OBJECTIVE_METRICS["regression" if regression else "classification"]
+
+
 # Names a metric of the user's own (evaluation.metrics) may not take: trainflow's own test
 # metrics and the keys beside them, and what would make val_<name> one of its epoch metrics.
 BUILTIN_METRIC_NAMES = (

@@ -1,21 +1,21 @@
-"""Results rendered for people, in one place: the command's text (the run summary, the
-sweep's trial table, the model listings) and Prefect's artifacts (markdown and tables),
-each from the result models of :mod:`trainflow.tasks.results` and the registry.
+"""Results rendered for people: the command's text (the run summary, the sweep's trial
+table) and Prefect's artifacts (markdown and tables), each from the result models of
+:mod:`trainflow.tasks.results` and the registry; `trainflow models`' listings are
+:mod:`trainflow.pipelines.registry.listing`, which imports no torch.
 
 Nothing here computes or fetches: callers hand over what they got, this shapes it.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainflow.config import OBJECTIVE_METRICS
+from trainflow.config import headline_metrics
 from trainflow.pipelines import registry
 from trainflow.pipelines.evaluation import reports
+from trainflow.pipelines.registry.listing import columns
 from trainflow.tasks.results import Evaluated, PipelineResult, Registered, Reproduced, SweepResult
 
 # The summary's labels are padded to one width so that the values line up.
@@ -35,13 +35,6 @@ def _metrics(metrics: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
 
 
-def task_metrics(metrics: dict[str, Any], prefix: str = "") -> tuple[str, ...]:
-    """The headline metrics of the objective that ``metrics`` come from: accuracy, macro_f1
-    and weighted_f1, or rmse, mae and r2 (``prefix``: as they are named there, test_)."""
-    regression = f"{prefix}rmse" in metrics
-    return OBJECTIVE_METRICS["regression" if regression else "classification"]
-
-
 def test_scores(metrics: dict[str, Any]) -> str:
     """``accuracy 0.9667, macro_f1 0.9650, weighted_f1 0.9662, top2 0.9944``: every number
     of a test split's metrics, the user's own (evaluation.metrics) after the objective's."""
@@ -50,7 +43,7 @@ def test_scores(metrics: dict[str, Any]) -> str:
 
 def lead_metric(metrics: dict[str, float]) -> str:
     """``accuracy 0.9667`` or ``rmse 53.2101``: the objective's first metric, for one-line summaries."""
-    name = task_metrics(metrics)[0]
+    name = headline_metrics(metrics)[0]
     return f"{name} {metrics[name]:.4f}"
 
 
@@ -296,12 +289,6 @@ def trial_rows(metric: str, trials: Sequence[dict[str, Any]]) -> list[dict[str, 
     ]
 
 
-def columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """A plain-text table: each column as wide as its widest cell, two spaces apart."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
-
-
 def sweep_lines(r: SweepResult, metric: str, also_written: Path | None = None) -> list[str]:
     """What ``trainflow sweep`` prints when the sweep is done: the trial table, then the summary."""
     rows = [
@@ -365,40 +352,6 @@ def predictions_markdown(
 
 
 # --- the registry's models -----------------------------------------------------------
-
-
-def _score(metrics: dict[str, float], name: str) -> str:
-    return f"{metrics[name]:.4f}" if name in metrics else "-"
-
-
-def versions_lines(versions: Sequence[registry.VersionSummary]) -> list[str]:
-    """``trainflow models list``: a version per line, with aliases, test metrics (the
-    newest version's objective's) and gate."""
-    names = task_metrics(versions[-1].metrics, "test_")[:2] if versions else ("accuracy", "macro_f1")
-    rows = [
-        (
-            v.version,
-            ",".join(v.aliases) or "-",
-            *(_score(v.metrics, f"test_{name}") for name in names),
-            {"True": "passed", "False": "failed"}.get(v.gate_passed, "-"),
-            time.strftime("%Y-%m-%d %H:%M", time.gmtime(v.created_ms / 1000)),
-        )
-        for v in versions
-    ]
-    return columns(("version", "aliases", *names, "gate", "created (UTC)"), rows)
-
-
-def version_json(details: dict[str, Any]) -> str:
-    """``trainflow models show``: a version's details as indented JSON."""
-    return json.dumps(details, indent=2)
-
-
-def move_line(name: str, move: dict[str, Any]) -> str:
-    """``trainflow models promote`` and ``rollback``: where the champion alias went."""
-    if move["action"] == "rollback":
-        return f"{name}: champion -> v{move['version']} (rolled back from v{move['previous']})"
-    was = f" (was v{move['previous']})" if move["previous"] else ""
-    return f"{name}: champion -> v{move['version']}{was}"
 
 
 # --- a reproduced version ------------------------------------------------------------

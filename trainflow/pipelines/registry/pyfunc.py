@@ -15,10 +15,12 @@ from __future__ import annotations
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainflow.pipelines.data.preprocess import Preprocessor
-from trainflow.pipelines.models.checkpoint import PREPROCESSOR, Predictor, load_checkpoint
+
+if TYPE_CHECKING:
+    from trainflow.pipelines.models.checkpoint import Predictor
 
 MLMODEL = "MLmodel"
 REQUIREMENTS = "requirements.txt"
@@ -41,6 +43,8 @@ class TrainflowPyfunc:
 
 def _load_pyfunc(path: str) -> TrainflowPyfunc:
     """MLflow's entry point for a ``loader_module``: the registered checkpoint folder."""
+    from trainflow.pipelines.models.checkpoint import load_checkpoint  # torch: for loading alone
+
     return TrainflowPyfunc(load_checkpoint(path))
 
 
@@ -98,6 +102,8 @@ def write_flavor(folder: str | Path) -> None:
     import yaml
     from mlflow.models import Model
     from mlflow.pyfunc import add_to_model
+
+    from trainflow.pipelines.models.checkpoint import PREPROCESSOR
 
     folder = Path(folder)
     pre = Preprocessor.load(folder / PREPROCESSOR)

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainflow.pipelines.models.checkpoint import complete_weights
 from trainflow.pipelines.registry.gate import GateDecision, Reevaluate, gate_version
 from trainflow.pipelines.registry.lineage import (
     HASHES_FILE,
@@ -171,6 +170,9 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _log_checkpoint(c: MlflowClient, run_id: str, checkpoint_dir: str) -> dict[str, str]:
     """Log the checkpoint folder, with MLflow's python_function flavor (``pyfunc.py``) and
     a hashes.json beside its files; return the hashes."""
+    # Imported here: it imports torch, which the registry's readers (`trainflow models`) never need.
+    from trainflow.pipelines.models.checkpoint import complete_weights
+
     hashes = file_hashes(checkpoint_dir)
     # A private copy (the run folder may be shared or read-only): Ray prunes its
     # checkpoints, and what is registered must be what was hashed.

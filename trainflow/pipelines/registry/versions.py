@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainflow.files import publishing_folder
-from trainflow.pipelines.models.checkpoint import Predictor, load_checkpoint
 from trainflow.pipelines.registry.aliases import (
     CHAMPION,
     alias_version,
@@ -34,6 +33,7 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities.model_registry import ModelVersion
 
+    from trainflow.pipelines.models.checkpoint import Predictor
     from trainflow.workspace import Workspace
 
 
@@ -271,6 +271,7 @@ def load_model(uri: str, ws: Workspace | None = None) -> Predictor:
     >>> model = load_model("digits@champion")
     >>> model.predict(frame)
     """
+    from trainflow.pipelines.models.checkpoint import load_checkpoint  # torch: for loading alone
     from trainflow.workspace import workspace
 
     ws = ws or workspace()

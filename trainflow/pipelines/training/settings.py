@@ -1,6 +1,8 @@
 """The settings a training run's workers get: one typed, frozen object built from the
 config (:meth:`TrainSettings.from_config`), and what training reads of a prepared entry
-(:class:`PreparedSplits`)."""
+(:class:`PreparedSplits`); how a training ends (:class:`Outcome`), and a sweep with no
+working trial (:class:`SweepFailed`). Torch-free: Ray Train's controller and the steps'
+log filter import it."""
 
 from __future__ import annotations
 
@@ -30,6 +32,11 @@ class Outcome:
     status: str
     epoch: int
     message: str = ""
+
+
+class SweepFailed(RuntimeError):
+    """No trial of a sweep produced a checkpoint; the message lists why each failed. Here,
+    not beside the sweep, for the steps' log filter, which must not import torch."""
 
 
 @dataclass(frozen=True)

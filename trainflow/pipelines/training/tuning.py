@@ -32,7 +32,7 @@ from trainflow.files import replacing_file
 from trainflow.pipelines.training.in_process import on_a_folder, trains_in_trial, trial_resources
 from trainflow.pipelines.training.placements import PlacementTracker
 from trainflow.pipelines.training.run import checkpoint_metrics, run_training, train_in_trial
-from trainflow.pipelines.training.settings import PreparedSplits
+from trainflow.pipelines.training.settings import PreparedSplits, SweepFailed
 from trainflow.pipelines.training.trial_reports import (
     CHECKPOINT_PATH,
     REPORT_EVERY_S,
@@ -44,10 +44,6 @@ from trainflow.pipelines.training.trial_reports import (
 from trainflow.signals import stop_on_signals
 
 HISTORY_KEYS = ("epoch", "train_loss", "val_loss", "val_accuracy", "lr")
-
-
-class SweepFailed(RuntimeError):
-    """No trial produced a checkpoint; the message lists why each failed."""
 
 
 @dataclass

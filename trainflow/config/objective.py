@@ -16,15 +16,6 @@ OBJECTIVE_METRICS = {
     "regression": ("rmse", "mae", "r2"),
 }
 LOWER_IS_BETTER = ("rmse", "mae")
-
-
-def headline_metrics(metrics: Mapping[str, Any], prefix: str = "") -> tuple[str, ...]:
-    """The headline metrics of the objective that ``metrics`` come from: accuracy, macro_f1
-    and weighted_f1, or rmse, mae and r2 (``prefix``: as they are named there, test_)."""
-    regression = f"{prefix}rmse" in metrics
-    return OBJECTIVE_METRICS["regression" if regression else "classification"]
-
-
 # Names a metric of the user's own (evaluation.metrics) may not take: trainflow's own test
 # metrics and the keys beside them, and what would make val_<name> one of its epoch metrics.
 BUILTIN_METRIC_NAMES = (
@@ -57,6 +48,13 @@ REGRESSION_DEFAULTS = {
 # The config key's name before `objective`, still read for a release: a config or a
 # `--set` override that spells it so is read as `objective`, with one warning.
 OLD_KEY = "task"
+
+
+def headline_metrics(metrics: Mapping[str, Any], prefix: str = "") -> tuple[str, ...]:
+    """The headline metrics of the objective that ``metrics`` come from: accuracy, macro_f1
+    and weighted_f1, or rmse, mae and r2 (``prefix``: as they are named there, test_)."""
+    regression = f"{prefix}rmse" in metrics
+    return OBJECTIVE_METRICS["regression" if regression else "classification"]
 
 
 class RenamedKey(FutureWarning):

@@ -28,3 +28,14 @@ def timeline(phase: str) -> None:
     """With TRAINFLOW_TIMELINE=1, print ``timeline <s since the process started> <phase>`` on stderr."""
     if os.environ.get(TIMELINE) == "1":
         print(f"timeline {time.monotonic() - _STARTED:.3f} {phase}", file=sys.stderr, flush=True)
+
+
+def started() -> float:
+    """When this process started (the monotonic clock), which the marks count from."""
+    return _STARTED
+
+
+def count_from(start: float) -> None:
+    """Count the marks from ``start``: a warm runner's child counts from its command's start."""
+    global _STARTED
+    _STARTED = start

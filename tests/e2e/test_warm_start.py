@@ -1,15 +1,18 @@
-"""`trainflow up` and `down` as a user runs them: the workspace's Ray cluster and Prefect
-server start in the background, a `trainflow run` of the same TRAINFLOW_HOME uses them
-instead of starting its own, `down` stops every process they started, and, unused for
-their idle time, they stop by themselves."""
+"""`trainflow up` and `down` as a user runs them: the workspace's Ray cluster, Prefect
+server and forkserver start in the background, a `trainflow run` of the same
+TRAINFLOW_HOME uses them instead of starting its own (in a child of the forkserver, which
+Ctrl-C stops as it stops a run of its own), `down` stops every process they started, and,
+unused for their idle time, they stop by themselves."""
 
 import json
+import os
+import signal
 import time
 
 import pytest
 
 from tests.e2e.test_cli import trainflow
-from tests.e2e.test_front_door import PREFECT_LINE
+from tests.e2e.test_front_door import PREFECT_LINE, _signal_at_epoch_2
 from trainflow.stack.services import alive, answers, members, stop_members
 
 pytestmark = pytest.mark.slow
@@ -50,6 +53,23 @@ def test_a_run_uses_the_services_of_trainflow_up_and_down_stops_them(home):
     others = [line for line, prefect in levels if not (prefect and prefect.group(1) == "INFO")]
     assert others == [], run.stderr[-3000:]
     assert "digits-smoke version 1 -> champion" in run.stdout
+    forked = (home / "warm" / "logs" / "forkserver.log").read_text()
+    assert "trainflow run configs/digits.yaml --smoke" in forked and "exit code 0" in forked, forked
+    assert (home / "warm" / "forkserver.sock").stat().st_mode & 0o077 == 0
+
+    # Ctrl-C reaches the forkserver's child through the command, which exits with its code.
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PREFECT_API_URL")}
+    log = home / "stopped.log"
+    args = ["configs/digits.yaml", "--set", "train.epochs=50"]
+    _, code, _ = _signal_at_epoch_2(args, {**env, "TRAINFLOW_HOME": str(home)}, log, signal.SIGINT)
+    assert code == 128 + signal.SIGINT, log.read_text()[-3000:]
+    assert log.read_text().strip().splitlines()[-1] == "stopped (SIGINT)", log.read_text()[-3000:]
+    assert "train.epochs=50" in (home / "warm" / "logs" / "forkserver.log").read_text()
+    # A config naming another cluster runs in a process of its own, with Ray imported for it.
+    elsewhere = trainflow("run", "--smoke", "--set", "ray.address=127.0.0.1:1", home=home)
+    assert elsewhere.returncode == 2, elsewhere.stderr
+    last = elsewhere.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: no Ray cluster answers at 127.0.0.1:1"), elsewhere.stderr
 
     down = trainflow("down", home=home)
     assert down.returncode == 0, down.stderr
@@ -57,6 +77,7 @@ def test_a_run_uses_the_services_of_trainflow_up_and_down_stops_them(home):
     assert not any(alive(pid) for pid in state["pids"].values())
     assert members(home / "warm") == []  # Ray's workers too
     assert not (home / "warm" / "warm.json").exists()
+    assert not (home / "warm" / "forkserver.sock").exists()
     assert trainflow("down", home=home).stdout.startswith("nothing was up")
 
 

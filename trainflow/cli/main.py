@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import typer
 
@@ -41,6 +42,30 @@ def _exit_without_teardown(code: int) -> None:
 
 
 def main() -> None:
+    from trainflow.stack import forkserver
+    from trainflow.timeline import started
+
+    if sys.argv[1:2] == [forkserver.SERVE]:  # the forkserver of `trainflow up`
+        forkserver.serve(Path(sys.argv[2]), command=_forked)
+        return
+    code = forkserver.forwarded(sys.argv, started())
+    if code is not None:  # run by the forkserver, in a child that took this terminal
+        raise SystemExit(code)
+    _run()
+
+
+def _forked() -> None:
+    """The command in a child of the forkserver, which imported Prefect before this
+    command's environment and terminal were its own: its settings and console read again."""
+    from prefect.context import refresh_global_settings_context
+    from prefect.logging.configuration import setup_logging
+
+    refresh_global_settings_context()
+    setup_logging(incremental=False)
+    _run()
+
+
+def _run() -> None:
     import atexit
     import signal
     import warnings

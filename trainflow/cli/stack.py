@@ -137,10 +137,12 @@ def down(
 def use_warm_services(ray_address: str | None) -> None:
     """Point this command at the services `trainflow up` keeps for its workspace, where
     they run (``ray_address``: the cluster the config names, which wins)."""
-    from trainflow.stack import warm
+    from trainflow.stack import forkserver, warm
     from trainflow.startup import command_logger
     from trainflow.workspace import workspace
 
+    if ray_address and forkserver.forked():  # the forkserver imported Ray for the warm cluster
+        forkserver.run_plainly()
     services = warm.attach(workspace().home, ray_address)
     if services is None:
         return
@@ -161,7 +163,8 @@ def warm_up(
 
     A local Ray cluster and a Prefect server, in the background: `trainflow run`, `sweep`
     and `predict` started with the same TRAINFLOW_HOME use them instead of starting their
-    own, and skip that start-up. `trainflow down` stops them."""
+    own, and start in a fork of a process that has done their imports. `trainflow down`
+    stops them."""
     from trainflow.stack import StackError, warm
     from trainflow.workspace import workspace
 

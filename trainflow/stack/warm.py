@@ -24,6 +24,7 @@ from pathlib import Path
 
 from trainflow.files import replacing_file
 from trainflow.ray_internals import switches
+from trainflow.stack.forkserver import SERVE, SOCKET, ray_auth_env
 from trainflow.stack.services import (
     alive,
     answers,
@@ -37,7 +38,7 @@ from trainflow.stack.services import (
 
 IDLE_MINUTES = 30.0  # unused this long, the services stop
 START_TIMEOUT_S = 180.0  # a service started on a busy machine, before it answers
-SERVICES = ("ray-head", "prefect", "watcher")
+SERVICES = ("ray-head", "prefect", "forkserver", "watcher")
 # Variables of the shell ``up`` runs in that would point a service at another one.
 NOT_INHERITED = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "PREFECT_API_URL", "PREFECT_UI_URL")
 
@@ -93,8 +94,7 @@ class Warm:
         return {
             "RAY_ADDRESS": self.ray_address,
             OWN_CLUSTER_ENV: self.ray_address,
-            "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN_PATH": str(self.token_file),
+            **ray_auth_env(self.folder),
             "PREFECT_API_URL": self.prefect_api,
         }
 
@@ -134,7 +134,7 @@ def _start(warm: Warm, say: Callable[[str], None]) -> None:
         *[f"--port={warm.ports['ray']}", f"--ray-client-server-port={warm.ports['client']}"],
         *["--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={_ray_temp(warm)}"],
     ]
-    ray_env = {**LOCAL_CLUSTER_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(warm.token_file)}
+    ray_env = {**LOCAL_CLUSTER_ENV, **ray_auth_env(warm.folder)}
     # One node: on `trainflow down` nothing can take over its work, so no drain to wait for.
     ray_env[switches.SHUTDOWN_DRAIN_TIMEOUT] = "0"
     say(f"Ray on {warm.ray_address} ...")
@@ -142,9 +142,15 @@ def _start(warm: Warm, say: Callable[[str], None]) -> None:
     server = [bin_dir / "prefect", "server", "start", "--host", "127.0.0.1", "--port", warm.ports["prefect"]]
     say(f"Prefect server on {warm.prefect_api.removesuffix('/api')} ...")
     warm.pids["prefect"] = start("prefect", [*server, "--analytics-off"], env, warm.folder)
+    # The forkserver: imports what a run imports while the other two start.
+    forkserver = [sys.executable, "-m", "trainflow.cli", SERVE, warm.folder]
+    # It imports Ray as the commands that use the warm cluster do: with its token auth.
+    forkserver_env = {**env, **ray_auth_env(warm.folder)}
+    warm.pids["forkserver"] = start("forkserver", forkserver, forkserver_env, warm.folder)
     warm.save()
     _await(warm, "ray-head", "Ray's head", lambda: "Ray runtime started" in _log(warm, "ray-head"))
     _await(warm, "prefect", "the Prefect server", lambda: answers(f"{warm.prefect_api}/health"))
+    _await(warm, "forkserver", "the forkserver", (warm.folder / SOCKET).is_socket)
     watcher = [sys.executable, "-m", "trainflow.stack.warm", str(warm.folder)]
     warm.pids["watcher"] = start("watcher", watcher, env, warm.folder)
     warm.save()
@@ -178,6 +184,7 @@ def _stop(warm: Warm) -> None:
     stop([pid for name, pid in warm.pids.items() if name != "watcher" or pid != os.getpid()])
     stop_members(warm.folder)
     (warm.folder / "warm.json").unlink(missing_ok=True)
+    (warm.folder / SOCKET).unlink(missing_ok=True)
     shutil.rmtree(_ray_temp(warm), ignore_errors=True)
 
 

@@ -33,6 +33,20 @@ def test_transform_batch_on_three_rows():
         transform_batch(batch.assign(label=["dog", "bird", "cat"]), state=pre.to_dict())
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_a_frame_and_its_columns_as_arrays_scale_alike_and_keep_a_spread_far_from_zero(dtype):
+    """A frame (serving, prediction) and a dict of arrays (preparation's writes) scale alike,
+    whatever the columns' type, and a column of timestamps keeps its spread in float32."""
+    seconds = 1.7e9 + np.arange(1000) * 60  # a minute apart, 1.7e9 s from zero
+    frame = pd.DataFrame({"t": seconds.astype(dtype), "x": np.linspace(-1, 1, 1000).astype(dtype)})
+    pre = Preprocessor(["t", "x"], "label", [0], offset=[float(seconds.mean()), 0.0], scale=[60.0, 1.0])
+    from_frame = pre.features(frame)
+    assert from_frame.dtype == np.float32 and from_frame.flags["C_CONTIGUOUS"]
+    np.testing.assert_array_equal(from_frame, pre.features({c: frame[c].to_numpy() for c in frame}))
+    if dtype != np.float32:  # float32 holds 1.7e9 to 128 s: no minutes left to keep
+        np.testing.assert_allclose(np.diff(from_frame[:, 0]), 1.0, rtol=1e-5)
+
+
 def test_preprocessor_json_round_trip(tmp_path):
     pre = Preprocessor(["x"], "label", [0, 1], [0.5], [2.0])
     pre.save(tmp_path / "p.json")

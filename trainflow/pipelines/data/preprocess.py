@@ -221,7 +221,10 @@ class Preprocessor:
     def _numeric(self, frame: pd.DataFrame | dict[str, np.ndarray]) -> np.ndarray:
         columns = self.numeric_columns
         if isinstance(frame, pd.DataFrame):
-            return self._numeric_block(frame[columns].to_numpy(dtype=np.float64))
+            block = frame[columns]
+            # float32 columns are taken as they are: the subtraction below widens them itself.
+            narrow = all(dtype == np.float32 for dtype in block.dtypes)
+            return self._numeric_block(block.to_numpy() if narrow else block.to_numpy(dtype=np.float64))
         if not self.offset:
             return np.stack([np.asarray(frame[c], dtype=np.float32) for c in columns], axis=1)
         # Centred in float64, then narrowed: a column far from zero (timestamps, say)
@@ -235,10 +238,13 @@ class Preprocessor:
 
     def _numeric_block(self, block: np.ndarray) -> np.ndarray:
         """The numeric columns of a frame, taken in one pass (a column at a time costs a
-        frame's index lookup each), scaled as :meth:`_numeric` scales them."""
+        frame's index lookup each), scaled as :meth:`_numeric` scales them: centred in
+        float64 straight into the float32 result, with no float64 matrix between (a new
+        matrix of a batch's size costs its pages' first touch)."""
         if not self.offset:
             return block.astype(np.float32)
-        x = np.subtract(block, np.asarray(self.offset, dtype=np.float64)).astype(np.float32)
+        x = np.empty(block.shape, dtype=np.float32)
+        np.subtract(block, np.asarray(self.offset, dtype=np.float64), out=x, casting="same_kind")
         x /= np.asarray(self.scale, dtype=np.float32)
         return x
 

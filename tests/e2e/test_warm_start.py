@@ -65,6 +65,10 @@ def test_a_run_uses_the_services_of_trainflow_up_and_down_stops_them(home):
     assert code == 128 + signal.SIGINT, log.read_text()[-3000:]
     assert log.read_text().strip().splitlines()[-1] == "stopped (SIGINT)", log.read_text()[-3000:]
     assert "train.epochs=50" in (home / "warm" / "logs" / "forkserver.log").read_text()
+    # Another import-time environment: the command runs in a process of its own, and says so.
+    other = trainflow("run", "--set", "train.epochs=none", home=home, env={"OMP_NUM_THREADS": "1"})
+    assert other.returncode == 2 and "the forkserver of trainflow up has other imports" in other.stderr
+    assert other.stderr.strip().splitlines()[-1].startswith("error: invalid config: train.epochs")
     # A config naming another cluster runs in a process of its own, with Ray imported for it.
     elsewhere = trainflow("run", "--smoke", "--set", "ray.address=127.0.0.1:1", home=home)
     assert elsewhere.returncode == 2, elsewhere.stderr

@@ -68,7 +68,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from trainflow.ray_internals.output import WORKER_ABORT, WORKER_NOISE, without_noise  # noqa: F401 - use 5
+from trainflow.ray_internals.output import IGNORED, WORKER_ABORT, WORKER_NOISE, without_noise  # noqa: F401 - use 5
 
 log = logging.getLogger("trainflow")
 

@@ -192,15 +192,21 @@ class _Server:
     def loop(self) -> None:
         while not self.stopping:
             for key, _ in self.selector.select():
-                if key.fileobj is self.listener:
-                    self._accept()
-                elif key.fileobj == self.wake_r:
-                    os.read(self.wake_r, 512)
-                    self._reap()
-                else:  # the command's end of the connection closed: it is gone, its child stops
-                    self._hang_up(key.fileobj)
+                try:
+                    self._handle(key.fileobj)
+                except OSError as e:  # a command gone mid-exchange: the others go on
+                    _log(f"a command's connection failed: {e}")
         for pid in self.children:
             _kill(pid, signal.SIGTERM)
+
+    def _handle(self, ready) -> None:
+        if ready is self.listener:
+            self._accept()
+        elif ready == self.wake_r:
+            os.read(self.wake_r, 512)
+            self._reap()
+        else:  # the command's end of the connection: it closed, so the command is gone
+            self._hang_up(ready)
 
     def _accept(self) -> None:
         conn, _ = self.listener.accept()
@@ -211,18 +217,20 @@ class _Server:
             conn.close()
             return
         if request.get("stamp") != self.own:
-            conn.sendall(b'{"refused": "imports differ"}\n')
-            _close(conn, fds)
+            _log(f"refused trainflow {' '.join(request['argv'][1:])}: its imports differ")
+            _close(None, fds)
+            with contextlib.closing(conn):
+                conn.sendall(b'{"refused": "imports differ"}\n')
             return
         pid = os.fork()
         if pid == 0:
             self._child(request, fds, conn)
         _close(None, fds)
         _log(f"process {pid}: trainflow {' '.join(request['argv'][1:])}")
-        conn.settimeout(None)
-        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
         self.children[pid] = conn
         self.selector.register(conn, selectors.EVENT_READ)
+        conn.settimeout(None)
+        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
 
     def _child(self, request: dict, fds: list[int], conn: socket.socket) -> None:
         """The forked child: the command's terminal, folder, environment and arguments, then the command."""
@@ -269,12 +277,11 @@ class _Server:
             conn.close()
 
     def _hang_up(self, conn) -> None:
-        if conn.recv(1):
-            return
+        """The command of this connection ended before its child: the child stops."""
+        self.selector.unregister(conn)
         for pid, child_conn in self.children.items():
             if child_conn is conn:
                 _kill(pid, signal.SIGTERM)
-        self.selector.unregister(conn)
 
 
 def forked() -> bool:

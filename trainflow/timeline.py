@@ -36,6 +36,6 @@ def started() -> float:
 
 
 def count_from(start: float) -> None:
-    """Count the marks from ``start``: a warm runner's child counts from its command's start."""
+    """Count the marks from ``start``: a forkserver's child counts from its command's start."""
     global _STARTED
     _STARTED = start

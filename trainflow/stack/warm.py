@@ -1,8 +1,9 @@
 """A warm start for one user's runs (``trainflow up`` and ``down``): a local Ray cluster and
 a Prefect server kept running in the background, in ``<TRAINFLOW_HOME>/warm/``, which
 ``trainflow run``, ``sweep`` and ``predict`` started from the same workspace find and use
-(:func:`attach`) instead of starting their own. A watcher process stops both once no
-command has used them for the idle time (:data:`IDLE_MINUTES` by default).
+(:func:`attach`) instead of starting their own, and a forkserver those commands start in
+(:mod:`trainflow.stack.forkserver`). A watcher process stops them once no command has
+used them for the idle time (:data:`IDLE_MINUTES` by default).
 
 Ray's head keeps token auth on (the folder's ``auth_token``, 0600) and its workers the
 driver's priority, as on the clusters a run starts itself; every service listens on

@@ -68,7 +68,7 @@ def stamp(env: Mapping[str, str]) -> str:
     changed = [entry.stat().st_mtime_ns for entry in package.rglob("*.py")]
     digest.update(f"{len(changed)}:{max(changed)}".encode())
     for key, value in sorted({**QUIET_ENV, **env}.items()):
-        if key.startswith(READ_AT_IMPORT) and key not in SET_BY_ATTACH and not key.startswith("TRAINFLOW_"):
+        if key.startswith(READ_AT_IMPORT) and key not in SET_BY_ATTACH:
             digest.update(f"{key}={value}\0".encode())
     return digest.hexdigest()
 
@@ -84,18 +84,15 @@ def forwarded(argv: list[str], started: float) -> int | None:
     """Run ``argv`` (a ``trainflow`` command line) in the workspace's forkserver and
     return its exit code; None when this process should run it: not a command the
     forkserver serves, RAY_ADDRESS set, no forkserver, or one whose imports do not match
-    (:func:`stamp`).
-    ``started``: when this process started (the timeline counts from it)."""
+    (:func:`stamp`). ``started``: when this process started (the timeline counts from it)."""
     # With RAY_ADDRESS, Ray is imported for another cluster than the warm one.
     if len(argv) < 2 or argv[1] not in COMMANDS or os.environ.get(OFF) == "0" or "RAY_ADDRESS" in os.environ:
         return None
     path = socket_path(Path(os.environ.get("TRAINFLOW_HOME") or ".trainflow").absolute())
     if not path.is_socket():
         return None
-    imported_with = {
-        **os.environ,
-        **ray_auth_env(path.parent),
-    }  # as the command sets it to use the warm cluster
+    # The environment as the command will set it to use the warm cluster (``warm.attach``).
+    imported_with = {**os.environ, **ray_auth_env(path.parent)}
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.settimeout(CONNECT_TIMEOUT_S)

@@ -153,15 +153,16 @@ def serve(folder: Path, command: Callable[[], None]) -> None:
         names = [t.name for t in threading.enumerate()]
         raise SystemExit(f"threads started by the imports ({names}): not serving commands")
     path = folder / SOCKET
-    path.unlink(missing_ok=True)
+    bound = folder / f"{SOCKET}.tmp"  # renamed into place once listening: `up` waits for it
+    bound.unlink(missing_ok=True)  # left by a forkserver that died at start
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_mask = os.umask(0o077)  # the socket: its owner's alone
     try:
-        listener.bind(str(path) + ".tmp")
+        listener.bind(str(bound))
     finally:
         os.umask(old_mask)
-    os.replace(str(path) + ".tmp", path)
     listener.listen(16)
+    os.replace(bound, path)
     _Server(listener, own, command).loop()
 
 

@@ -49,6 +49,7 @@ def ray_cluster() -> Iterator[None]:
     """One local Ray cluster for the session, with at least 2 CPUs (the default scaling's need)."""
     import ray
 
+    from trainflow.cluster.processes import cluster_marked, end_cluster
     from trainflow.cluster.quiet import LOCAL_CLUSTER_ENV, configure_ray_data, quiet_token_auth_notice
     from trainflow.cluster.session import ray_init_kwargs
     from trainflow.ray_internals import drop_worker_noise
@@ -62,11 +63,13 @@ def ray_cluster() -> Iterator[None]:
         os.environ.setdefault(key, value)
     quiet_token_auth_notice()
     # Always a cluster of the session's own, never one that `ray start` left running.
-    ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), **ray_init_kwargs())
+    with cluster_marked() as mark:
+        ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), **ray_init_kwargs())
     drop_worker_noise()
     configure_ray_data()
     yield
     ray.shutdown()
+    end_cluster(mark)
 
 
 @pytest.fixture(scope="session")

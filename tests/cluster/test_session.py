@@ -3,6 +3,7 @@ priority of its workers."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -90,3 +91,48 @@ def test_ray_client_init_is_tried_again_only_when_the_jobs_server_process_died()
     assert not client_server_died(
         ConnectionAbortedError("Initialization failure from server:\nPermissionError: bad token")
     )
+
+
+# A driver of its own whose task leaves a process behind, out of its worker's reach (its
+# parent exits at once, and it leads a session of its own), as out of Ray's reach as a
+# worker that hangs on its way out: the cluster's end ends it.
+LEAVING_DRIVER = """\
+import json, subprocess, sys
+import ray
+from trainflow.cluster.processes import alive
+from trainflow.cluster.session import connect, shutdown
+from trainflow.config import PipelineConfig
+
+connect(PipelineConfig.model_validate({}))
+
+
+@ray.remote(num_cpus=0)
+def leave_behind():
+    quiet = "stdin=s.DEVNULL, stdout=s.DEVNULL, stderr=s.DEVNULL"
+    daemon = f"import subprocess as s; print(s.Popen(['sleep', '600'], {quiet}, start_new_session=True).pid)"
+    return int(subprocess.run([sys.executable, "-c", daemon], capture_output=True, text=True).stdout)
+
+
+pid = ray.get(leave_behind.remote())
+running = alive(pid)
+shutdown()
+answer = {"pid": pid, "while the cluster runs": running, "after": alive(pid)}
+print("ANSWER " + json.dumps(answer), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_nothing_a_local_cluster_started_outlives_its_shutdown(tmp_path):
+    from trainflow.cluster.processes import alive
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and k not in LOCAL_CLUSTER_ENV}
+    command = [sys.executable, "-c", LEAVING_DRIVER]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("ANSWER ")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-5000:]
+    answer = json.loads(lines[0].removeprefix("ANSWER "))
+    try:
+        assert answer["while the cluster runs"] and not answer["after"], answer
+    finally:
+        if alive(answer["pid"]):
+            os.kill(answer["pid"], signal.SIGKILL)

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from trainflow.cluster.processes import cluster_marked, end_cluster
 from trainflow.cluster.quiet import (
     LOCAL_CLUSTER_ENV,
     apply_quiet_env,
@@ -61,6 +62,7 @@ class Session:
     address: str | None
     watch: ClusterWatch | None = None  # the local cluster's watch
     shipped: bool = False  # trainflow shipped to the cluster at ``address``, its versions to check
+    mark: str | None = None  # the local cluster's CLUSTER_MARK
     # What the cluster checks found on it (cluster/checks.py), so that each runs once.
     verified: set[tuple] = field(default_factory=set)
 
@@ -141,10 +143,12 @@ def connect(
         kwargs["runtime_env"] = with_setup_hook(kwargs["runtime_env"])
         quiet_ray_client()
         _client_init(address, kwargs, logger)
+        mark = None
     else:
-        _local_init(address, kwargs)
+        mark = _local_init(address, kwargs)
     drop_worker_noise()
-    _session = Session(address=address, watch=None if address else watch_local_cluster(), shipped=shipped)
+    watch = None if address else watch_local_cluster(mark)
+    _session = Session(address=address, watch=watch, shipped=shipped, mark=mark)
     configure_ray_data()
     if warm:
         warm_workers(warm)
@@ -181,13 +185,19 @@ def _client_init(address: str, kwargs: dict, logger: logging.Logger | logging.Lo
             time.sleep(attempt)
 
 
-def _local_init(address: str | None, kwargs: dict) -> None:
+def _local_init(address: str | None, kwargs: dict) -> str | None:
     """``ray.init`` of a local cluster, or of a node's ``host:port``; a PreflightError in
-    one line when a cluster this process starts misses Ray's start-up wait."""
+    one line when a cluster this process starts misses Ray's start-up wait. Returns the
+    CLUSTER_MARK of a cluster it started."""
     import ray
 
     try:
-        ray.init(address=address or "local", **kwargs)
+        if address:
+            ray.init(address=address, **kwargs)
+            return None
+        with cluster_marked() as mark:
+            ray.init(address="local", **kwargs)
+        return mark
     except Exception as e:
         if address or not str(e).startswith(NODE_START_TIMEOUT):
             raise
@@ -213,8 +223,9 @@ def shutdown() -> None:
         session.watch.stop()
     ended = cluster_ended(local_cluster_processes())
     if ended is not None:  # a cluster gone: ray.shutdown() would wait 60 s for it
-        end_with_the_cluster(*ended)
+        end_with_the_cluster(*ended, mark=session.mark)
     ray.shutdown()
+    end_cluster(session.mark)
     timeline("ray shut down")
 
 

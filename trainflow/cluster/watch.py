@@ -11,6 +11,7 @@ import threading
 import time
 
 from trainflow import ray_internals, signals
+from trainflow.cluster.processes import end_cluster
 
 # The local cluster's processes whose end ends the run: the GCS and the raylet however
 # they exit; Ray's log monitor when a stop signal to the process group killed it, at once,
@@ -33,8 +34,9 @@ class ClusterWatch:
     finish (``--resume`` continues it). :meth:`stop` it before stopping the cluster on
     purpose."""
 
-    def __init__(self, processes: dict) -> None:
+    def __init__(self, processes: dict, mark: str | None = None) -> None:
         self.processes = processes
+        self.mark = mark  # the cluster's processes.CLUSTER_MARK
         self._stopped = threading.Event()
         self._signalled = threading.Event()
         signals.stop_signal_listeners.append(self._signalled)
@@ -52,7 +54,7 @@ class ClusterWatch:
                 fast_until = time.monotonic() + 2
             ended = cluster_ended(self.processes)
             if ended is not None and not self._stopped.is_set():
-                end_with_the_cluster(*ended)
+                end_with_the_cluster(*ended, mark=self.mark)
 
     def stop(self) -> None:
         self._stopped.set()
@@ -60,10 +62,11 @@ class ClusterWatch:
             signals.stop_signal_listeners.remove(self._signalled)
 
 
-def watch_local_cluster() -> ClusterWatch | None:
-    """Watch the local cluster this process started; None for a cluster started elsewhere."""
+def watch_local_cluster(mark: str | None = None) -> ClusterWatch | None:
+    """Watch the local cluster this process started (``mark``: its processes'
+    CLUSTER_MARK); None for a cluster started elsewhere."""
     processes = local_cluster_processes()
-    return ClusterWatch(processes) if processes else None
+    return ClusterWatch(processes, mark) if processes else None
 
 
 def cluster_ended(processes: dict) -> tuple[str, int] | None:
@@ -76,9 +79,11 @@ def cluster_ended(processes: dict) -> tuple[str, int] | None:
     return (signalled or hard or [None])[0]
 
 
-def end_with_the_cluster(process: str, code: int) -> None:
+def end_with_the_cluster(process: str, code: int, mark: str | None = None) -> None:
     """Exit now, in one line: this process's local cluster is gone (its ``process``
-    exited with ``code``), and nothing Ray would do next can reach it."""
+    exited with ``code``), and nothing Ray would do next can reach it; what is left of
+    the cluster's processes (``mark``: their CLUSTER_MARK) ends too."""
+    end_cluster(mark)
     if code < 0 and -code in (*_STOP_SIGNALS, signal.SIGINT):
         message = f"stopped ({signal.Signals(-code).name})"
         status = 128 - code

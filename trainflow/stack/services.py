@@ -19,6 +19,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from trainflow.cluster.processes import alive, marked
+
 # Set in the environment of every process a stack starts; inherited by their children.
 MEMBER_ENV = "TRAINFLOW_STACK_MEMBER"
 STOP_TIMEOUT_S = 10.0  # after SIGTERM, before SIGKILL (a Ray head takes longer, and keeps nothing)
@@ -52,21 +54,6 @@ def answers(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is gone for every purpose here
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 def start(name: str, args: list, env: dict[str, str], folder: Path, cwd: Path | None = None) -> int:
     """``args`` in a session of its own, its output in ``folder``/logs/``name``.log; its pid."""
     logs = folder / "logs"
@@ -92,17 +79,7 @@ def log_tail(folder: Path, name: str, lines: int = 5) -> str:
 
 def members(folder: Path) -> list[int]:
     """The processes still running that a stack in ``folder`` started, by their environment."""
-    mark = f"{MEMBER_ENV}={folder}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if mark in (entry / "environ").read_bytes().split(b"\0") and alive(int(entry.name)):
-                found.append(int(entry.name))
-        except OSError:  # gone meanwhile, or another user's
-            continue
-    return found
+    return marked(MEMBER_ENV, str(folder))
 
 
 def stop(pids: list[int], timeout: float = STOP_TIMEOUT_S) -> None:

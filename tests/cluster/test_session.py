@@ -97,7 +97,7 @@ def test_ray_client_init_is_tried_again_only_when_the_jobs_server_process_died()
 # parent exits at once, and it leads a session of its own), as out of Ray's reach as a
 # worker that hangs on its way out: the cluster's end ends it.
 LEAVING_DRIVER = """\
-import json, subprocess, sys
+import json, subprocess, sys, time
 import ray
 from trainflow.cluster.processes import alive
 from trainflow.cluster.session import connect, shutdown
@@ -116,6 +116,9 @@ def leave_behind():
 pid = ray.get(leave_behind.remote())
 running = alive(pid)
 shutdown()
+deadline = time.monotonic() + 10  # a SIGKILL's delivery takes a moment
+while alive(pid) and time.monotonic() < deadline:
+    time.sleep(0.05)
 answer = {"pid": pid, "while the cluster runs": running, "after": alive(pid)}
 print("ANSWER " + json.dumps(answer), flush=True)
 """

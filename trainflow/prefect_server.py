@@ -40,9 +40,9 @@ _STARTUP_FAILED = 3
 
 
 # The server's process: uvicorn, in a session of its own, ended by the kernel however its
-# command dies (PR_SET_PDEATHSIG, Linux; sent when the starting thread ends, so commands
-# start it in their main thread). Elsewhere (macOS) only the command's own stop ends it.
-# argv: the command's pid, then uvicorn's arguments.
+# command dies (PR_SET_PDEATHSIG, Linux, when the starting thread ends: commands start it
+# in their main thread; on macOS only the command's stop ends it). argv: the command's pid,
+# ``--unless-configured`` (TemporaryServer.start_early), uvicorn's arguments.
 _ENDS_WITH_PARENT = """
 import ctypes, os, runpy, signal, sys
 parent = int(sys.argv[1])
@@ -50,6 +50,17 @@ if sys.platform.startswith("linux"):
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 if os.getppid() != parent:  # the command died before the line above ran
     sys.exit(1)
+if sys.argv[2] == "--unless-configured":
+    del sys.argv[2]
+    from prefect.settings import get_current_settings
+    settings = get_current_settings()
+    if settings.api.url or not settings.server.ephemeral.enabled:
+        sys.exit(0)
+# What Prefect's own temporary server runs with: no UI, no background services.
+os.environ.update(PREFECT_UI_ENABLED="0", PREFECT__SERVER_EPHEMERAL="1", PREFECT__SERVER_FINAL="1")
+if "prefect.settings" in sys.modules:
+    from prefect.context import refresh_global_settings_context
+    refresh_global_settings_context()
 sys.argv = ["uvicorn", *sys.argv[2:]]
 runpy.run_module("uvicorn", run_name="__main__", alter_sys=True)
 """
@@ -72,6 +83,13 @@ def configured_api_url() -> str | None:
     return None
 
 
+def _prefect_parent() -> Path:
+    """The folder Prefect's package is in, found without importing it."""
+    import importlib.util
+
+    return Path(importlib.util.find_spec("prefect").origin).parent.parent
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -86,6 +104,9 @@ class TemporaryServer:
         env_timeout = os.environ.get(TIMEOUT_ENV)
         self.timeout_s = timeout_s or (float(env_timeout) if env_timeout else START_TIMEOUT_S)
         self.process: subprocess.Popen | None = None
+        # Where the output of a server started early goes until it is entered, then renamed
+        # to log_path: a command whose checks failed leaves no server log behind.
+        self._early_log: Path | None = None
         self.port = 0
         self._settings = None
 
@@ -94,9 +115,26 @@ class TemporaryServer:
         return f"http://127.0.0.1:{self.port}/api"
 
     def __enter__(self) -> TemporaryServer:
-        """Start the server and point this process's Prefect client at it until exit."""
-        self._start()
+        """Start the server (unless :meth:`start_early` did) and point this process's
+        Prefect client at it until exit."""
+        if self.process is None:
+            self._start()
+        if self._early_log is not None:
+            os.replace(self._early_log, self.log_path)
+            self._early_log = None
         self._point_at_server()
+        return self
+
+    def start_early(self) -> TemporaryServer:
+        """Start the server's process now, before this process has read Prefect's settings
+        (importing Prefect takes a second of the command's checks): the process reads them
+        itself and leaves at once when they name a server. Enter this object (or
+        :meth:`stop` it) after all; the command's exit stops it too."""
+        import atexit
+
+        self._early_log = self.log_path.with_name(f"{self.log_path.name}.early")
+        self._start(unless_configured=True)
+        atexit.register(self.stop)
         return self
 
     def _point_at_server(self) -> None:
@@ -118,30 +156,25 @@ class TemporaryServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _start(self) -> None:
-        import prefect
-        from prefect.settings import get_current_settings
-
+    def _start(self, unless_configured: bool = False) -> None:
         self.port = _free_port()
-        env = {
-            **{k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_URL")},
-            # What Prefect's own temporary server runs with: no UI, no background services.
-            "PREFECT_UI_ENABLED": "0",
-            "PREFECT__SERVER_EPHEMERAL": "1",
-            "PREFECT__SERVER_FINAL": "1",
-        }
-        settings = get_current_settings().to_environment_variables(exclude_unset=True)
-        env.update({k: v for k, v in settings.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_URL")})
+        env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_URL")}
+        if not unless_configured:  # as this process's settings have them, overrides in force included
+            from prefect.settings import get_current_settings
+
+            settings = get_current_settings().to_environment_variables(exclude_unset=True)
+            env.update({k: v for k, v in settings.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_URL")})
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
+        with open(self._early_log or self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 [
                     sys.executable,
                     "-c",
                     _ENDS_WITH_PARENT,
                     str(os.getpid()),
+                    *(["--unless-configured"] if unless_configured else []),
                     "--app-dir",
-                    str(Path(prefect.__file__).parent.parent),
+                    str(_prefect_parent()),
                     "--factory",
                     "prefect.server.api.server:create_app",
                     "--host",
@@ -215,8 +248,9 @@ class TemporaryServer:
 
     def stop(self) -> None:
         """Send what Prefect's background workers still hold (logs, events), then stop
-        the server: sent after it, they would be retried against nothing for a minute."""
-        if self.process is not None and self.process.poll() is None:
+        the server: sent after it, they would be retried against nothing for a minute.
+        A server never entered (a command whose checks failed) has nothing to send."""
+        if self._settings is not None and self.process is not None and self.process.poll() is None:
             from prefect.events.worker import EventsWorker
             from prefect.logging.handlers import APILogWorker
 
@@ -240,6 +274,8 @@ class TemporaryServer:
             self.process.kill()
             self.process.wait()
         self.process = None
+        if self._early_log is not None:  # started early, never entered
+            self._early_log.unlink(missing_ok=True)
 
 
 def record_failed_run(flow: str, name: str, message: str, parameters: dict | None = None) -> None:

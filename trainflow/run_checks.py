@@ -1,5 +1,5 @@
-"""The checks before a run starts: what can fail in seconds, in one line, before Prefect's
-server and Ray start and before any Ray worker runs.
+"""The checks before a run starts: what can fail in seconds, in one line, before Ray and
+the flow start and before any Ray worker runs.
 
 A training or sweep run checks its sweep section, its model, the user's loss, metrics and
 loop, its data source (columns and types; no rows read) and what it asks of the cluster

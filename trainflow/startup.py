@@ -8,13 +8,14 @@ the flow's module is imported and the MLflow store opened in threads while this 
 starts Ray. The flow run, called inside, finds Ray connected and uses the session as it
 is, while the store may still be opening (the register step waits for it); the command
 shuts Ray down when the flow returns. A command checks its run
-(``trainflow.run_checks``) before it starts any of this.
+(``trainflow.run_checks``) first, as Prefect's server starts (:func:`api_early`).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -52,18 +53,19 @@ def started(
     imports: str,
     warm: tuple[str, ...] = (),
     open_registry: bool = True,
+    early: prefect_server.TemporaryServer | None = None,
 ) -> Iterator[None]:
     """Prefect's API, the flow's module (``imports``), the MLflow store
     (``open_registry``) and Ray for ``ray_config``, started side by side; ready when this
     yields, but for the store, which goes on opening beside the flow. Raises
     ``prefect_server.PrefectServerError`` when Prefect's temporary server does not come
     up. ``warm``: modules for Ray's first worker processes to import
-    (``cluster.session.warm_workers``)."""
+    (``cluster.session.warm_workers``); ``early``: the server :func:`api_early` started."""
     apply_quiet_env()
     # MLflow hides this pydantic warning in warnings.catch_warnings(), which is not
     # thread-safe: imported beside other threads, it leaks through now and then.
     warnings.filterwarnings("ignore", message=r'Field name "schema" in "JsonSchemaSpec" shadows')
-    with _prefect_api() as server, ExitStack() as ray:
+    with _prefect_api(early) as server, ExitStack() as ray:
         timeline("prefect server started" if server else "prefect server configured")
         # Imports in three threads: a Ctrl-C waits for a safe point (raised by wait()).
         with interrupts_deferred():
@@ -86,13 +88,24 @@ def started(
     timeline("prefect server stopped")
 
 
-def _prefect_api():
-    """Prefect's temporary server for this command, started now, when no server is
-    configured (PREFECT_API_URL or a profile); the context yields it (None: a configured
-    server)."""
+def api_early() -> prefect_server.TemporaryServer | None:
+    """Prefect's temporary server for a command, its process started before the command's
+    checks, on the CPU they leave idle (it leaves at once should Prefect's settings name a
+    server); None where the environment names one. Hand it to :func:`started`."""
+    if os.environ.get("PREFECT_API_URL"):
+        return None
+    return prefect_server.TemporaryServer(workspace().home / "prefect-server.log").start_early()
+
+
+def _prefect_api(early: prefect_server.TemporaryServer | None = None):
+    """Prefect's temporary server for this command (``early``, or one started now) when no
+    server is configured (PREFECT_API_URL or a profile); the context yields it (None: a
+    configured server)."""
     if prefect_server.configured_api_url() is not None:
+        if early is not None:
+            early.stop()  # gone already: it read the same settings
         return nullcontext(None)
-    return prefect_server.TemporaryServer(workspace().home / "prefect-server.log")
+    return early or prefect_server.TemporaryServer(workspace().home / "prefect-server.log")
 
 
 class _Background:

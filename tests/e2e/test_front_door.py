@@ -9,6 +9,7 @@ import re
 import pytest
 
 from tests.e2e.test_cli import trainflow
+from trainflow.cluster.processes import marked
 from trainflow.prefect_server import PrefectServerError, TemporaryServer
 from trainflow.ray_internals import local_cluster_resources, switches
 
@@ -136,7 +137,28 @@ def test_a_cluster_address_where_nothing_answers_fails_before_anything_starts(tm
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: no Ray cluster answers at 127.0.0.1:{port}")
-    assert not (home / "prefect-server.log").exists()
+    # Prefect's server, started beside the checks, went with the command, and its log too.
+    assert not any(p.name.startswith("prefect-server.log") for p in home.iterdir())
+    assert marked("TRAINFLOW_HOME", str(home)) == []
+
+
+def test_a_server_started_beside_the_checks_leaves_at_once_where_a_profile_names_one(tmp_path, monkeypatch):
+    """``trainflow run`` starts Prefect's temporary server before it has read Prefect's
+    settings; where a profile names a server, the temporary one reads the same profile
+    and leaves, and the command uses the profile's."""
+    from trainflow import startup
+
+    (tmp_path / "profiles.toml").write_text(
+        'active = "team"\n[profiles.team]\nPREFECT_API_URL = "http://127.0.0.1:9/api"\n'
+    )
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    server = TemporaryServer(tmp_path / "home" / "server.log").start_early()
+    assert server.process.wait(timeout=120) == 0, (tmp_path / "home" / "server.log.early").read_text()
+    server.stop()
+    assert list((tmp_path / "home").iterdir()) == []  # no log of a server that never served
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    assert startup.api_early() is None  # none at all where the environment names one
 
 
 @pytest.mark.slow

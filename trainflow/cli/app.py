@@ -112,7 +112,7 @@ def one_line_errors(failed: Callable[[str], None] = lambda message: None) -> Ite
 
 
 def check_before_start(check: Callable[[], T], flow: str | None = None, run: str = "", **parameters) -> T:
-    """What a run's checks found, before Prefect and Ray start; a failed check (bad config
+    """What a run's checks found, before Ray and the flow start; a failed check (bad config
     or data, a cluster too small or out of reach) ends the command in its one line, and
     shows as a failed run ``run`` of the flow ``flow`` (with ``parameters``) on a Prefect
     server the environment names."""

@@ -212,6 +212,7 @@ def models_reproduce(
     from trainflow.cli.app import call_flow, check_before_start
 
     _registry()
+    early = startup.api_early()  # Prefect's server comes up beside the checks
     with registry_errors():
         found = check_before_start(
             lambda: run_checks.before_reproduce(model, force=force),
@@ -228,7 +229,7 @@ def models_reproduce(
         return reproduce_version(model=found.original.ref, force=force, checked=found.run)
 
     config = found.original.config
-    starting = startup.started(config, imports="trainflow.flows.reproduce", warm=found.run.warm)
+    starting = startup.started(config, imports="trainflow.flows.reproduce", warm=found.run.warm, early=early)
     result = call_flow("reproduce", starting, reproduce)
     typer.echo("\n".join(["", *render().reproduce_lines(result)]))
 

@@ -50,6 +50,7 @@ def run(
     timeline("command parsed")
     cfg = read_config(config, set_, smoke)
     use_warm_services(cfg.ray.address)
+    early = startup.api_early()  # Prefect's server comes up beside the checks
     checked = check_before_start(
         lambda: run_checks.before_run(cfg, resume=resume),
         "training-pipeline",
@@ -62,7 +63,7 @@ def run(
 
         return training_pipeline(config=cfg, resume=resume, checked=checked)
 
-    starting = startup.started(cfg, imports="trainflow.flows.training", warm=checked.warm)
+    starting = startup.started(cfg, imports="trainflow.flows.training", warm=checked.warm, early=early)
     result = call_flow("training", starting, train)
     typer.echo("\n".join(["", *render().summary_lines(result)]))
 
@@ -81,6 +82,7 @@ def sweep(
 
     cfg = read_config(config, set_)
     use_warm_services(cfg.ray.address)
+    early = startup.api_early()  # Prefect's server comes up beside the checks
     checked = check_before_start(
         lambda: run_checks.before_run(cfg, sweep=True),
         "sweep-pipeline",
@@ -93,7 +95,7 @@ def sweep(
 
         return sweep_pipeline(config=cfg, checked=checked)
 
-    starting = startup.started(cfg, imports="trainflow.flows.sweep", warm=checked.warm)
+    starting = startup.started(cfg, imports="trainflow.flows.sweep", warm=checked.warm, early=early)
     result = call_flow("sweep", starting, run_sweep)
     if best_config is not None:
         import shutil
@@ -119,7 +121,8 @@ def predict(
     from trainflow.cli.stack import use_warm_services
 
     use_warm_services(None)
-    # The model (pinned to its version), input, output and cluster, before Prefect and Ray start.
+    early = startup.api_early()  # Prefect's server comes up beside the checks
+    # The model (pinned to its version), input, output and cluster, before Ray starts.
     with registry_errors():
         checked = check_before_start(
             lambda: run_checks.before_predict(model, str(input), str(output), use_gpu=gpu),
@@ -144,6 +147,8 @@ def predict(
             checked=checked,
         )
 
-    starting = startup.started(ref.cluster(), imports="trainflow.flows.batch_predict", open_registry=False)
+    starting = startup.started(
+        ref.cluster(), imports="trainflow.flows.batch_predict", open_registry=False, early=early
+    )
     result = call_flow("batch-predict", starting, run_predict)
     typer.echo(render().predictions_line(ref.name, result.version, result.rows, str(output), result.seconds))

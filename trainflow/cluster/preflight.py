@@ -197,7 +197,7 @@ def _fitted_scaling(scaling: ScalingSection, logger) -> ScalingSection:
 
 
 def preflight_local(config: PipelineConfig, sweep: bool = False, gpus_per_actor: float = 0) -> None:
-    """PreflightError now, before Prefect or Ray start, when the run will start a local
+    """PreflightError now, before Ray starts, when the run will start a local
     Ray cluster that cannot hold its training workers (or one sweep trial, or, given
     ``gpus_per_actor``, one prediction actor): a GPU on a machine without one, more CPUs
     than it has. A run on a cluster elsewhere is checked by :func:`preflight` once

@@ -10,10 +10,13 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
+# PYTHONWARNINGS hides setuptools' notice on every editable install of a package at the
+# project's root (a folder named like the package in the working directory would shadow it),
+# which a user of `make run` cannot act on.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -126,6 +126,13 @@ def test_equal_rows_are_sampled_apart():
     assert sorted(counts.index) == [1, 2, 3, 4] and counts.min() > 150
 
 
+def test_a_batch_gets_the_same_sample_keys_in_either_memory_order_and_others_get_others():
+    values = np.random.default_rng(0).normal(size=(1000, 3))
+    keys = profiles.sample_keys(np.asfortranarray(values))
+    assert np.array_equal(keys, profiles.sample_keys(np.ascontiguousarray(values)))
+    assert not np.array_equal(keys, profiles.sample_keys(values + 1))
+
+
 def test_profiles_are_saved_and_loaded_and_a_folder_without_one_says_none(tmp_path):
     saved = profile_of(table(50))
     profiles.save(str(tmp_path), saved)

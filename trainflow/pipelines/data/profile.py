@@ -43,9 +43,11 @@ def profile_columns(info: SourceInfo) -> tuple[list[str], list[str]]:
 
 
 def sample_keys(values: np.ndarray) -> np.ndarray:
-    """A pseudo-random 64-bit key per row of ``values``, seeded by their bytes: the same
-    batch read again gets the same keys, and equal rows get different ones."""
-    seed = zlib.crc32(np.ascontiguousarray(values).tobytes())
+    """A pseudo-random 64-bit key per row of ``values``, seeded by their bytes column by
+    column: the same batch read again gets the same keys, and equal rows get different ones."""
+    # A frame's columns arrive column-major: their bytes are checksummed where they lie.
+    columns = values.T if values.flags.f_contiguous else np.ascontiguousarray(values.T)
+    seed = zlib.crc32(columns)
     return np.random.default_rng(seed).integers(
         0, np.iinfo(np.uint64).max, len(values), dtype=np.uint64, endpoint=True
     )

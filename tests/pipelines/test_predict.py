@@ -18,6 +18,17 @@ def test_an_input_is_checked_for_the_models_features_before_reading_rows(tmp_pat
         inspect_input(str(tmp_path), ["a", "c", "d"])
 
 
+def test_an_input_of_other_columns_altogether_is_refused_in_a_line_that_stays_short(tmp_path):
+    pd.DataFrame({f"pixel_{i}_{j}": [0.0] for i in range(8) for j in range(8)}).to_csv(
+        tmp_path / "rows.csv", index=False
+    )
+    with pytest.raises(DataError) as refused:
+        inspect_input(str(tmp_path / "rows.csv"), [f"pixel_{i}" for i in range(64)])
+    message = str(refused.value)
+    assert "'pixel_0', 'pixel_1'," in message and "'pixel_9', ... (64 in all) that the model" in message
+    assert message.endswith("pixel_2_3, ... (64 in all)") and len(message) < 600, message
+
+
 @pytest.mark.parametrize(
     "name, message",
     [

@@ -1,6 +1,9 @@
-"""ConfigError, and the one-line message it carries for what pydantic refuses."""
+"""ConfigError, the one-line message it carries for what pydantic refuses, and names listed
+short enough for one line."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from pydantic import BaseModel, ValidationError
 
@@ -37,3 +40,10 @@ def _keys_at(root: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
         if model is not None and str(part) in model.model_fields:
             model = section_type(model.model_fields[str(part)].annotation)
     return list(model.model_fields) if model is not None else []
+
+
+def listed(names: Sequence[str], most: int = 10) -> str:
+    """``names`` comma-separated for a one-line message: the first ``most`` of them, then
+    how many there are in all when that is more."""
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown}, ... ({len(names)} in all)"

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from trainflow.config.errors import listed
 from trainflow.files import is_uri, read_text, write_text
 from trainflow.pipelines.data import tokenizer
 from trainflow.pipelines.data import transform as transforms
@@ -186,7 +187,7 @@ class Preprocessor:
         names = _names(frame)
         missing = [c for c in self.input_columns if c not in names]
         if missing:
-            raise DataError(f"input lacks feature columns {', '.join(missing)} that the model was trained on")
+            raise DataError(f"input lacks feature columns {listed(missing)} that the model was trained on")
         out = {FEATURES: self.features(frame)} if self.layout is None or FEATURES in self.layout else {}
         for column, spec in self.arrays.items():
             out[column] = self._array(frame[column], column, spec)
@@ -208,7 +209,7 @@ class Preprocessor:
         names = _names(frame)
         missing = [c for c in self.input_columns if c not in names and c not in self.arrays]
         if missing:
-            raise DataError(f"input lacks feature columns {', '.join(missing)} that the model was trained on")
+            raise DataError(f"input lacks feature columns {listed(missing)} that the model was trained on")
         parts = []
         if self.image:
             parts.append(image_features(frame[IMAGE], self.image))

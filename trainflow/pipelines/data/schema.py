@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from trainflow.config import ConfigError, DataConfig
+from trainflow.config.errors import listed
 from trainflow.pipelines.data import sources
 from trainflow.pipelines.data import transform as transforms
 from trainflow.pipelines.data.sources import SourceError
@@ -154,7 +155,7 @@ def _schema(listing: sources.Listing, source: str) -> pa.Schema:
         missing = [c for c in first.names if c not in schema.names]
         if missing:
             raise DataError(
-                f"data.source {source}: {path} lacks the columns {', '.join(missing)} "
+                f"data.source {source}: {path} lacks the columns {listed(missing)} "
                 f"that {listing.files[0]} holds"
             )
     return first
@@ -390,14 +391,14 @@ def _check_columns(
     if cfg.label_column not in columns:
         raise DataError(
             f"data.label_column {cfg.label_column!r} is not a column of {source}; "
-            f"its columns are: {', '.join(columns)}"
+            f"its columns are: {listed(columns, 20)}"
         )
     features = cfg.feature_columns or [c for c in columns if c != cfg.label_column]
     missing = [c for c in [*features, *cfg.categorical_columns] if c not in columns]
     if missing:
         raise DataError(
-            f"data.feature_columns: {', '.join(map(repr, missing))} not in {source}; "
-            f"its columns are: {', '.join(columns)}"
+            f"data.feature_columns: {listed([repr(c) for c in missing])} not in {source}; "
+            f"its columns are: {listed(columns, 20)}"
         )
     if cfg.label_column in features:
         raise DataError(f"data.feature_columns must not hold the label column {cfg.label_column!r}")
@@ -481,7 +482,7 @@ def _check_features(
         )
     if not_numeric:
         raise DataError(
-            f"data.feature_columns: {', '.join(not_numeric)} in {source} are not numeric; "
+            f"data.feature_columns: {listed(not_numeric)} in {source} are not numeric; "
             "features must be int, float or bool columns (list the others in data.categorical_columns)"
         )
     not_category = [
@@ -489,6 +490,6 @@ def _check_features(
     ]
     if not_category:
         raise DataError(
-            f"data.categorical_columns: {', '.join(not_category)} in {source} hold neither "
+            f"data.categorical_columns: {listed(not_category)} in {source} hold neither "
             "strings, integers nor booleans"
         )

@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as pads
 
+from trainflow.config.errors import listed
 from trainflow.pipelines.data.schema import DataError
 
 # The files batch prediction reads, by suffix.
@@ -38,10 +39,10 @@ def inspect_input(path: str, input_columns: list[str]) -> InputInfo:
         raise DataError(f"input {path}: cannot read as {fmt}: {e}") from None
     missing = [c for c in input_columns if c not in schema.names]
     if missing:
-        shown = ", ".join(schema.names[:20]) + (", ..." if len(schema.names) > 20 else "")
         raise DataError(
             f"input {path} lacks the feature column{'s' if len(missing) > 1 else ''} "
-            f"{', '.join(map(repr, missing))} that the model was trained on; its columns are: {shown}"
+            f"{listed([repr(c) for c in missing])} that the model was trained on; its columns are: "
+            f"{listed(schema.names, 20)}"
         )
     return InputInfo(str(p), fmt, files, list(schema.names))
 

@@ -1,8 +1,9 @@
 """`trainflow up` and `down` as a user runs them: the workspace's Ray cluster, Prefect
-server and forkserver start in the background, a `trainflow run` of the same
+server and forkservers start in the background, a `trainflow run` of the same
 TRAINFLOW_HOME uses them instead of starting its own (in a child of the forkserver, which
-Ctrl-C stops as it stops a run of its own), `down` stops every process they started, and,
-unused for their idle time, they stop by themselves."""
+Ctrl-C stops as it stops a run of its own; its Ray workers children of the worker
+forkserver), `down` stops every process they started, and, unused for their idle time,
+they stop by themselves."""
 
 import json
 import os
@@ -56,6 +57,10 @@ def test_a_run_uses_the_services_of_trainflow_up_and_down_stops_them(home):
     forked = (home / "warm" / "logs" / "forkserver.log").read_text()
     assert "trainflow run configs/digits.yaml --smoke" in forked and "exit code 0" in forked, forked
     assert (home / "warm" / "forkserver.sock").stat().st_mode & 0o077 == 0
+    # Its Ray workers (the Train worker and controller among them) were forks of the worker forkserver.
+    forks = (home / "warm" / "logs" / "workers.log").read_text()
+    assert forks.count(": default_worker.py") >= 2 and "refused" not in forks, forks
+    assert (home / "warm" / "workers.sock").stat().st_mode & 0o077 == 0
 
     # Ctrl-C reaches the forkserver's child through the command, which exits with its code.
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PREFECT_API_URL")}
@@ -82,6 +87,7 @@ def test_a_run_uses_the_services_of_trainflow_up_and_down_stops_them(home):
     assert members(home / "warm") == []  # Ray's workers too
     assert not (home / "warm" / "warm.json").exists()
     assert not (home / "warm" / "forkserver.sock").exists()
+    assert not (home / "warm" / "workers.sock").exists()
     assert trainflow("down", home=home).stdout.startswith("nothing was up")
 
 

@@ -42,6 +42,9 @@ T = TypeVar("T")
 # The address of a cluster that `trainflow up` started from this Python, with this trainflow
 # (set by ``stack.warm.attach``): its workers import the driver's own, as on a local cluster.
 OWN_CLUSTER_ENV = "TRAINFLOW_OWN_RAY_ADDRESS"
+# The command that starts each Ray worker of this process's jobs (Ray's py_executable), set
+# by ``stack.warm.attach`` for the cluster of `trainflow up`: a child of its worker forkserver.
+WORKER_PYTHON_ENV = "TRAINFLOW_WORKER_PYTHON"
 
 
 def ray_address(config: PipelineConfig) -> str | None:
@@ -260,6 +263,8 @@ def ray_init_kwargs(py_modules: Sequence[str] = ()) -> dict:
     }
     if py_modules:
         runtime_env["py_modules"] = list(py_modules)
+    if os.environ.get(WORKER_PYTHON_ENV):
+        runtime_env["py_executable"] = os.environ[WORKER_PYTHON_ENV]
     # No dashboard: trainflow reaches Ray through its Python API (Train, Tune, Data, and
     # Serve's serve.run, which needs no dashboard; only Serve's REST API and `serve deploy`
     # do). Off, it is one process fewer on a small machine and one port fewer listening.

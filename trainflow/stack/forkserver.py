@@ -27,6 +27,8 @@ import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from trainflow.stack.worker_launch import relay
+
 SOCKET = "forkserver.sock"
 SERVE = "--serve-forkserver"  # ``trainflow --serve-forkserver FOLDER``: how ``trainflow up`` starts it
 COMMANDS = ("run", "sweep", "predict")
@@ -117,23 +119,7 @@ def forwarded(argv: list[str], started: float) -> int | None:
                 "environment changed): running in this process; `trainflow down` and `up` start one for it"
             )
         return None
-    return _relay(reply["pid"], replies, conn)
-
-
-def _relay(pid: int, replies, conn: socket.socket) -> int:
-    """Hand this process's stop signals to the child until the forkserver reports its end."""
-
-    def handover(signum, _frame):
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, handover)
-    line = replies.readline()
-    conn.close()
-    return int(json.loads(line)["exit"]) if line else 1
+    return relay(reply["pid"], replies, conn)
 
 
 # The forkserver's side.
@@ -147,13 +133,19 @@ def serve(folder: Path, command: Callable[[], None]) -> None:
 
     apply_quiet_env()  # as a command's start-up sets it before these imports
     own = stamp(os.environ)  # before the imports, which set variables of their own
-    for name in IMPORTS:
+    listener = listening(folder / SOCKET, IMPORTS)
+    ForkServer(listener, own, command, _take_over).loop()
+
+
+def listening(path: Path, imports: tuple[str, ...]) -> socket.socket:
+    """Import ``imports``, then listen on the socket ``path``, its owner's alone; SystemExit
+    when an import started a thread, which a forked child would lack."""
+    for name in imports:
         importlib.import_module(name)
     if threading.active_count() > 1:  # a fork keeps only this thread: refuse rather than risk it
         names = [t.name for t in threading.enumerate()]
-        raise SystemExit(f"threads started by the imports ({names}): not serving commands")
-    path = folder / SOCKET
-    bound = folder / f"{SOCKET}.tmp"  # renamed into place once listening: `up` waits for it
+        raise SystemExit(f"threads started by the imports ({names}): not serving")
+    bound = path.with_name(f"{path.name}.tmp")  # renamed into place once listening: `up` waits for it
     bound.unlink(missing_ok=True)  # left by a forkserver that died at start
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_mask = os.umask(0o077)  # the socket: its owner's alone
@@ -163,16 +155,27 @@ def serve(folder: Path, command: Callable[[], None]) -> None:
         os.umask(old_mask)
     listener.listen(16)
     os.replace(bound, path)
-    _Server(listener, own, command).loop()
+    return listener
 
 
-class _Server:
-    """One thread: accepts requests, forks their children, reports each child's end."""
+class ForkServer:
+    """One thread: accepts requests, forks their children, reports each child's end. A
+    child takes over the request (``take_over``: its folder, environment, arguments and
+    streams), then runs ``command``; a request whose ``stamp_of`` is not ``own`` is refused."""
 
-    def __init__(self, listener: socket.socket, own: str, command: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        listener: socket.socket,
+        own: str,
+        command: Callable[[], None],
+        take_over: Callable[[dict], None],
+        stamp_of: Callable[[dict], str | None] = lambda request: request.get("stamp"),
+    ) -> None:
         self.listener = listener
         self.own = own
         self.command = command
+        self.take_over = take_over
+        self.stamp_of = stamp_of
         self.children: dict[int, socket.socket] = {}
         self.stopping = False
         self.wake_r, wake_w = os.pipe()
@@ -214,8 +217,8 @@ class _Server:
         except (OSError, ValueError):
             conn.close()
             return
-        if request.get("stamp") != self.own:
-            _log(f"refused trainflow {' '.join(request['argv'][1:])}: its imports differ")
+        if self.stamp_of(request) != self.own:
+            _log(f"refused {_described(request['argv'])}: its imports differ")
             _close(None, fds)
             with contextlib.closing(conn):
                 conn.sendall(b'{"refused": "imports differ"}\n')
@@ -224,7 +227,7 @@ class _Server:
         if pid == 0:
             self._child(request, fds, conn)
         _close(None, fds)
-        _log(f"process {pid}: trainflow {' '.join(request['argv'][1:])}")
+        _log(f"process {pid}: {_described(request['argv'])}")
         self.children[pid] = conn
         self.selector.register(conn, selectors.EVENT_READ)
         conn.settimeout(None)
@@ -245,7 +248,7 @@ class _Server:
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
                 os.close(fd)
-            _take_over(request)
+            self.take_over(request)
             self.command()
             code = 0
         except SystemExit as e:
@@ -312,6 +315,12 @@ def _take_over(request: dict) -> None:
     sys.stdout = open(1, "w", closefd=False, buffering=1 if os.isatty(1) else -1)  # noqa: SIM115
     sys.stderr = open(2, "w", closefd=False, buffering=1)  # noqa: SIM115
     timeline.count_from(request["started"])
+
+
+def _described(argv: list[str]) -> str:
+    """A request's program and arguments for the forkserver's log, the first 200 characters."""
+    program = "trainflow" if argv[1:2] and argv[1] in COMMANDS else Path(argv[0]).name
+    return " ".join([program, *argv[1:]])[:200]
 
 
 def _log(line: str) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from trainflow.files import replacing_file
 from trainflow.ray_internals import switches
+from trainflow.stack import worker_forks
 from trainflow.stack.forkserver import SERVE, SOCKET, ray_auth_env
 from trainflow.stack.services import (
     alive,
@@ -39,7 +40,7 @@ from trainflow.stack.services import (
 
 IDLE_MINUTES = 30.0  # unused this long, the services stop
 START_TIMEOUT_S = 180.0  # a service started on a busy machine, before it answers
-SERVICES = ("ray-head", "prefect", "forkserver", "watcher")
+SERVICES = ("ray-head", "prefect", "forkserver", "workers", "watcher")
 # Variables of the shell ``up`` runs in that would point a service at another one.
 NOT_INHERITED = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "PREFECT_API_URL", "PREFECT_UI_URL")
 
@@ -90,11 +91,12 @@ class Warm:
 
     def client_env(self) -> dict[str, str]:
         """What a command sets to use the services."""
-        from trainflow.cluster.session import OWN_CLUSTER_ENV
+        from trainflow.cluster.session import OWN_CLUSTER_ENV, WORKER_PYTHON_ENV
 
         return {
             "RAY_ADDRESS": self.ray_address,
             OWN_CLUSTER_ENV: self.ray_address,
+            WORKER_PYTHON_ENV: worker_forks.worker_python(self.folder),
             **ray_auth_env(self.folder),
             "PREFECT_API_URL": self.prefect_api,
         }
@@ -148,10 +150,14 @@ def _start(warm: Warm, say: Callable[[str], None]) -> None:
     # It imports Ray as the commands that use the warm cluster do: with its token auth.
     forkserver_env = {**env, **ray_auth_env(warm.folder)}
     warm.pids["forkserver"] = start("forkserver", forkserver, forkserver_env, warm.folder)
+    # The worker forkserver: PyTorch imported once for every Ray worker of the cluster.
+    workers = [sys.executable, "-m", "trainflow.stack.worker_forks", warm.folder]
+    warm.pids["workers"] = start("workers", workers, env, warm.folder)
     warm.save()
     _await(warm, "ray-head", "Ray's head", lambda: "Ray runtime started" in _log(warm, "ray-head"))
     _await(warm, "prefect", "the Prefect server", lambda: answers(f"{warm.prefect_api}/health"))
     _await(warm, "forkserver", "the forkserver", (warm.folder / SOCKET).is_socket)
+    _await(warm, "workers", "the worker forkserver", (warm.folder / worker_forks.SOCKET).is_socket)
     watcher = [sys.executable, "-m", "trainflow.stack.warm", str(warm.folder)]
     warm.pids["watcher"] = start("watcher", watcher, env, warm.folder)
     warm.save()
@@ -186,6 +192,7 @@ def _stop(warm: Warm) -> None:
     stop_members(warm.folder)
     (warm.folder / "warm.json").unlink(missing_ok=True)
     (warm.folder / SOCKET).unlink(missing_ok=True)
+    (warm.folder / worker_forks.SOCKET).unlink(missing_ok=True)
     shutil.rmtree(_ray_temp(warm), ignore_errors=True)
 
 
@@ -201,7 +208,7 @@ def attach(home: Path, ray_address: str | None) -> Warm | None:
         return None
     env = warm.client_env()
     if ray_address or os.environ.get("RAY_ADDRESS"):
-        env = {k: v for k, v in env.items() if not k.startswith("RAY_")}
+        env = {k: v for k, v in env.items() if k == "PREFECT_API_URL"}
     if configured_api_url() is not None:
         env.pop("PREFECT_API_URL")
     if not env:

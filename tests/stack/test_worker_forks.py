@@ -1,0 +1,92 @@
+"""The worker forkserver of `trainflow up`, without Ray: a program started through the
+launcher Ray is given as its py_executable runs in a child that imported PyTorch before it
+started, with the launcher's folder, environment, arguments, streams and exit code; where
+the forkserver cannot serve it, the program starts in the launcher's own process."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trainflow.stack import worker_forks, worker_launch
+from trainflow.stack.services import stop
+
+pytestmark = pytest.mark.slow  # the forkserver imports PyTorch
+
+# What a Ray worker would report of itself: the first argument is the program's path. Ray
+# sets OMP_NUM_THREADS once the worker takes a task (its CPUs), after PyTorch's import.
+PROGRAM = """
+import json, os, sys
+print(json.dumps({
+    "torch_before": "torch" in sys.modules,
+    "parent": os.getppid(),
+    "cwd": os.getcwd(),
+    "argv": sys.argv[1:],
+    "marker": os.environ.get("MARKER"),
+    "threads_at_start": __import__("torch").get_num_threads(),
+    "threads": (os.environ.update(OMP_NUM_THREADS="1"), __import__("torch").get_num_threads())[1],
+    "path0": sys.path[0],
+}))
+sys.exit(3)
+"""
+
+
+@pytest.fixture(scope="module")
+def forkserver(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("warm")
+    served = subprocess.Popen(
+        [sys.executable, "-m", "trainflow.stack.worker_forks", str(folder)],
+        env={**os.environ, "OMP_NUM_THREADS": "2"},  # the workers ask for 1: each child sets its own
+        stdout=open(folder / "workers.log", "w"),  # noqa: SIM115 - the server's, for its life
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # a group of its own, as `trainflow up` starts it (stop() ends groups)
+    )
+    deadline = time.monotonic() + 120
+    while not (folder / worker_forks.SOCKET).is_socket():
+        assert served.poll() is None and time.monotonic() < deadline, (folder / "workers.log").read_text()
+        time.sleep(0.1)
+    yield folder, served.pid
+    stop([served.pid])
+
+
+def _launch(folder, program, tmp_path, env=None):
+    """The program through the launcher, as Ray starts a worker with the job's py_executable."""
+    command = [*shlex.split(worker_forks.worker_python(folder)), str(program), "--flag", "value"]
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | {"MARKER": "mine", **(env or {})}
+    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_launched_program_is_a_child_of_the_forkserver_that_takes_over_the_launchers_process(
+    forkserver, tmp_path
+):
+    folder, server = forkserver
+    program = tmp_path / "program.py"
+    program.write_text(PROGRAM)
+    launched = _launch(folder, program, tmp_path)
+    assert launched.returncode == 3, launched.stderr
+    seen = json.loads(launched.stdout)
+    assert seen["torch_before"] and seen["parent"] == server
+    assert seen["cwd"] == str(tmp_path) and seen["argv"] == ["--flag", "value"] and seen["marker"] == "mine"
+    # As many threads as Ray's OMP_NUM_THREADS asks once set, whatever the forkserver's were.
+    assert seen["threads_at_start"] == 2 and seen["threads"] == 1
+    assert seen["path0"] == str(tmp_path)  # the program's own folder, as Python sets it
+    assert "program.py --flag value" in (folder / "workers.log").read_text()
+
+
+def test_a_program_the_forkserver_cannot_serve_starts_in_the_launchers_process(forkserver, tmp_path):
+    folder, server = forkserver
+    program = tmp_path / "program.py"
+    program.write_text(PROGRAM)
+    # Another variable PyTorch reads when imported: the forkserver refuses.
+    refused = _launch(folder, program, tmp_path, env={"TORCH_SHOW_CPP_STACKTRACES": "1"})
+    assert refused.returncode == 3, refused.stderr
+    seen = json.loads(refused.stdout)
+    assert not seen["torch_before"] and seen["parent"] != server and seen["argv"] == ["--flag", "value"]
+    # No forkserver at all.
+    alone = _launch(tmp_path, program, tmp_path)
+    assert alone.returncode == 3 and not json.loads(alone.stdout)["torch_before"], alone.stderr
+    assert worker_launch.CONNECT_TIMEOUT_S <= 2  # a worker never waits long for a missing forkserver

@@ -1,0 +1,92 @@
+"""The worker forkserver of ``trainflow up``: a process that has imported PyTorch (the
+imports that take most of a Ray worker's start) and forks a child per worker of the warm
+cluster, which so starts without them.
+
+Commands that use the warm cluster give their Ray job a ``py_executable`` (Ray's
+runtime_env field for the command that starts each worker, :func:`worker_python`) that
+runs :mod:`trainflow.stack.worker_launch`. The child takes over the worker's folder,
+environment, command line and streams, then runs Ray's ``default_worker.py``. Ray itself
+is not imported before the fork: it reads the worker's settings from its environment
+when imported. A worker whose environment would change these imports starts as Ray
+starts it (:func:`stamp`)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import runpy
+import shlex
+import sys
+from pathlib import Path
+
+from trainflow.stack import worker_launch
+from trainflow.stack.forkserver import ForkServer, listening
+
+SOCKET = "workers.sock"
+IMPORTS = ("torch", "torch._dynamo", "torch.distributed", "numpy", "pandas", "pyarrow", "pyarrow.parquet")
+# Environment variables that change what these imports load or set up.
+READ_AT_IMPORT = ("TORCH", "PYTORCH_", "MKL_", "KMP_", "LD_PRELOAD", "LD_LIBRARY_PATH")
+
+
+def worker_python(folder: Path) -> str:
+    """The ``py_executable`` of a job on the warm cluster of ``folder``."""
+    launcher = Path(worker_launch.__file__).resolve()
+    return shlex.join([sys.executable, "-S", str(launcher), str(folder / SOCKET)])
+
+
+def stamp(python: str, env: dict[str, str]) -> str:
+    """What the forkserver's imports depend on: the Python and the variables they read."""
+    digest = hashlib.sha256(python.encode())
+    for key, value in sorted(env.items()):
+        if key.startswith(READ_AT_IMPORT):
+            digest.update(f"{key}={value}\0".encode())
+    return digest.hexdigest()
+
+
+def serve(folder: Path) -> None:
+    """Import PyTorch, then fork a child per worker asked for on ``folder``/workers.sock."""
+    own = stamp(sys.executable, dict(os.environ))
+    listener = listening(folder / SOCKET, IMPORTS)
+    if "ray" in sys.modules:  # Ray reads a worker's settings once, when imported
+        raise SystemExit("Ray was imported with PyTorch: not serving workers")
+    ForkServer(listener, own, _run_worker, _become_worker, lambda r: stamp(r["python"], r["env"])).loop()
+
+
+def _become_worker(request: dict) -> None:
+    """The worker's folder, environment, command line, module path and streams; PyTorch's
+    threads as many as OMP_NUM_THREADS asks, now and whenever Ray sets it."""
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = request["argv"]
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [str(Path(sys.argv[0]).parent), *extra, *[p for p in sys.path[1:] if p not in extra]]
+    sys.stdout = open(1, "w", closefd=False, buffering=1)  # noqa: SIM115 - the process's own, for its life
+    sys.stderr = open(2, "w", closefd=False, buffering=1)  # noqa: SIM115
+    _follow_threads(os.environ.get("OMP_NUM_THREADS", ""))
+    # Ray sets OMP_NUM_THREADS when the worker takes its first task (the task's CPUs), after
+    # PyTorch was imported: PyTorch's threads follow each setting of it.
+    sys.addaudithook(_on_putenv)
+
+
+def _on_putenv(event: str, args: tuple) -> None:
+    if event == "os.putenv" and args[0] in (b"OMP_NUM_THREADS", "OMP_NUM_THREADS"):
+        _follow_threads(args[1].decode() if isinstance(args[1], bytes) else args[1])
+
+
+def _follow_threads(threads: str) -> None:
+    """PyTorch's threads as many as ``threads`` (OMP_NUM_THREADS), which PyTorch read only
+    when it was imported."""
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+def _run_worker() -> None:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    serve(Path(sys.argv[1]))
+    os._exit(0)  # without the interpreter's teardown, which PyTorch's imports make slow

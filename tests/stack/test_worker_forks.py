@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from trainflow.stack import worker_forks, worker_launch
+from trainflow.stack import worker_forks
 from trainflow.stack.services import stop
 
 pytestmark = pytest.mark.slow  # the forkserver imports PyTorch
@@ -89,4 +89,3 @@ def test_a_program_the_forkserver_cannot_serve_starts_in_the_launchers_process(f
     # No forkserver at all.
     alone = _launch(tmp_path, program, tmp_path)
     assert alone.returncode == 3 and not json.loads(alone.stdout)["torch_before"], alone.stderr
-    assert worker_launch.CONNECT_TIMEOUT_S <= 2  # a worker never waits long for a missing forkserver

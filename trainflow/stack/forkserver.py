@@ -137,14 +137,17 @@ def serve(folder: Path, command: Callable[[], None]) -> None:
     ForkServer(listener, own, command, _take_over).loop()
 
 
-def listening(path: Path, imports: tuple[str, ...]) -> socket.socket:
-    """Import ``imports``, then listen on the socket ``path``, its owner's alone; SystemExit
-    when an import started a thread, which a forked child would lack."""
+def listening(path: Path, imports: tuple[str, ...], never: tuple[str, ...] = ()) -> socket.socket:
+    """Import ``imports``, then listen on the socket ``path``, its owner's alone; SystemExit,
+    before listening, when an import started a thread, which a forked child would lack, or
+    imported a module of ``never``."""
     for name in imports:
         importlib.import_module(name)
     if threading.active_count() > 1:  # a fork keeps only this thread: refuse rather than risk it
         names = [t.name for t in threading.enumerate()]
         raise SystemExit(f"threads started by the imports ({names}): not serving")
+    if imported := [name for name in never if name in sys.modules]:
+        raise SystemExit(f"the imports imported {', '.join(imported)}: not serving")
     bound = path.with_name(f"{path.name}.tmp")  # renamed into place once listening: `up` waits for it
     bound.unlink(missing_ok=True)  # left by a forkserver that died at start
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

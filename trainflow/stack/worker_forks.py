@@ -46,9 +46,8 @@ def stamp(python: str, env: dict[str, str]) -> str:
 def serve(folder: Path) -> None:
     """Import PyTorch, then fork a child per worker asked for on ``folder``/workers.sock."""
     own = stamp(sys.executable, dict(os.environ))
-    listener = listening(folder / SOCKET, IMPORTS)
-    if "ray" in sys.modules:  # Ray reads a worker's settings once, when imported
-        raise SystemExit("Ray was imported with PyTorch: not serving workers")
+    # Ray reads a worker's settings once, when imported: never before the fork.
+    listener = listening(folder / SOCKET, IMPORTS, never=("ray",))
     ForkServer(listener, own, _run_worker, _become_worker, lambda r: stamp(r["python"], r["env"])).loop()
 
 

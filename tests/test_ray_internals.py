@@ -156,7 +156,7 @@ from trainflow import ray_internals
 from trainflow.cluster.quiet import LOCAL_CLUSTER_ENV
 from trainflow.cluster.session import ray_init_kwargs
 
-names = ["gcs_server", "raylet", "log_monitor"]
+names = ["gcs_server", "raylet", "log_monitor", "monitor"]
 before = ray_internals.local_cluster_processes(names)
 os.environ.update(LOCAL_CLUSTER_ENV)
 ray.init(address="local", num_cpus=1, **ray_init_kwargs())
@@ -188,7 +188,8 @@ def test_a_driver_that_started_its_local_cluster_finds_its_processes_and_logs(tm
     assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-5000:]
     answer = json.loads(lines[0].removeprefix("ANSWER "))
     assert answer["before"] == []  # no cluster yet: nothing to watch
-    assert answer["running"] == {"gcs_server": True, "raylet": True, "log_monitor": True}
+    # The autoscaler's monitor too: a session's shutdown ends it first (cluster.session).
+    assert answer["running"] == {"gcs_server": True, "raylet": True, "log_monitor": True, "monitor": True}
     for name, command in answer["commands"].items():
         assert name in command, (name, command)
     # The watch's one line names the log of the process that ended: {logs}/{process}.out.

@@ -25,6 +25,7 @@ from trainflow.cluster.shipping import module_paths, trainflow_package
 from trainflow.cluster.watch import (
     ClusterWatch,
     cluster_ended,
+    end_monitor,
     end_with_the_cluster,
     local_cluster_processes,
     watch_local_cluster,
@@ -227,6 +228,8 @@ def shutdown() -> None:
     ended = cluster_ended(local_cluster_processes())
     if ended is not None:  # a cluster gone: ray.shutdown() would wait 60 s for it
         end_with_the_cluster(*ended, mark=session.mark)
+    if session.mark is not None:
+        end_monitor()
     ray.shutdown()
     end_cluster(session.mark)
     timeline("ray shut down")

@@ -26,6 +26,15 @@ def local_cluster_processes() -> dict:
     return ray_internals.local_cluster_processes(list(_WATCHED))
 
 
+def end_monitor() -> None:
+    """End the autoscaler monitor of the local cluster this process started: one node,
+    nothing to scale. Ray's shutdown stops it last, and its SIGTERM handler reports its end
+    to the GCS stopped before it, which Ray waits a second for; SIGKILL ends it unreported."""
+    for process in ray_internals.local_cluster_processes(["monitor"]).values():
+        process.kill()
+        process.wait()
+
+
 class ClusterWatch:
     """While it runs, ends the process in one line when its local cluster ends under it:
     a stop signal to the whole process group (systemd's stop, ``timeout``,

@@ -23,7 +23,7 @@ from contextlib import ExitStack, contextmanager, nullcontext
 
 from trainflow import prefect_server
 from trainflow.cluster.quiet import apply_quiet_env
-from trainflow.cluster.session import ray_session
+from trainflow.cluster.session import WORKER_PYTHON_ENV, ray_address, ray_session
 from trainflow.config import PipelineConfig
 from trainflow.signals import interrupts_deferred, raise_if_interrupted
 from trainflow.timeline import timeline
@@ -54,19 +54,24 @@ def started(
     warm: tuple[str, ...] = (),
     open_registry: bool = True,
     early: prefect_server.TemporaryServer | None = None,
+    workers=None,
 ) -> Iterator[None]:
     """Prefect's API, the flow's module (``imports``), the MLflow store
     (``open_registry``) and Ray for ``ray_config``, started side by side; ready when this
     yields, but for the store, which goes on opening beside the flow. Raises
     ``prefect_server.PrefectServerError`` when Prefect's temporary server does not come
     up. ``warm``: modules for Ray's first worker processes to import
-    (``cluster.session.warm_workers``); ``early``: the server :func:`api_early` started."""
+    (``cluster.session.warm_workers``); ``early``: the server :func:`api_early` started;
+    ``workers``: the command's worker forkserver (``stack.worker_forks.RunForks``), which
+    starts Ray's workers when Ray runs on a local cluster of this command's own."""
     apply_quiet_env()
     # MLflow hides this pydantic warning in warnings.catch_warnings(), which is not
     # thread-safe: imported beside other threads, it leaks through now and then.
     warnings.filterwarnings("ignore", message=r'Field name "schema" in "JsonSchemaSpec" shadows')
     with _prefect_api(early) as server, ExitStack() as ray:
         timeline("prefect server started" if server else "prefect server configured")
+        if workers is not None:
+            ray.enter_context(_forked_workers(ray_config, workers))
         # Imports in three threads: a Ctrl-C waits for a safe point (raised by wait()).
         with interrupts_deferred():
             flow = _Background("import-flow", lambda: importlib.import_module(imports))
@@ -86,6 +91,20 @@ def started(
             if store is not None:
                 store.thread.join()
     timeline("prefect server stopped")
+
+
+@contextmanager
+def _forked_workers(ray_config: PipelineConfig, workers) -> Iterator[None]:
+    """Ray's workers forked from ``workers`` for the block, when the command starts a local
+    cluster; the forkserver stopped after it (after Ray's shutdown: they are its children)."""
+    try:
+        if ray_address(ray_config) is None:
+            os.environ[WORKER_PYTHON_ENV] = workers.use()
+        yield
+    finally:
+        os.environ.pop(WORKER_PYTHON_ENV, None)
+        workers.stop()
+        timeline("worker forkserver stopped")
 
 
 def api_early() -> prefect_server.TemporaryServer | None:

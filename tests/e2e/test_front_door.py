@@ -27,6 +27,10 @@ def test_first_run_on_a_new_machine_succeeds_quietly(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert (prefect_home / "prefect.db").is_file()  # the run's own, new Prefect database
+    # Ray's workers (Train's, its controller's, Ray Data's) were forks of the command's
+    # worker forkserver, which had imported PyTorch as the command started: none refused.
+    forks = (home / "worker-forks.log").read_text()
+    assert forks.count("default_worker.py") >= 2 and "refused" not in forks, forks
 
     # The summary; a smoke run registers under its own name.
     summary = out.stdout[out.stdout.index("model       digits-smoke") :]

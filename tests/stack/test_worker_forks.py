@@ -89,3 +89,77 @@ def test_a_program_the_forkserver_cannot_serve_starts_in_the_launchers_process(f
     # No forkserver at all.
     alone = _launch(tmp_path, program, tmp_path)
     assert alone.returncode == 3 and not json.loads(alone.stdout)["torch_before"], alone.stderr
+
+
+# A command that starts a local cluster of its own: its worker forkserver, started beside
+# its start-up. It prints what Ray would be given, then waits for a line on stdin.
+COMMAND = """
+import json, os, sys, time
+from pathlib import Path
+from trainflow.stack.worker_forks import SOCKET, RunForks
+
+forks = RunForks(Path(sys.argv[1]) / "worker-forks.log")
+while not (forks.folder / SOCKET).is_socket():
+    assert forks.process.poll() is None, "the forkserver exited"
+    time.sleep(0.1)
+print(json.dumps({"python": forks.use(), "pid": forks.process.pid, "folder": str(forks.folder)}), flush=True)
+sys.stdin.readline()
+os._exit(0)  # dies as a killed command would: no stop(), no exit hooks
+"""
+
+
+def _gone(pid: int, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_commands_own_forkserver_serves_its_workers_and_ends_with_the_command(tmp_path):
+    command = subprocess.Popen(
+        [sys.executable, "-c", COMMAND, str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        started = json.loads(command.stdout.readline())
+        program = tmp_path / "program.py"
+        program.write_text(PROGRAM)
+        # Ray's workers have the command's environment, with what it set for the forkserver.
+        env = {**os.environ, **worker_forks.SKLEARN_ENV}
+        launched = subprocess.run(
+            [*shlex.split(started["python"]), str(program)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert launched.returncode == 3, launched.stderr
+        seen = json.loads(launched.stdout)
+        assert seen["torch_before"] and seen["parent"] == started["pid"]
+        assert "program.py" in (tmp_path / "worker-forks.log").read_text()  # the log under its own name
+    finally:
+        command.stdin.close()
+    assert command.wait(timeout=60) == 0
+    # The command died without stopping it: the kernel ended the forkserver, which took its folder.
+    assert _gone(started["pid"])
+    assert _gone_path(started["folder"])
+
+
+def _gone_path(path: str, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not os.path.exists(path)
+
+
+def test_a_command_stopped_before_ray_started_leaves_no_forkserver_log_or_folder(tmp_path):
+    forks = worker_forks.RunForks(tmp_path / "worker-forks.log")
+    assert forks.early_log.is_file()  # its output goes there while the command starts
+    forks.stop()  # a command whose checks failed: it never used it
+    assert forks.process.poll() is not None
+    assert not forks.folder.exists() and list(tmp_path.iterdir()) == []

@@ -210,9 +210,11 @@ def models_reproduce(
     """
     from trainflow import run_checks, startup
     from trainflow.cli.app import call_flow, check_before_start
+    from trainflow.cli.stack import own_worker_forks
 
     _registry()
     early = startup.api_early()  # Prefect's server comes up beside the checks
+    workers = own_worker_forks(None)  # and the imports of Ray's workers
     with registry_errors():
         found = check_before_start(
             lambda: run_checks.before_reproduce(model, force=force),
@@ -229,7 +231,9 @@ def models_reproduce(
         return reproduce_version(model=found.original.ref, force=force, checked=found.run)
 
     config = found.original.config
-    starting = startup.started(config, imports="trainflow.flows.reproduce", warm=found.run.warm, early=early)
+    starting = startup.started(
+        config, imports="trainflow.flows.reproduce", warm=found.run.warm, early=early, workers=workers
+    )
     result = call_flow("reproduce", starting, reproduce)
     typer.echo("\n".join(["", *render().reproduce_lines(result)]))
 

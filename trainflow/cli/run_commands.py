@@ -44,13 +44,14 @@ def run(
 ) -> None:
     """Run the training pipeline flow and print a summary."""
     from trainflow import run_checks, startup
-    from trainflow.cli.stack import use_warm_services
+    from trainflow.cli.stack import own_worker_forks, use_warm_services
     from trainflow.timeline import timeline
 
     timeline("command parsed")
     cfg = read_config(config, set_, smoke)
     use_warm_services(cfg.ray.address)
     early = startup.api_early()  # Prefect's server comes up beside the checks
+    workers = own_worker_forks(cfg.ray.address)  # and the imports of Ray's workers
     checked = check_before_start(
         lambda: run_checks.before_run(cfg, resume=resume),
         "training-pipeline",
@@ -63,7 +64,9 @@ def run(
 
         return training_pipeline(config=cfg, resume=resume, checked=checked)
 
-    starting = startup.started(cfg, imports="trainflow.flows.training", warm=checked.warm, early=early)
+    starting = startup.started(
+        cfg, imports="trainflow.flows.training", warm=checked.warm, early=early, workers=workers
+    )
     result = call_flow("training", starting, train)
     typer.echo("\n".join(["", *render().summary_lines(result)]))
 
@@ -78,11 +81,12 @@ def sweep(
 ) -> None:
     """Sweep settings on Ray Tune and register the best trial's model."""
     from trainflow import run_checks, startup
-    from trainflow.cli.stack import use_warm_services
+    from trainflow.cli.stack import own_worker_forks, use_warm_services
 
     cfg = read_config(config, set_)
     use_warm_services(cfg.ray.address)
     early = startup.api_early()  # Prefect's server comes up beside the checks
+    workers = own_worker_forks(cfg.ray.address)  # and the imports of Ray's workers
     checked = check_before_start(
         lambda: run_checks.before_run(cfg, sweep=True),
         "sweep-pipeline",
@@ -95,7 +99,9 @@ def sweep(
 
         return sweep_pipeline(config=cfg, checked=checked)
 
-    starting = startup.started(cfg, imports="trainflow.flows.sweep", warm=checked.warm, early=early)
+    starting = startup.started(
+        cfg, imports="trainflow.flows.sweep", warm=checked.warm, early=early, workers=workers
+    )
     result = call_flow("sweep", starting, run_sweep)
     if best_config is not None:
         import shutil
@@ -118,10 +124,11 @@ def predict(
 ) -> None:
     """Predict INPUT with a registered model; write Parquet to OUTPUT."""
     from trainflow import run_checks, startup
-    from trainflow.cli.stack import use_warm_services
+    from trainflow.cli.stack import own_worker_forks, use_warm_services
 
     use_warm_services(None)
     early = startup.api_early()  # Prefect's server comes up beside the checks
+    workers = own_worker_forks(None)  # and the imports of Ray's workers
     # The model (pinned to its version), input, output and cluster, before Ray starts.
     with registry_errors():
         checked = check_before_start(
@@ -148,7 +155,11 @@ def predict(
         )
 
     starting = startup.started(
-        ref.cluster(), imports="trainflow.flows.batch_predict", open_registry=False, early=early
+        ref.cluster(),
+        imports="trainflow.flows.batch_predict",
+        open_registry=False,
+        early=early,
+        workers=workers,
     )
     result = call_flow("batch-predict", starting, run_predict)
     typer.echo(render().predictions_line(ref.name, result.version, result.rows, str(output), result.seconds))

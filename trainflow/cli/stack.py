@@ -152,6 +152,24 @@ def use_warm_services(ray_address: str | None) -> None:
     command_logger().info("using the services of trainflow up (%s)", services.folder)
 
 
+def own_worker_forks(ray_address: str | None):
+    """The worker forkserver of a command that starts a local Ray cluster of its own
+    (``stack.worker_forks.RunForks``), started now; None where the command uses another
+    cluster (``ray_address``, RAY_ADDRESS, the warm one, one this process is connected to
+    already), off Linux, or with TRAINFLOW_WORKER_FORKS=0. Hand it to ``startup.started``."""
+    import os
+    import sys
+
+    from trainflow.stack import worker_forks
+    from trainflow.workspace import workspace
+
+    if ray_address or os.environ.get("RAY_ADDRESS") or os.environ.get(worker_forks.OFF) == "0":
+        return None
+    if not sys.platform.startswith("linux") or ("ray" in sys.modules and sys.modules["ray"].is_initialized()):
+        return None
+    return worker_forks.RunForks(workspace().home / "worker-forks.log")
+
+
 @app.command("up")
 def warm_up(
     idle_minutes: Annotated[

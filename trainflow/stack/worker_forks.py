@@ -1,8 +1,9 @@
-"""The worker forkserver of ``trainflow up``: a process that has imported PyTorch (the
-imports that take most of a Ray worker's start) and forks a child per worker of the warm
-cluster, which so starts without them.
+"""The worker forkserver: a process that has imported PyTorch (the imports that take most
+of a Ray worker's start) and forks a child per Ray worker, which so starts without them.
+``trainflow up`` keeps one for its warm cluster; a command that starts a local cluster of
+its own starts one beside its start-up (:class:`RunForks`).
 
-Commands that use the warm cluster give their Ray job a ``py_executable`` (Ray's
+Commands that use such a cluster give their Ray job a ``py_executable`` (Ray's
 runtime_env field for the command that starts each worker, :func:`worker_python`) that
 runs :mod:`trainflow.stack.worker_launch`. The child takes over the worker's folder,
 environment, command line and streams, then runs Ray's ``default_worker.py``. Ray itself
@@ -12,11 +13,17 @@ starts it (:func:`stamp`)."""
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import hashlib
 import os
 import runpy
 import shlex
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from trainflow.stack import worker_launch
@@ -28,8 +35,14 @@ IMPORTS = ("torch", "torch._dynamo", "torch.distributed", "numpy", "pandas", "py
 READ_AT_IMPORT = ("TORCH", "PYTORCH_", "MKL_", "KMP_", "LD_PRELOAD", "LD_LIBRARY_PATH")
 
 
+OFF = "TRAINFLOW_WORKER_FORKS"  # "0": a command's own cluster starts its workers as Ray does
+# What scikit-learn sets when first imported, in a command before or after Ray's local
+# cluster copies the command's environment for its workers.
+SKLEARN_ENV = {"KMP_DUPLICATE_LIB_OK": "True", "KMP_INIT_AT_FORK": "FALSE"}
+
+
 def worker_python(folder: Path) -> str:
-    """The ``py_executable`` of a job on the warm cluster of ``folder``."""
+    """The ``py_executable`` of a job whose workers fork from the forkserver of ``folder``."""
     launcher = Path(worker_launch.__file__).resolve()
     return shlex.join([sys.executable, "-S", str(launcher), str(folder / SOCKET)])
 
@@ -86,6 +99,62 @@ def _run_worker() -> None:
     runpy.run_path(sys.argv[0], run_name="__main__")
 
 
+class RunForks:
+    """The worker forkserver of one command that starts a local cluster of its own, started
+    now so that its imports overlap the command's start-up. Its socket is in a private
+    temporary folder; its log is ``log``'s ``.early`` name until :meth:`use` (a command that
+    stops before Ray starts leaves none). It ends with :meth:`stop`, the command's exit,
+    or on Linux when the command dies (the kernel's PR_SET_PDEATHSIG)."""
+
+    def __init__(self, log: Path) -> None:
+        for key, value in SKLEARN_ENV.items():  # set first: the workers' and the forkserver's agree
+            os.environ.setdefault(key, value)
+        self.folder = Path(tempfile.mkdtemp(prefix="trainflow-workers-"))
+        self.log = log
+        self.early_log = log.with_name(f"{log.name}.early")
+        self.used = False
+        with self.early_log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(self.folder), str(os.getpid())],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C reaches the command, which stops Ray, then this
+            )
+        atexit.register(self.stop)
+
+    def use(self) -> str:
+        """The ``py_executable`` of the command's Ray job; the log moves to its own name."""
+        os.replace(self.early_log, self.log)
+        self.used = True
+        return worker_python(self.folder)
+
+    def stop(self) -> None:
+        """End the forkserver (after Ray's shutdown: Ray's workers are its children)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        if not self.used:
+            self.early_log.unlink(missing_ok=True)
+
+
+def _end_with(parent: int) -> None:
+    """SIGTERM to this process when ``parent`` ends (Linux); exit now if it ended already."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        sys.exit(1)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 2:  # a command's own: it ends with that command
+        _end_with(int(sys.argv[2]))
     serve(Path(sys.argv[1]))
+    if len(sys.argv) > 2:  # and its folder with it
+        shutil.rmtree(sys.argv[1], ignore_errors=True)
     os._exit(0)  # without the interpreter's teardown, which PyTorch's imports make slow

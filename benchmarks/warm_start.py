@@ -12,7 +12,8 @@ kept across its rounds, and a first run there off the clock (it creates the regi
 Prefect's databases and caches the prepared splits, as any earlier run has). `trainflow up`
 starts the warm row's services once, before the clock; `trainflow down` stops them at the
 end. Wall seconds are each command's; CPU seconds its process tree's (for the warm rows, and
-the forkserver child that ran it; not the services', which run apart). Writes benchmarks/results/warm_start.json and .md.
+the forkserver child that ran it; not the services', which run apart). cold_ray_workers: a
+cold run with TRAINFLOW_WORKER_FORKS=0. Writes benchmarks/results/warm_start.json and .md.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from common import add_results_arg, load1, median, ratio, run_measured, write_se
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-ROWS = ("cold", "warm", "cold_no_workers", "warm_no_workers", "plain_torch")
+ROWS = ("cold", "cold_ray_workers", "warm", "cold_no_workers", "warm_no_workers", "plain_torch")
 TARGETS = {
     "warm_vs_plain_torch_wall": 1.5,
     "cold_vs_plain_torch_wall": 2.5,
@@ -84,9 +85,10 @@ def run_once(row: str, epochs: int, env: dict[str, str]) -> dict:
 def measure(rounds: int, epochs: int, homes: Path) -> dict[str, list[dict]]:
     """Every row's timed runs, alternating, after each trainflow row's first run off the clock."""
     base = {k: v for k, v in os.environ.items() if k not in SCRUB}
-    # A row with no workers shares its cold or warm row's home (and, warm, its services).
+    # Every cold row shares the cold row's home, every warm row the warm one's (and its services).
     base["RAY_USAGE_STATS_ENABLED"] = "0"
-    envs = {row: {**base, "TRAINFLOW_HOME": str(homes / row.removesuffix("_no_workers"))} for row in ROWS}
+    envs = {row: {**base, "TRAINFLOW_HOME": str(homes / row.split("_")[0])} for row in ROWS}
+    envs["cold_ray_workers"]["TRAINFLOW_WORKER_FORKS"] = "0"
     trainflow(envs["warm"], "up")
     try:
         for row in ("cold", "warm", "cold_no_workers", "warm_no_workers"):
@@ -118,14 +120,21 @@ def markdown(figures: dict) -> str:
         for key, target in TARGETS.items()
     )
     verdicts += f"\n- warm / cold, wall: {ratios['warm_vs_cold_wall']:.2f}x"
+    verdicts += (
+        f"\n- cold / cold_ray_workers, wall: {ratios['cold_vs_cold_ray_workers_wall']:.2f}x, CPU: "
+        f"{ratios['cold_vs_cold_ray_workers_cpu']:.2f}x (the command's own worker forkserver)"
+    )
     quick = " (quick run)" if figures["quick"] else ""
     return (
         f"## Warm start: the digits job, {figures['epochs']} epochs, medians of {figures['rounds']} "
         f"alternating rounds{quick}\n\n"
         "| run | wall s (median) | CPU s (median) | every run's wall s |\n|---|---|---|---|\n"
         f"{rows}\n\n{verdicts}\n\n"
-        "cold: `trainflow run` (Prefect's temporary server and a Ray cluster started by the "
-        "command). warm: the same with `trainflow up` run before the clock (a Ray cluster, a "
+        "cold: `trainflow run` (Prefect's temporary server, a Ray cluster and a worker forkserver "
+        "started by the command; its Ray workers are children of the forkserver). "
+        "cold_ray_workers: the same with `TRAINFLOW_WORKER_FORKS=0` (Ray starts each worker "
+        "itself), in the same home. warm: the same with `trainflow up` run before the clock "
+        "(a Ray cluster, a "
         "Prefect server, a forkserver with a run's imports done and one with PyTorch imported for "
         "Ray's workers, in the background; the command runs in a child of the first forkserver "
         "and connects to the cluster and the server, and its Ray workers are children of the "
@@ -167,6 +176,8 @@ def main() -> None:
         "ratios": {
             **{f"{row}_vs_plain_torch_wall": ratio(med[row]["wall_s"], plain) for row in ROWS[:-1]},
             "warm_vs_cold_wall": ratio(med["warm"]["wall_s"], med["cold"]["wall_s"]),
+            "cold_vs_cold_ray_workers_wall": ratio(med["cold"]["wall_s"], med["cold_ray_workers"]["wall_s"]),
+            "cold_vs_cold_ray_workers_cpu": ratio(med["cold"]["cpu_s"], med["cold_ray_workers"]["cpu_s"]),
         },
         "targets": TARGETS,
     }

@@ -214,7 +214,6 @@ def models_reproduce(
 
     _registry()
     early = startup.api_early()  # Prefect's server comes up beside the checks
-    workers = own_worker_forks(None)  # and the imports of Ray's workers
     with registry_errors():
         found = check_before_start(
             lambda: run_checks.before_reproduce(model, force=force),
@@ -231,6 +230,7 @@ def models_reproduce(
         return reproduce_version(model=found.original.ref, force=force, checked=found.run)
 
     config = found.original.config
+    workers = own_worker_forks(config.ray.address, config.scaling.num_workers)
     starting = startup.started(
         config, imports="trainflow.flows.reproduce", warm=found.run.warm, early=early, workers=workers
     )

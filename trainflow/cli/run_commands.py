@@ -51,7 +51,7 @@ def run(
     cfg = read_config(config, set_, smoke)
     use_warm_services(cfg.ray.address)
     early = startup.api_early()  # Prefect's server comes up beside the checks
-    workers = own_worker_forks(cfg.ray.address)  # and the imports of Ray's workers
+    workers = own_worker_forks(cfg.ray.address, cfg.scaling.num_workers)  # and the imports of Ray's workers
     checked = check_before_start(
         lambda: run_checks.before_run(cfg, resume=resume),
         "training-pipeline",
@@ -86,7 +86,7 @@ def sweep(
     cfg = read_config(config, set_)
     use_warm_services(cfg.ray.address)
     early = startup.api_early()  # Prefect's server comes up beside the checks
-    workers = own_worker_forks(cfg.ray.address)  # and the imports of Ray's workers
+    workers = own_worker_forks(cfg.ray.address, cfg.sweep.trials)  # and the imports of Ray's workers
     checked = check_before_start(
         lambda: run_checks.before_run(cfg, sweep=True),
         "sweep-pipeline",
@@ -128,7 +128,7 @@ def predict(
 
     use_warm_services(None)
     early = startup.api_early()  # Prefect's server comes up beside the checks
-    workers = own_worker_forks(None)  # and the imports of Ray's workers
+    workers = own_worker_forks(None, concurrency)  # and the imports of Ray's workers
     # The model (pinned to its version), input, output and cluster, before Ray starts.
     with registry_errors():
         checked = check_before_start(

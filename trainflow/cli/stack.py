@@ -152,11 +152,13 @@ def use_warm_services(ray_address: str | None) -> None:
     command_logger().info("using the services of trainflow up (%s)", services.folder)
 
 
-def own_worker_forks(ray_address: str | None):
+def own_worker_forks(ray_address: str | None, torch_processes: int):
     """The worker forkserver of a command that starts a local Ray cluster of its own
     (``stack.worker_forks.RunForks``), started now; None where the command uses another
     cluster (``ray_address``, RAY_ADDRESS, the warm one, one this process is connected to
-    already), off Linux, or with TRAINFLOW_WORKER_FORKS=0. Hand it to ``startup.started``."""
+    already), starts fewer than ``worker_forks.WORTH_IT`` Ray workers that import PyTorch
+    (``torch_processes``: Train workers, trials, prediction actors), runs off Linux, or
+    TRAINFLOW_WORKER_FORKS=0 says so. Hand it to ``startup.started``."""
     import os
     import sys
 
@@ -165,7 +167,9 @@ def own_worker_forks(ray_address: str | None):
 
     if ray_address or os.environ.get("RAY_ADDRESS") or os.environ.get(worker_forks.OFF) == "0":
         return None
-    if not sys.platform.startswith("linux") or ("ray" in sys.modules and sys.modules["ray"].is_initialized()):
+    if torch_processes < worker_forks.WORTH_IT or not sys.platform.startswith("linux"):
+        return None
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
         return None
     return worker_forks.RunForks(workspace().home / "worker-forks.log")
 

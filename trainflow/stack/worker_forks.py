@@ -36,6 +36,9 @@ READ_AT_IMPORT = ("TORCH", "PYTORCH_", "MKL_", "KMP_", "LD_PRELOAD", "LD_LIBRARY
 
 
 OFF = "TRAINFLOW_WORKER_FORKS"  # "0": a command's own cluster starts its workers as Ray does
+# From this many Ray workers that import PyTorch on, a command's own forkserver saves CPU:
+# its one import costs about what one worker's PyTorch and its helpers' imports save.
+WORTH_IT = 2
 # What scikit-learn sets when first imported, in a command before or after Ray's local
 # cluster copies the command's environment for its workers.
 SKLEARN_ENV = {"KMP_DUPLICATE_LIB_OK": "True", "KMP_INIT_AT_FORK": "FALSE"}

@@ -8,7 +8,7 @@ the flow's module is imported and the MLflow store opened in threads while this 
 starts Ray. The flow run, called inside, finds Ray connected and uses the session as it
 is, while the store may still be opening (the register step waits for it); the command
 shuts Ray down when the flow returns. A command checks its run
-(``trainflow.run_checks``) first, as Prefect's server starts (:func:`api_early`).
+(``trainflow.run_checks``) first, as Prefect's server and its Ray workers' forkserver start.
 """
 
 from __future__ import annotations

@@ -171,7 +171,10 @@ def own_worker_forks(ray_address: str | None, torch_processes: int):
         return None
     if "ray" in sys.modules and sys.modules["ray"].is_initialized():
         return None
-    return worker_forks.RunForks(workspace().home / "worker-forks.log")
+    try:
+        return worker_forks.RunForks(workspace().home / "worker-forks.log")
+    except OSError:  # no folder or log it can write: Ray starts the workers itself
+        return None
 
 
 @app.command("up")

@@ -99,6 +99,10 @@ def test_flow_trains_registers_and_the_champion_predicts_as_reported(
         "digits-test-per-class",
         "digits-test-model",
     } <= artifact_keys()
+    # The train task's progress artifact, moved by each epoch, ends at 100%.
+    ours = [a for a in read_artifacts() if a.flow_run_id == flow_run]
+    (progress,) = [a for a in ours if a.key == "digits-test-training"]
+    assert (progress.type, progress.data) == ("progress", 100.0)
     # The gate's artifact is the whole report: decision, metric tables and both plots.
     gate = next(a.data for a in read_artifacts() if a.key == "digits-test-gate")
     assert gate.startswith("# digits-test v1: promoted to **champion**")

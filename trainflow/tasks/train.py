@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -94,11 +95,13 @@ def _run(
             storage=storage,
             on_row=_log_row(logger, config, meter),
         )
+        meter.update(config.train.epochs)
     except TrainingDiverged:
         record.status = "diverged"  # it would diverge again: nothing to resume
         raise
+    finally:
+        meter.close()
     record.status = result.status
-    meter.update(config.train.epochs)
     _log_result(logger, config, result)
     return result
 
@@ -281,7 +284,9 @@ def _log_result(logger, config: PipelineConfig, result: TrainingResult) -> None:
 
 
 class _ProgressMeter:
-    """The train task's Prefect progress artifact, moved as epochs finish."""
+    """The train task's Prefect progress artifact, moved as epochs finish through one
+    Prefect client of its own: ``update_progress_artifact`` makes a client per call, whose
+    TLS set-up took the driver's CPU every epoch, beside the workers training."""
 
     def __init__(self, name: str, epochs: int, logger):
         from prefect.artifacts import create_progress_artifact
@@ -289,18 +294,35 @@ class _ProgressMeter:
         self.epochs = epochs
         self.logger = logger
         self.done = 0
+        self.client = None
+        self.lock = threading.Lock()  # updates come from the progress thread and this one
         self.id = create_progress_artifact(
             progress=0.0, key=f"{artifact_key(name)}-training", description=f"{name}: epochs trained"
         )
 
     def update(self, epoch: int) -> None:
-        from prefect.artifacts import update_progress_artifact
+        from prefect.client.schemas.actions import ArtifactUpdate
 
-        if epoch <= self.done:
-            return
-        self.done = epoch
-        try:
+        with self.lock:
+            if epoch <= self.done:
+                return
+            self.done = epoch
             # A user's loop may train more epochs than train.epochs says.
-            update_progress_artifact(self.id, progress=min(100.0, 100.0 * epoch / self.epochs))
-        except Exception as e:  # a display aid: never worth failing the training for
-            self.logger.warning("could not update the training progress artifact: %s", e)
+            progress = ArtifactUpdate(data=min(100.0, 100.0 * epoch / self.epochs))
+            try:
+                self._client().update_artifact(self.id, progress)
+            except Exception as e:  # a display aid: never worth failing the training for
+                self.logger.warning("could not update the training progress artifact: %s", e)
+
+    def close(self) -> None:
+        with self.lock:
+            if self.client is not None:
+                self.client.__exit__(None, None, None)
+                self.client = None
+
+    def _client(self):
+        if self.client is None:
+            from prefect.client.orchestration import get_client
+
+            self.client = get_client(sync_client=True).__enter__()
+        return self.client

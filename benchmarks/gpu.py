@@ -27,7 +27,7 @@ and why. Three parts, each against a plain PyTorch loop over the same model and 
     python benchmarks/gpu.py --quick         # 10 steps; 4,000 images, 3 epochs
     python benchmarks/gpu.py --cpu-check     # both parts on the CPU, tiny: the script's own check
 
-``--cpu-check`` runs every path on the CPU (gloo, no pinning) on a few hundred images, so
+``--cpu-check`` runs every path on the CPU (gloo, no pinning) on 64 images of batch 16, so
 a machine without a GPU shows that the script runs; its figures say nothing of a GPU and
 go to benchmarks/results/quick. Writes benchmarks/results/gpu.json and gpu.md.
 """
@@ -398,7 +398,7 @@ def main() -> None:
     if args.quick or args.cpu_check:
         args.steps, args.warmup, args.rows, args.epochs = 10, 3, 4_000, 3
     if args.cpu_check:
-        args.steps, args.batch_size, args.rows, args.epochs = 3, 64, 256, 2
+        args.steps, args.batch_size, args.rows, args.epochs = 3, 16, 64, 2
         args.text_batch_size = 8
     reason = None if args.cpu_check else skipped_reason()
     if reason:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -295,7 +294,6 @@ class _ProgressMeter:
         self.logger = logger
         self.done = 0
         self.client = None
-        self.lock = threading.Lock()  # updates come from the progress thread and this one
         self.id = create_progress_artifact(
             progress=0.0, key=f"{artifact_key(name)}-training", description=f"{name}: epochs trained"
         )
@@ -303,22 +301,20 @@ class _ProgressMeter:
     def update(self, epoch: int) -> None:
         from prefect.client.schemas.actions import ArtifactUpdate
 
-        with self.lock:
-            if epoch <= self.done:
-                return
-            self.done = epoch
-            # A user's loop may train more epochs than train.epochs says.
-            progress = ArtifactUpdate(data=min(100.0, 100.0 * epoch / self.epochs))
-            try:
-                self._client().update_artifact(self.id, progress)
-            except Exception as e:  # a display aid: never worth failing the training for
-                self.logger.warning("could not update the training progress artifact: %s", e)
+        if epoch <= self.done:
+            return
+        self.done = epoch
+        # A user's loop may train more epochs than train.epochs says.
+        progress = ArtifactUpdate(data=min(100.0, 100.0 * epoch / self.epochs))
+        try:
+            self._client().update_artifact(self.id, progress)
+        except Exception as e:  # a display aid: never worth failing the training for
+            self.logger.warning("could not update the training progress artifact: %s", e)
 
     def close(self) -> None:
-        with self.lock:
-            if self.client is not None:
-                self.client.__exit__(None, None, None)
-                self.client = None
+        if self.client is not None:
+            self.client.__exit__(None, None, None)
+            self.client = None
 
     def _client(self):
         if self.client is None:

@@ -64,13 +64,21 @@ class Profile:
     values: np.ndarray | None = None  # float64 [sampled rows, numeric columns]
     counts: dict[str, dict[Any, int]] = field(default_factory=dict)  # column: value: rows
 
-    def add(self, frame: pd.DataFrame, numeric: list[str], categorical: list[str]) -> None:
+    def add(
+        self, frame: pd.DataFrame, numeric: list[str], categorical: list[str], taken: np.ndarray | None = None
+    ) -> None:
+        """Rows of ``frame``; ``taken``: float64 values of the first of ``numeric``, taken
+        from it already (they are kept as they are, not changed)."""
         if not len(frame):
             return
         self.rows += len(frame)
         if numeric:
             self.numeric = list(numeric)
-            values = frame[numeric].to_numpy(dtype=np.float64, na_value=np.nan)
+            values = taken
+            done = 0 if taken is None else taken.shape[1]
+            if done < len(numeric):
+                rest = frame[numeric[done:]].to_numpy(dtype=np.float64, na_value=np.nan)
+                values = rest if taken is None else np.hstack([taken, rest])
             self._keep(sample_keys(values), values)
         for c in categorical:
             mine = self.counts.setdefault(c, {})
@@ -132,8 +140,8 @@ def _short(values: np.ndarray) -> list[float | int]:
     """Finite values to 7 significant digits (whole numbers as integers): a sample's
     JSON at a few characters a value."""
     out: list[float | int] = []
-    for text in np.char.mod("%.7g", values[np.isfinite(values)]):
-        v = float(text)
+    for value in values[np.isfinite(values)].tolist():
+        v = float(f"{value:.7g}")
         out.append(int(v) if v.is_integer() and abs(v) < 2**53 else v)
     return out
 

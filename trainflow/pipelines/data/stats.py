@@ -46,16 +46,23 @@ class RowCounts:
 
     def add(self, batch: pd.DataFrame, info: SourceInfo) -> None:
         checked = [info.label_column] if info.is_images else [*info.input_columns, info.label_column]
-        missing = batch[checked].isna()
-        self.rows += len(batch)
-        self.missing_rows += int(missing.any(axis=1).sum())
-        for c in checked:
-            self.missing[c] = self.missing.get(c, 0) + int(missing[c].sum())
-        numeric = [] if info.is_images else info.numeric_columns
         regression = info.objective == "regression"
-        for c in [*numeric, info.label_column] if regression else numeric:
-            values = pd.to_numeric(batch[c], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-            self.inf[c] = self.inf.get(c, 0) + int(np.isinf(values).sum())
+        numeric = set() if info.is_images else set(info.numeric_columns)
+        if regression:
+            numeric.add(info.label_column)
+        self.rows += len(batch)
+        # Column by column: a frame of the batch's missing flags would cost a copy of it.
+        any_missing = np.zeros(len(batch), dtype=bool)
+        for c in checked:
+            values = batch[c]
+            missing = _missing(values)
+            n = int(np.count_nonzero(missing))
+            self.missing[c] = self.missing.get(c, 0) + n
+            if n:
+                any_missing |= missing
+            if c in numeric:
+                self.inf[c] = self.inf.get(c, 0) + _infinities(values)
+        self.missing_rows += int(np.count_nonzero(any_missing))
         for c, spec in info.arrays.items():
             # Each row's array of the one shape and kind (else ConfigError); of floats, finite.
             arr = transforms.stack(batch[c][batch[c].notna()], c, spec, info.transform)
@@ -122,6 +129,23 @@ class RowCounts:
             )
 
 
+def _missing(values: pd.Series) -> np.ndarray:
+    """Each value's missing flag (None, NaN or NA)."""
+    if isinstance(values.dtype, np.dtype) and values.dtype.kind == "f":
+        return np.isnan(values.to_numpy())
+    return values.isna().to_numpy()
+
+
+def _infinities(values: pd.Series) -> int:
+    """How many of a numeric column's values are infinite: none of integers or booleans."""
+    if isinstance(values.dtype, np.dtype) and values.dtype.kind in "iub":
+        return 0
+    if isinstance(values.dtype, np.dtype) and values.dtype.kind == "f":
+        return int(np.count_nonzero(np.isinf(values.to_numpy())))
+    numbers = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    return int(np.count_nonzero(np.isinf(numbers)))
+
+
 def float_arrays(info: SourceInfo) -> dict[str, dict[str, Any]]:
     """The array columns of floats, scaled as the numeric columns are; integer arrays
     (token ids) pass through as they are."""
@@ -161,12 +185,15 @@ class FitStats:
     def add(self, frame: pd.DataFrame, info: SourceInfo, scaler: str, image_shape: list[int] | None = None):
         if not len(frame):
             return
-        self.profile.add(frame, *profile_columns(info))
+        numeric = [] if info.is_images else info.numeric_columns
+        # The numeric columns as one float64 matrix, taken once for the profile and the moments.
+        x = frame[numeric].to_numpy(dtype=np.float64, na_value=np.nan) if numeric else None
+        self.profile.add(frame, *profile_columns(info), taken=x)
         if info.is_images:
             if scaler == "standard":
                 self._add_images(frame[IMAGE], image_shape)
         else:
-            self._add_numeric(frame, info, scaler)
+            self._add_numeric(frame, info, scaler, x)
             for c in info.categorical_columns:
                 values = self.categories.setdefault(c, set())
                 if len(values) <= MAX_VOCABULARY:
@@ -177,20 +204,21 @@ class FitStats:
             self._merge_label(len(y), mean, float(((y - mean) ** 2).sum()))
         self.rows += len(frame)
 
-    def _add_numeric(self, frame: pd.DataFrame, info: SourceInfo, scaler: str) -> None:
-        """The numeric columns' statistics, then each number of the float array columns'."""
-        numeric = info.numeric_columns
+    def _add_numeric(self, frame: pd.DataFrame, info: SourceInfo, scaler: str, x: np.ndarray | None) -> None:
+        """The numeric columns' statistics (``x``: their values, not changed here), then
+        each number of the float array columns'."""
         floats = float_arrays(info)
-        if not (numeric or floats) or scaler == "none":
+        if not (x is not None or floats) or scaler == "none":
             return
-        parts = [frame[numeric].to_numpy(dtype=np.float64)] if numeric else []
+        parts = [x] if x is not None else []
         for c, spec in floats.items():
             arr = transforms.stack(frame[c], c, spec, info.transform)
             parts.append(arr.reshape(len(arr), -1).astype(np.float64))
         x = parts[0] if len(parts) == 1 else np.hstack(parts)
         if scaler == "standard":
             mean = x.mean(axis=0)
-            self._merge_moments(len(x), mean, ((x - mean) ** 2).sum(axis=0))
+            deviations = x - mean
+            self._merge_moments(len(x), mean, np.square(deviations, out=deviations).sum(axis=0))
         else:
             self._merge_range(x.min(axis=0), x.max(axis=0))
 

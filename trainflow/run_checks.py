@@ -47,6 +47,7 @@ def before_run(
     unfinished run of this config and data to continue (``run_records.run_to_resume``).
     ``found``: the source as the caller's own check of it found it, not looked at again."""
     from trainflow.cluster.checks import check_cache
+    from trainflow.cluster.session import on_this_machine
     from trainflow.pipelines.data.prepare import worker_modules
     from trainflow.pipelines.registry.store import check_server
     from trainflow.pipelines.training.run_records import run_to_resume
@@ -64,7 +65,7 @@ def before_run(
     cluster(config, workers="sweep" if sweep else "train")
     resumed = run_to_resume(storage_location(config), config, info.fingerprint) if resume else None
     timeline("config, source and resources checked")
-    return RunChecks(source=info, warm=worker_modules(info), resume=resumed)
+    return RunChecks(source=info, warm=worker_modules(info, local=on_this_machine(config)), resume=resumed)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The preparation engine: inputs cut into fragments, passed over by Ray tasks (or in the
-driver), give what one pass over all the rows at once gives; and a split read again
-holds exactly the rows that preparing wrote."""
+driver, on its threads), give what one pass over all the rows at once gives; and a split
+read again holds exactly the rows that preparing wrote."""
 
 import numpy as np
 import pandas as pd
@@ -10,7 +10,7 @@ import pytest
 
 from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
 from trainflow.pipelines.data import prepare as preparing
-from trainflow.pipelines.data import readers
+from trainflow.pipelines.data import readers, runner
 from trainflow.pipelines.data import split as splitting
 from trainflow.pipelines.data.entry import split_files
 from trainflow.pipelines.data.prepare import prepare, raw_split
@@ -80,12 +80,12 @@ def _in_one_pass(info, frame: pd.DataFrame, split: SplitConfig, cfg: PreprocessC
 
 
 @pytest.mark.parametrize(
-    ("exact", "stratify"),
-    [(True, True), (True, False), (False, True)],
-    ids=["exact stratified split", "exact split", "split by row hash"],
+    ("exact", "stratify", "threads"),
+    [(True, True, False), (True, False, False), (False, True, False), (False, True, True)],
+    ids=["exact stratified split", "exact split", "split by row hash", "split by row hash on threads"],
 )
 def test_fragments_prepare_what_one_pass_over_all_rows_gives(
-    tmp_path, ray_cluster, monkeypatch, exact, stratify
+    tmp_path, ray_cluster, monkeypatch, caplog, exact, stratify, threads
 ):
     frame = _frame(900)
     frame.loc[[5, 400, 899], "x"] = np.nan  # dropped: data.missing=drop
@@ -97,9 +97,18 @@ def test_fragments_prepare_what_one_pass_over_all_rows_gives(
         monkeypatch.setattr(splitting, "SMALL_INPUT_BYTES", 0)  # the driver's choice: split by row hash
     split, cfg = SplitConfig(seed=3, stratify=stratify), PreprocessConfig()
     assert len(readers.plan_fragments(info)) == 3  # small row groups: one fragment per file
-    assert not preparing.prepares_in_driver(info)
+    # On the session's cluster, this machine alone, a table is prepared on the driver's
+    # threads; past LOCAL_DRIVER_BYTES (or on a cluster of other machines), on Ray tasks.
+    assert preparing.prepares_in_driver(info)
+    if not threads:
+        monkeypatch.setattr(preparing, "LOCAL_DRIVER_BYTES", -1)
+        assert not preparing.prepares_in_driver(info)
 
-    entry = prepare(info, split, cfg, tmp_path / "cache")
+    with caplog.at_level("INFO", logger="trainflow"):
+        entry = prepare(info, split, cfg, tmp_path / "cache")
+    used = preparing.driver_threads(info)
+    assert used == (runner.driver_threads() if threads else 0)
+    assert ("in 3 fragments on" in caplog.text) == threads
     pre, expected, test_rows = _in_one_pass(info, frame, split, cfg, exact=exact)
 
     assert entry.dropped == 3 and sum(entry.counts.values()) == 897
@@ -252,6 +261,7 @@ def test_one_small_file_is_prepared_in_the_driver_as_ray_tasks_prepare_it(tmp_pa
     in_driver = prepare(info, split, cfg, tmp_path / "driver")
 
     monkeypatch.setattr(preparing, "IN_DRIVER_BYTES", -1)  # the same input through Ray tasks
+    monkeypatch.setattr(preparing, "LOCAL_DRIVER_BYTES", -1)
     assert not preparing.prepares_in_driver(info)
     on_ray = prepare(info, split, cfg, tmp_path / "ray")
 

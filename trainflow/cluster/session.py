@@ -53,6 +53,13 @@ def ray_address(config: PipelineConfig) -> str | None:
     return config.ray.address or os.environ.get("RAY_ADDRESS") or None
 
 
+def on_this_machine(config: PipelineConfig) -> bool:
+    """Whether a run of ``config`` meets a cluster of this machine alone before it starts:
+    a local one of its own, or the one `trainflow up` started."""
+    address = ray_address(config)
+    return address is None or address == os.environ.get(OWN_CLUSTER_ENV)
+
+
 class PreflightError(RuntimeError):
     """The cluster cannot run what the config asks for; the message says what to change."""
 

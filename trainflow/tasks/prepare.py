@@ -96,11 +96,12 @@ def ingest(
 )
 def preprocess(config: PipelineConfig | dict | str, source: schema.SourceInfo) -> Prepared:
     """Check the rows, split, fit on train and write every split as Parquet under the
-    cache, on Ray tasks (in this process for one small file); or reuse a finished entry.
-    Connects to Ray when the caller has not (``cluster.connected``)."""
+    cache, on Ray tasks (in this process for one small file, or on its threads for a table
+    when the Ray cluster is this machine alone); or reuse a finished entry. Connects to
+    Ray when the caller has not (``cluster.connected``), unless one small file needs none."""
     config = as_config(config, "preprocess")
     expect(source, schema.SourceInfo, "preprocess", "source", "ingest")
-    if not prep.prepares_in_driver(source):
+    if not prep.prepares_in_driver(source, local=False):
         connected(config, get_run_logger())
     prepared = prep.prepare(source, config.data.split, preprocessing(config, source), cache_location(config))
     _log_prepared(get_run_logger(), prepared)

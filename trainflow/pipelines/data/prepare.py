@@ -4,8 +4,7 @@ into a cache entry; one engine for tables, image folders, torchvision datasets a
 
 The passes are plain functions of one fragment (:mod:`trainflow.pipelines.data.readers`),
 run as one Ray task per fragment (:mod:`trainflow.pipelines.data.runner`), or in the driver
-for a small single-file input (:func:`prepares_in_driver`). :func:`prepare` makes two
-passes, three for an exact split:
+(:func:`prepares_in_driver`). :func:`prepare` makes two passes, three for an exact split:
 
 1. scan: the row checks' counts, and each row's split and the train split's statistics
    (for an exact split, each row's label and seeded hash, which the driver ranks);
@@ -45,22 +44,40 @@ log = logging.getLogger("trainflow")
 # nothing from a Ray task, which costs a worker process of its own (Python, pandas and
 # pyarrow imports) and the round trips to it.
 IN_DRIVER_BYTES = 16 << 20
+# On a Ray cluster of this machine alone, a table up to this size without a transform is
+# prepared on the driver's threads: Ray workers' start and imports cost more than the GIL
+# does (benchmarks/ingest.py); a larger input gains from processes the GIL does not hold.
+LOCAL_DRIVER_BYTES = 512 << 20
 
 
-def prepares_in_driver(info: SourceInfo) -> bool:
+def prepares_in_driver(info: SourceInfo, *, local: bool | None = None) -> bool:
     """Whether this input is prepared in this process rather than in Ray tasks: the
-    bundled digits, or one Parquet, CSV, JSON lines or NumPy file (or a Dataset) of at
-    most :data:`IN_DRIVER_BYTES`."""
+    bundled digits; one Parquet, CSV, JSON lines or NumPy file (or a Dataset) of at most
+    :data:`IN_DRIVER_BYTES`; or, when the Ray cluster is this machine alone (``local``;
+    None: asked of Ray), a table of at most :data:`LOCAL_DRIVER_BYTES` without a transform."""
     if info.format == "builtin":
         return True
     single = info.format == "dataset" or (not info.is_images and len(info.files) == 1)
-    return single and info.bytes <= IN_DRIVER_BYTES
+    if single and info.bytes <= IN_DRIVER_BYTES:
+        return True
+    if info.is_images or info.transform or info.bytes > LOCAL_DRIVER_BYTES:
+        return False
+    return runner.local_cluster() if local is None else local
 
 
-def worker_modules(info: SourceInfo) -> tuple[str, ...]:
+def driver_threads(info: SourceInfo) -> int:
+    """The threads of this process that prepare this input; 0: Ray tasks do. A user's
+    transform (a tokenizer, say) is called on one batch at a time."""
+    if not prepares_in_driver(info):
+        return 0
+    return 1 if info.transform else runner.driver_threads()
+
+
+def worker_modules(info: SourceInfo, *, local: bool) -> tuple[str, ...]:
     """What the Ray workers that prepare this input import (for a run to start them early,
-    ``cluster.session.warm_workers``); none when it is prepared in the driver."""
-    return () if prepares_in_driver(info) else (__name__,)
+    ``cluster.session.warm_workers``); none when it is prepared in the driver. ``local``:
+    whether the run's Ray cluster is this machine alone."""
+    return () if prepares_in_driver(info, local=local) else (__name__,)
 
 
 # The passes: what one worker runs on one fragment.
@@ -232,11 +249,12 @@ def select_fragment(info: SourceInfo, fragment: Fragment, split: SplitConfig, co
 # The driver's side.
 
 
-def plan(info: SourceInfo, in_driver: bool) -> list[Fragment]:
-    """The fragments of the input, data.limit applied; an input without rows fails."""
+def plan(info: SourceInfo, threads: int) -> list[Fragment]:
+    """The fragments of the input, data.limit applied; an input without rows fails.
+    ``threads``: of this process, to count rows on (0: Ray tasks), as :func:`runner.run`."""
     fragments = readers.plan_fragments(info)
     if readers.needs_counts(info):
-        counts = runner.run(readers.count_rows, [(info, f) for f in fragments], in_driver)
+        counts = runner.run(readers.count_rows, [(info, f) for f in fragments], threads)
         fragments = readers.limit_fragments(info, fragments, counts)
     if not fragments:
         raise DataError(f"data.source {info.source}: no rows")
@@ -280,7 +298,7 @@ def place_rows(
     info: SourceInfo,
     split: SplitConfig,
     fragments: list[Fragment],
-    in_driver: bool,
+    threads: int,
     *,
     scaler: str = "none",
     shape: list[int] | None = None,
@@ -293,7 +311,7 @@ def place_rows(
     if kept is not None and not candidate:
         return Placement(RowCounts(), [None] * len(fragments), exact=False)
     calls = [(info, f, split, scaler, candidate, shape) for f in fragments]
-    scans = runner.run(scan_fragment, calls, in_driver)
+    scans = runner.run(scan_fragment, calls, threads)
     counts = RowCounts()
     train = FitStats()
     for s in scans:
@@ -323,11 +341,11 @@ def prepare(
     found = finished_entry(cache_root, key)
     if found:
         return found
-    in_driver = prepares_in_driver(info)
-    # In the driver the passes run one after another here: a tokenizer's batches are kept
-    # between them (in Ray tasks each pass is a task of its own).
-    with tokenizer.remembered() if in_driver else nullcontext():
-        return _prepare(info, split, cfg, cache_root, key, in_driver)
+    threads = driver_threads(info)
+    # In the driver the passes run here, one after another: a tokenizer's batches are
+    # kept between them (in Ray tasks each pass is a task of its own).
+    with tokenizer.remembered() if threads else nullcontext():
+        return _prepare(info, split, cfg, cache_root, key, threads)
 
 
 def _prepare(
@@ -336,19 +354,19 @@ def _prepare(
     cfg: PreprocessConfig,
     cache_root: str | Path,
     key: str,
-    in_driver: bool,
+    threads: int,
 ) -> PreparedEntry:
     clock = time.perf_counter()
     tasks_info = replace(info, dataset=None)  # what each Ray task is handed
-    fragments = plan(info, in_driver)
+    fragments = plan(info, threads)
     shape = image_shape(info, cfg)
     # Images normalized by a given mean and std need no pixel statistics.
     scaler = "none" if info.is_images and cfg.image_mean is not None else cfg.scaler
-    placed = place_rows(tasks_info, split, fragments, in_driver, scaler=scaler, shape=shape)
+    placed = place_rows(tasks_info, split, fragments, threads, scaler=scaler, shape=shape)
     if placed.train is None:  # each row's split given: fitting is a pass of its own
         codes = zip(fragments, placed.codes, strict=True)
         calls = [(tasks_info, f, split, scaler, c, shape) for f, c in codes]
-        fits = runner.run(fit_fragment, calls, in_driver)
+        fits = runner.run(fit_fragment, calls, threads)
         placed.codes = [s.codes for s in fits]
         placed.train = FitStats()
         for s in fits:
@@ -366,7 +384,7 @@ def _prepare(
             (tasks_info, f, split, c, pre.to_dict(), tmp, f"part-{names[f.index]:05d}.parquet")
             for f, c in zip(fragments, placed.codes, strict=True)
         ]
-        for written in runner.run(write_fragment, calls, in_driver):
+        for written in runner.run(write_fragment, calls, threads):
             for name, n in written.items():
                 counts[name] += n
         finish_entry(tmp, pre, counts, placed.train.profile.to_dict(label=info.label_column))
@@ -376,7 +394,7 @@ def _prepare(
         f"{placed.counts.kept:,}",
         info.source,
         len(fragments),
-        " in the driver" if in_driver else "",
+        f" on {threads} thread(s) of the driver" if threads else "",
         "exact" if placed.exact else "hashed",
         scanned,
         time.perf_counter() - clock - scanned,
@@ -391,10 +409,10 @@ def raw_split(info: SourceInfo, split: SplitConfig, name: str, *, kept_rows: int
     placed them (``kept_rows``: the rows it kept, all of the splits'), read again from
     the source: for scoring another model on exactly this run's rows with that model's
     own preprocessing."""
-    in_driver = prepares_in_driver(info)
+    threads = driver_threads(info)
     tasks_info = replace(info, dataset=None)
-    fragments = plan(info, in_driver)
-    placed = place_rows(tasks_info, split, fragments, in_driver, kept=kept_rows)
+    fragments = plan(info, threads)
+    placed = place_rows(tasks_info, split, fragments, threads, kept=kept_rows)
     code = splits.SPLIT_NAMES.index(name)
     calls = [(tasks_info, f, split, c, code) for f, c in zip(fragments, placed.codes, strict=True)]
-    return runner.run_to_dataset(select_fragment, calls, in_driver)
+    return runner.run_to_dataset(select_fragment, calls, threads)

@@ -1,13 +1,19 @@
-"""Where the engine's passes run: one Ray task per fragment, or in this process.
+"""Where the engine's passes run: one Ray task per fragment, or in this process on a
+thread per CPU.
 
 The substrate is this module alone; the passes (:mod:`trainflow.pipelines.data.prepare`) are
-plain functions of a fragment. They run on Ray tasks rather than Ray Data: see
-docs/architecture.md, Decisions, and benchmarks/results.md, preparation engine.
+plain functions of a fragment. They run on Ray tasks rather than Ray Data, and on a cluster
+of this machine alone on the driver's threads: see docs/architecture.md, Decisions, and
+benchmarks/results.md, preparation engine and ingest.
 """
 
 from __future__ import annotations
 
+import contextvars
+import os
+import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from trainflow.config import ConfigError
@@ -17,24 +23,54 @@ if TYPE_CHECKING:
     import ray.data
 
 
-def run(fn: Callable[..., Any], calls: list[tuple], in_driver: bool = False) -> list[Any]:
-    """``fn`` as a Ray task per argument tuple (or called here, ``in_driver``), results in
-    order; a DataError or ConfigError (a user's transform at fault) raised in a task is
-    raised here as itself, without Ray's traceback."""
-    if in_driver:
+def run(fn: Callable[..., Any], calls: list[tuple], threads: int = 0) -> list[Any]:
+    """``fn`` as a Ray task per argument tuple, or with ``threads`` called here on up to
+    that many threads; results in order. A DataError or ConfigError (a user's transform
+    at fault) raised in a task is raised here as itself, without Ray's traceback."""
+    if threads == 1 or (threads and len(calls) <= 1):
         return [fn(*args) for args in calls]
-
+    if threads:
+        context = contextvars.copy_context()  # each call sees this thread's context variables
+        with ThreadPoolExecutor(min(threads, len(calls)), thread_name_prefix="trainflow-prepare") as pool:
+            return list(pool.map(lambda args: context.copy().run(fn, *args), calls))
     return _get([_remote(fn).remote(*args) for args in calls])
 
 
-def run_to_dataset(fn: Callable[..., Any], calls: list[tuple], in_driver: bool = False) -> ray.data.Dataset:
-    """A Dataset of the DataFrames ``fn`` returns per argument tuple; from Ray tasks they
-    stay in Ray's object store, never passing through this process."""
+def local_cluster() -> bool:
+    """Whether Ray's cluster is this machine alone: every live node is this process's, not
+    reached through Ray Client; or Ray is not started and RAY_ADDRESS names no cluster (a
+    Ray call would start a local one)."""
+    import ray
+
+    if not ray.is_initialized():
+        return not os.environ.get("RAY_ADDRESS")
+    from ray.util.client import ray as client
+
+    if client.is_connected():
+        return False
+    here = ray.get_runtime_context().get_node_id()
+    return all(node["NodeID"] == here for node in ray.nodes() if node.get("Alive"))
+
+
+def driver_threads() -> int:
+    """The threads the driver prepares on: the CPUs this process may use, at most the Ray
+    cluster's when Ray is started."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        cpus = min(cpus, int(ray.cluster_resources().get("CPU", cpus)))
+    return max(cpus, 1)
+
+
+def run_to_dataset(fn: Callable[..., Any], calls: list[tuple], threads: int = 0) -> ray.data.Dataset:
+    """A Dataset of the DataFrames ``fn`` returns per argument tuple (``threads``: as
+    :func:`run`); from Ray tasks they stay in Ray's object store, never passing through
+    this process."""
     import ray
     import ray.data
 
-    if in_driver:
-        return ray.data.from_pandas(run(fn, calls, in_driver=True))
+    if threads:
+        return ray.data.from_pandas(run(fn, calls, threads))
     # Each task returns its frame and a flag: waiting on the flags raises a task's
     # DataError here, while the frames stay where the tasks put them.
     task = ray.remote(_with_done).options(num_cpus=1, num_returns=2)

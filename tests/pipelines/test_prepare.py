@@ -241,12 +241,18 @@ def test_train_statistics_merge_as_one_pass_over_all_rows_would_give():
 
 def test_a_bad_value_past_the_first_block_of_a_csv_names_the_file(tmp_path, ray_cluster):
     # The driver's schema check infers a CSV's column types from its first megabyte; a
-    # value past it that does not parse surfaces only when a Ray task reads it.
+    # value past it that does not parse surfaces only when the passes read it: here on
+    # the driver's threads, in one file of three.
     rows = 400_000
+    folder = tmp_path / "csvs"
+    folder.mkdir()
+    for name in ("a.csv", "c.csv"):
+        (folder / name).write_text("x,label\n" + "1.5,0\n2.5,1\n" * 50)
     text = "x,label\n" + "1.5,0\n2.5,1\n" * (rows // 2) + "oops,1\n" + "1.5,0\n" * 10
-    (tmp_path / "big.csv").write_text(text)
-    info = inspect_source(DataConfig(source=str(tmp_path / "big.csv")))
-    with pytest.raises(DataError, match=r"^data\.source .*big\.csv: cannot read .*big\.csv as csv: .*oops"):
+    (folder / "big.csv").write_text(text)
+    info = inspect_source(DataConfig(source=str(folder)))
+    assert preparing.driver_threads(info) == runner.driver_threads()
+    with pytest.raises(DataError, match=r"^data\.source .*csvs: cannot read .*big\.csv as csv: .*oops"):
         prepare(info, SplitConfig(), PreprocessConfig(), tmp_path / "cache")
     assert not list((tmp_path / "cache").glob("*/counts.json"))
 

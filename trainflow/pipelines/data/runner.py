@@ -31,8 +31,11 @@ def run(fn: Callable[..., Any], calls: list[tuple], threads: int = 0) -> list[An
         return [fn(*args) for args in calls]
     if threads:
         context = contextvars.copy_context()  # each call sees this thread's context variables
-        with ThreadPoolExecutor(min(threads, len(calls)), thread_name_prefix="trainflow-prepare") as pool:
+        pool = ThreadPoolExecutor(min(threads, len(calls)), thread_name_prefix="trainflow-prepare")
+        try:
             return list(pool.map(lambda args: context.copy().run(fn, *args), calls))
+        finally:  # after a failure, the calls not yet started never start
+            pool.shutdown(cancel_futures=True)
     return _get([_remote(fn).remote(*args) for args in calls])
 
 

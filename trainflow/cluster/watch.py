@@ -5,6 +5,7 @@ in one line at once, where Ray would wait 60 s for it and then print a native er
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 import threading
@@ -52,6 +53,22 @@ class ClusterWatch:
         threading.Thread(target=self._watch, name="trainflow-cluster-watch", daemon=True).start()
 
     def _watch(self) -> None:
+        exits = _exit_poll(self.processes)
+        if exits is None:
+            self._poll()
+            return
+        poller, fds = exits
+        try:
+            # Woken by a watched process's end; each second, to see a stop.
+            while not self._stopped.is_set():
+                for fd, _ in poller.poll(1000):
+                    poller.unregister(fd)  # its process ended: readable from now on
+                self._check()
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _poll(self) -> None:
         # Often: the sooner, the fewer lines the dying cluster sends the console first. For
         # a while after a stop signal reached this process, far more often: when the whole
         # process group got it, Ray ends this process (exit code 1, nothing said) as soon as
@@ -61,9 +78,12 @@ class ClusterWatch:
             if self._signalled.wait(0.002 if time.monotonic() < fast_until else 0.05):
                 self._signalled.clear()
                 fast_until = time.monotonic() + 2
-            ended = cluster_ended(self.processes)
-            if ended is not None and not self._stopped.is_set():
-                end_with_the_cluster(*ended, mark=self.mark)
+            self._check()
+
+    def _check(self) -> None:
+        ended = cluster_ended(self.processes)
+        if ended is not None and not self._stopped.is_set():
+            end_with_the_cluster(*ended, mark=self.mark)
 
     def stop(self) -> None:
         self._stopped.set()
@@ -76,6 +96,24 @@ def watch_local_cluster(mark: str | None = None) -> ClusterWatch | None:
     CLUSTER_MARK); None for a cluster started elsewhere."""
     processes = local_cluster_processes()
     return ClusterWatch(processes, mark) if processes else None
+
+
+def _exit_poll(processes: dict) -> tuple[select.poll, list[int]] | None:
+    """A poll of the processes' pidfds, each readable once its process ends (Linux), and
+    the descriptors; None where there are none (the watch then polls the processes)."""
+    if not (hasattr(os, "pidfd_open") and hasattr(select, "poll")):
+        return None
+    poller = select.poll()
+    fds: list[int] = []
+    try:
+        for process in processes.values():
+            fds.append(os.pidfd_open(process.pid))
+            poller.register(fds[-1], select.POLLIN)
+    except OSError:  # one ended already, or a kernel without pidfds: polled, as then
+        for fd in fds:
+            os.close(fd)
+        return None
+    return poller, fds
 
 
 def cluster_ended(processes: dict) -> tuple[str, int] | None:

@@ -107,7 +107,7 @@ def test_fragments_prepare_what_one_pass_over_all_rows_gives(
     with caplog.at_level("INFO", logger="trainflow"):
         entry = prepare(info, split, cfg, tmp_path / "cache")
     used = preparing.driver_threads(info)
-    assert used == (runner.driver_threads() if threads else 0)
+    assert used == (runner.available_threads() if threads else 0)
     assert ("in 3 fragments on" in caplog.text) == threads
     pre, expected, test_rows = _in_one_pass(info, frame, split, cfg, exact=exact)
 
@@ -251,7 +251,7 @@ def test_a_bad_value_past_the_first_block_of_a_csv_names_the_file(tmp_path, ray_
     text = "x,label\n" + "1.5,0\n2.5,1\n" * (rows // 2) + "oops,1\n" + "1.5,0\n" * 10
     (folder / "big.csv").write_text(text)
     info = inspect_source(DataConfig(source=str(folder)))
-    assert preparing.driver_threads(info) == runner.driver_threads()
+    assert preparing.driver_threads(info) == runner.available_threads()
     with pytest.raises(DataError, match=r"^data\.source .*csvs: cannot read .*big\.csv as csv: .*oops"):
         prepare(info, SplitConfig(), PreprocessConfig(), tmp_path / "cache")
     assert not list((tmp_path / "cache").glob("*/counts.json"))

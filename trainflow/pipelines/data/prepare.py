@@ -70,7 +70,7 @@ def driver_threads(info: SourceInfo) -> int:
     transform (a tokenizer, say) is called on one batch at a time."""
     if not prepares_in_driver(info):
         return 0
-    return 1 if info.transform else runner.driver_threads()
+    return 1 if info.transform else runner.available_threads()
 
 
 def worker_modules(info: SourceInfo, *, local: bool) -> tuple[str, ...]:

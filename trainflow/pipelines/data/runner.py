@@ -55,7 +55,7 @@ def local_cluster() -> bool:
     return all(node["NodeID"] == here for node in ray.nodes() if node.get("Alive"))
 
 
-def driver_threads() -> int:
+def available_threads() -> int:
     """The threads the driver prepares on: the CPUs this process may use, at most the Ray
     cluster's when Ray is started."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

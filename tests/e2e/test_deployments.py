@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.e2e.flow_runs import run_deployment
 from tests.e2e.test_cli import session_services, trainflow_in_process
 from tests.web import POLL_TIMEOUT_S, http
 
@@ -225,28 +226,6 @@ def await_completed(env, deployment: str, count: int, log: Path) -> list[dict]:
         time.sleep(1)
 
 
-def check_data(env, config: Path, log: Path) -> dict:
-    """One run of the watch-data deployment, awaited through the API: `--watch` follows
-    the server's event stream, which can miss the terminal state of a run on a loaded
-    host (PrefectHQ/prefect#19989), and is what the first test here covers."""
-    created = run(
-        [BIN / "prefect", "deployment", "run", "watch-data/watch-data",
-         "--params", json.dumps({"config": str(config)})],
-        env,
-    )  # fmt: skip
-    assert created.returncode == 0, created.stdout[-3000:] + created.stderr[-3000:]
-    run_id = re.search(r"UUID: ([0-9a-f-]{36})", created.stdout).group(1)
-    deadline = time.monotonic() + 600
-    while True:
-        flow_run = http.get(f"{env['PREFECT_API_URL']}/flow_runs/{run_id}").json()
-        if flow_run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-            break
-        assert time.monotonic() < deadline, (flow_run["state"], log.read_text()[-3000:])
-        time.sleep(1)
-    assert flow_run["state"]["type"] == "COMPLETED", (flow_run["state"], log.read_text()[-3000:])
-    return flow_run
-
-
 def test_new_data_trains_once_through_the_event_trigger_and_data_trained_on_trains_nothing(
     deployed, ray_cluster, tmp_path
 ):
@@ -260,6 +239,7 @@ def test_new_data_trains_once_through_the_event_trigger_and_data_trained_on_trai
     frame = load_digits(as_frame=True).frame.rename(columns={"target": "label"})
     frame.iloc[:300].to_csv(data, index=False)
     config = tmp_path / "incoming.yaml"
+    params = json.dumps({"config": str(config)})
     config.write_text(
         f"name: incoming\ndata: {{source: {data}}}\ntrain: {{epochs: 1}}\n"
         "scaling: {num_workers: 1}\nregistry: {min_value: null}\n"
@@ -269,14 +249,14 @@ def test_new_data_trains_once_through_the_event_trigger_and_data_trained_on_trai
         # The data is new: two checks of it emit one event (its id is the data's), which
         # starts one training.
         for _ in range(2):
-            check_data(env, config, tmp / "worker2.log")
+            run_deployment("watch-data/watch-data", params, env, tmp / "worker2.log")
         (trained,) = await_completed(env, "on-new-data", 1, tmp / "worker2.log")
         assert len(events(env, "trainflow.data.incoming")) == 1
         versions = models_show(env, "incoming/1")
         assert versions.returncode == 0, versions.output
 
         # Checked again, the data was trained on: no event.
-        last_check = check_data(env, config, tmp / "worker2.log")
+        last_check = run_deployment("watch-data/watch-data", params, env, tmp / "worker2.log")
         assert "nothing to do" in await_log(env, last_check["id"], "version 1 was trained on this data")
         assert len(events(env, "trainflow.data.incoming")) == 1
 
@@ -293,7 +273,7 @@ def test_new_data_trains_once_through_the_event_trigger_and_data_trained_on_trai
 
         # New rows: one check, one more training, a second version.
         frame.iloc[:360].to_csv(data, index=False)
-        check_data(env, config, tmp / "worker2.log")
+        run_deployment("watch-data/watch-data", params, env, tmp / "worker2.log")
         await_completed(env, "on-new-data", 3, tmp / "worker2.log")
         second = models_show(env, "incoming/2")
         assert second.returncode == 0, second.output

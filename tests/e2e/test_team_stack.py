@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.e2e.flow_runs import run_deployment
 from tests.e2e.team import free_port
 from tests.web import POLL_TIMEOUT_S, http
 
@@ -166,17 +167,9 @@ def test_a_team_stack_trains_serves_follows_and_reproduces_then_stops_clean(tmp_
                 }
             )
         )
-        watch = [
-            *prefect,
-            "watch-data/watch-data",
-            "--params",
-            json.dumps({"config": str(config)}),
-            "--watch",
-        ]
 
         # New data, announced: the event's deployment trains it on the worker, through ray://.
-        checked = subprocess.run(watch, env=env, capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
-        assert checked.returncode == 0, checked.stdout[-3000:] + worker_log.read_text()[-3000:]
+        run_deployment("watch-data/watch-data", json.dumps({"config": str(config)}), env, worker_log)
         await_completed(api, "on-new-data", 1, worker_log)
         registry = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
         assert registry.get_model_version_by_alias("team-digits", "champion").version == "1"
@@ -204,10 +197,7 @@ def test_a_team_stack_trains_serves_follows_and_reproduces_then_stops_clean(tmp_
             asked = http.post(f"{url}/predict", json={"rows": inverted[start : start + 100]})
             assert asked.status_code == 200, asked.text
         await_sampled(tmp_path / "shared" / "serving" / "team-digits", len(inverted), worker_log)
-        params = json.dumps({"model": "team-digits"})
-        watched = [*prefect, "watch-served/watch-served", "--params", params, "--watch"]
-        checked = subprocess.run(watched, env=env, capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
-        assert checked.returncode == 0, checked.stdout[-3000:]
+        run_deployment("watch-served/watch-served", json.dumps({"model": "team-digits"}), env, worker_log)
         await_completed(api, "on-new-data", 2, worker_log)
         assert "emitted trainflow.model.drifted" in worker_log.read_text(), logs_of(worker_log)
         assert registry.get_model_version_by_alias("team-digits", "champion").version == "2"

@@ -275,3 +275,31 @@ def test_one_small_file_is_prepared_in_the_driver_as_ray_tasks_prepare_it(tmp_pa
     assert in_driver.preprocessor.to_dict() == on_ray.preprocessor.to_dict()
     for name in ("train", "val", "test"):
         np.testing.assert_array_equal(_prepared(in_driver, name), _prepared(on_ray, name), err_msg=name)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_within_remembered_a_fragment_read_to_its_end_is_read_again_from_memory(tmp_path, fmt):
+    source = tmp_path / f"rows.{fmt}"
+
+    def write(frame: pd.DataFrame, path) -> None:
+        (frame.to_parquet if fmt == "parquet" else frame.to_csv)(path, index=False)
+
+    write(_frame(300), source)
+    info = inspect_source(DataConfig(source=str(source), label_column="label", categorical_columns=["c"]))
+    (fragment,) = readers.plan_fragments(info)
+
+    def labels(**batches) -> list:
+        return [v for b in readers.fragment_batches(info, fragment, **batches) for v in b["label"]]
+
+    with readers.remembered():
+        first = labels()
+        # The file changes on disk: within the block, a later pass reads what the first read.
+        write(_frame(300).assign(label=7), source)
+        assert labels(frames=False) == first and 7 not in first
+    assert set(labels()) == {7}  # the block forgotten, the file is read again
+
+    write(_frame(300), source)
+    with readers.remembered():
+        next(readers.fragment_batches(info, fragment))  # a pass that stopped early keeps nothing
+        write(_frame(300).assign(label=7), source)
+        assert set(labels()) == {7}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -342,9 +342,13 @@ def prepare(
     if found:
         return found
     threads = driver_threads(info)
-    # In the driver the passes run here, one after another: a tokenizer's batches are
-    # kept between them (in Ray tasks each pass is a task of its own).
-    with tokenizer.remembered() if threads else nullcontext():
+    # In the driver the passes run here, one after another: the rows each fragment's
+    # first pass read, and a tokenizer's batches, are kept for the passes after it (in
+    # Ray tasks each pass is a task of its own).
+    with ExitStack() as remembering:
+        if threads:
+            remembering.enter_context(readers.remembered())
+            remembering.enter_context(tokenizer.remembered())
         return _prepare(info, split, cfg, cache_root, key, threads)
 
 

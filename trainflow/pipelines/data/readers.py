@@ -18,7 +18,10 @@ A fragment is a slice of the input that one worker reads on its own:
 from __future__ import annotations
 
 import io
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -182,8 +185,57 @@ def transformed(info: SourceInfo, frame: pd.DataFrame) -> pd.DataFrame:
     ]
 
 
+# The record batches each fragment's first pass read, for the passes after it while they
+# run one after another in one process (:func:`remembered`), up to REMEMBER_BYTES in all.
+REMEMBER_BYTES = 512 << 20
+
+
+@dataclass
+class _Remembered:
+    batches: dict[tuple, list] = field(default_factory=dict)
+    bytes: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_remembered: ContextVar[_Remembered | None] = ContextVar("trainflow_batches", default=None)
+
+
+@contextmanager
+def remembered() -> Iterator[None]:
+    """Within the block, a fragment of a Parquet, CSV or JSON lines input read again is
+    answered from memory, up to :data:`REMEMBER_BYTES` of decoded rows; forgotten when the
+    block ends. A fragment is known by its file, row groups and columns."""
+    token = _remembered.set(_Remembered())
+    try:
+        yield
+    finally:
+        _remembered.reset(token)
+
+
 def _read(info: SourceInfo, fragment: Fragment) -> Iterator[Any]:
-    """Arrow record batches, or DataFrames (digits, NumPy, images), of the fragment."""
+    """Arrow record batches, or DataFrames (digits, NumPy, images), of the fragment; from
+    memory within :func:`remembered` when an earlier pass read them."""
+    memo = _remembered.get()
+    if memo is None or info.format not in ("parquet", "csv", "json"):
+        yield from _read_source(info, fragment)
+        return
+    key = (info.source, fragment.path, fragment.row_groups, tuple(info.read_columns))
+    if key in memo.batches:
+        yield from memo.batches[key]
+        return
+    batches, size = [], 0
+    for batch in _read_source(info, fragment):
+        batches.append(batch)
+        size += batch.nbytes
+        yield batch
+    # Kept only once read to its end: a reader that stopped early saw part of it.
+    with memo.lock:
+        if memo.bytes + size <= REMEMBER_BYTES:
+            memo.batches[key] = batches
+            memo.bytes += size
+
+
+def _read_source(info: SourceInfo, fragment: Fragment) -> Iterator[Any]:
     columns = info.read_columns
     rows = batch_rows(info)
     if fragment.frame is not None:

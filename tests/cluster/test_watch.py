@@ -21,6 +21,10 @@ from trainflow.cluster.watch import ClusterWatch
 if sys.argv[4] == "polled":  # as where the OS has no pidfds
     del os.pidfd_open
 
+# The sleeps take a stop signal as a cluster's processes do, whatever this process
+# inherited (under nohup, SIGHUP is ignored, and so by the processes it starts).
+for stop_signal in (signal.SIGTERM, signal.SIGHUP):
+    signal.signal(stop_signal, signal.SIG_DFL)
 names = ("gcs_server", "raylet", "log_monitor")
 processes = {
     name: subprocess.Popen(["sleep", "600"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -223,7 +223,8 @@ def _read(info: SourceInfo, fragment: Fragment) -> Iterator[Any]:
     if key in memo.batches:
         yield from memo.batches[key]
         return
-    batches, size = [], 0
+    batches = []
+    size = 0
     for batch in _read_source(info, fragment):
         batches.append(batch)
         size += batch.nbytes

@@ -303,3 +303,16 @@ def test_within_remembered_a_fragment_read_to_its_end_is_read_again_from_memory(
         next(readers.fragment_batches(info, fragment))  # a pass that stopped early keeps nothing
         write(_frame(300).assign(label=7), source)
         assert set(labels()) == {7}
+
+
+def test_a_fragment_past_the_remembered_bytes_is_read_again(tmp_path, monkeypatch):
+    source = tmp_path / "rows.csv"
+    _frame(300).to_csv(source, index=False)
+    info = inspect_source(DataConfig(source=str(source), label_column="label", categorical_columns=["c"]))
+    (fragment,) = readers.plan_fragments(info)
+    monkeypatch.setattr(readers, "REMEMBER_BYTES", 1000)  # less than the fragment's rows
+
+    with readers.remembered():
+        assert len(list(readers.fragment_batches(info, fragment))) == 1
+        _frame(300).assign(label=7).to_csv(source, index=False)
+        assert {v for b in readers.fragment_batches(info, fragment) for v in b["label"]} == {7}

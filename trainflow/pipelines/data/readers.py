@@ -223,15 +223,20 @@ def _read(info: SourceInfo, fragment: Fragment) -> Iterator[Any]:
     if key in memo.batches:
         yield from memo.batches[key]
         return
-    batches = []
+    batches: list | None = []
     size = 0
     for batch in _read_source(info, fragment):
-        batches.append(batch)
         size += batch.nbytes
+        # Past what is left of the budget the fragment is not kept, nor held while read
+        # (a CSV file is one fragment whatever its size).
+        if batches is not None and memo.bytes + size <= REMEMBER_BYTES:
+            batches.append(batch)
+        else:
+            batches = None
         yield batch
     # Kept only once read to its end: a reader that stopped early saw part of it.
     with memo.lock:
-        if memo.bytes + size <= REMEMBER_BYTES:
+        if batches is not None and memo.bytes + size <= REMEMBER_BYTES:
             memo.batches[key] = batches
             memo.bytes += size
 

@@ -3,13 +3,13 @@ sweep of two trials (`trainflow sweep`), on the session's Ray cluster, the Prefe
 server and MLflow."""
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 from tests.e2e.test_cli import trainflow_in_process
 from trainflow.config import load_config
 from trainflow.flows.training import training_pipeline
 from trainflow.pipelines import registry
+from trainflow.pipelines.data.entry import read_split
 from trainflow.pipelines.data.preprocess import FEATURES, LABEL
 from trainflow.pipelines.data.sources import diabetes_frame
 from trainflow.pipelines.evaluation.evaluate import MODEL_VERSION, PREDICTION, RowPredictor
@@ -84,9 +84,9 @@ def test_a_regression_trains_is_gated_on_rmse_and_predicts_numbers(
     assert model.objective == "regression" and model.version == "2"
     entry = model.preprocessor
     prepared = next(p for p in workspace().cache.glob("*/test") if (p.parent / "preprocessor.json").is_file())
-    test = pq.read_table(prepared).to_pandas()
-    y_true = entry.unscale(test[LABEL].to_numpy())
-    y_pred = entry.unscale(model.predict_logits(np.stack(test[FEATURES].to_numpy())).reshape(-1))
+    test = read_split(prepared)
+    y_true = entry.unscale(test[LABEL])
+    y_pred = entry.unscale(model.predict_logits(test[FEATURES]).reshape(-1))
     assert test_metrics["rmse"] == pytest.approx(root_mean_squared_error(y_true, y_pred), rel=1e-5)
     assert test_metrics["mae"] == pytest.approx(mean_absolute_error(y_true, y_pred), rel=1e-5)
     assert test_metrics["r2"] == pytest.approx(r2_score(y_true, y_pred), rel=1e-5)

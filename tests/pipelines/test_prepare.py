@@ -12,7 +12,7 @@ from trainflow.config import DataConfig, PreprocessConfig, SplitConfig
 from trainflow.pipelines.data import prepare as preparing
 from trainflow.pipelines.data import readers, runner
 from trainflow.pipelines.data import split as splitting
-from trainflow.pipelines.data.entry import split_files
+from trainflow.pipelines.data.entry import read_split
 from trainflow.pipelines.data.prepare import prepare, raw_split
 from trainflow.pipelines.data.preprocess import FEATURES, LABEL
 from trainflow.pipelines.data.schema import DataError, SourceInfo, inspect_dataset, inspect_source
@@ -56,9 +56,8 @@ def _rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def _prepared(entry, name: str) -> np.ndarray:
-    frames = [pq.read_table(p).to_pandas() for p in split_files(entry.split_path(name))[1]]
-    x = np.concatenate([np.stack(f[FEATURES].to_numpy()) for f in frames])
-    return _rows(x, np.concatenate([f[LABEL].to_numpy() for f in frames]))
+    split = read_split(entry.split_path(name))
+    return _rows(split[FEATURES], split[LABEL])
 
 
 def _in_one_pass(info, frame: pd.DataFrame, split: SplitConfig, cfg: PreprocessConfig, *, exact: bool):

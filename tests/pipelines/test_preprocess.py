@@ -98,9 +98,7 @@ def test_prepare_writes_once_and_reuses_the_entry(tmp_path, ray_cluster):
         "val",
     ]
     # Train statistics differ from the whole data's: fitted on train only.
-    import ray.data
-
-    train_x = ray.data.read_parquet(first.split_path("train")).take_batch(1000)[FEATURES]
+    train_x = first.dataset("train").take_batch(1000)[FEATURES]
     assert train_x.shape == (first.counts["train"], 1)
     assert first.preprocessor.offset[0] != pytest.approx(df["x"].mean(), abs=1e-9)
     assert train_x.mean() == pytest.approx(0.0, abs=1e-5)

@@ -90,10 +90,8 @@ def test_numpy_npz_and_structured_npy(tmp_path, ray_cluster):
     assert got["label"].tolist() == y.tolist()
     entry = prepare(info, SplitConfig(), PreprocessConfig(scaler="minmax"), tmp_path / "cache")
     assert sum(entry.counts.values()) == 40
-    import ray.data
-
     # Min-max scaling fitted on train: the train split spans exactly [0, 1] per feature.
-    train = ray.data.read_parquet(entry.split_path("train")).take_batch(100)[FEATURES]
+    train = entry.dataset("train").take_batch(100)[FEATURES]
     np.testing.assert_allclose(train.min(axis=0), 0.0, atol=1e-6)
     np.testing.assert_allclose(train.max(axis=0), 1.0, atol=1e-6)
 
@@ -130,9 +128,7 @@ def test_image_folder_labels_come_from_sorted_folder_names(tmp_path, ray_cluster
     pre = entry.preprocessor
     assert pre.classes == ["cat", "dog", "emu"] and pre.image["shape"] == [3, 8, 8]
     assert pre.num_features == 3 * 8 * 8 and pre.image["augment"]
-    import ray.data
-
-    train = ray.data.read_parquet(entry.split_path("train")).take_batch(100)
+    train = entry.dataset("train").take_batch(100)
     assert train[FEATURES].shape == (entry.counts["train"], 192)
     assert abs(float(train[FEATURES].mean())) < 0.2  # normalized with the train split's statistics
     assert sorted(set(train[LABEL].tolist())) == [0, 1, 2]
@@ -204,9 +200,7 @@ def test_a_torchvision_dataset_prepares_through_the_image_path(tmp_path, ray_clu
     assert pre.classes[:2] == ["T-shirt/top", "Trouser"] and pre.input_columns == ["image"]
     assert pre.image["shape"] == [3, 16, 20] and pre.image["augment"] and len(pre.image["mean"]) == 3
     assert sum(entry.counts.values()) == 50
-    import ray.data
-
-    train = ray.data.read_parquet(entry.split_path("train")).take_batch(100)
+    train = entry.dataset("train").take_batch(100)
     assert train[FEATURES].shape == (entry.counts["train"], 3 * 16 * 20)
     assert abs(float(train[FEATURES].mean())) < 0.2  # normalized with the train split's statistics
     # The split hashes each image's index: another seed places other rows.

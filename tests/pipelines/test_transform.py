@@ -10,7 +10,6 @@ import textwrap
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -24,7 +23,7 @@ from trainflow.config import (
     SplitConfig,
 )
 from trainflow.pipelines.data import transform as transforms
-from trainflow.pipelines.data.entry import split_files
+from trainflow.pipelines.data.entry import read_split
 from trainflow.pipelines.data.prepare import prepare
 from trainflow.pipelines.data.preprocess import FEATURES, LABEL, Preprocessor
 from trainflow.pipelines.data.schema import inspect_source
@@ -87,10 +86,8 @@ def _csv(tmp_path, frame: pd.DataFrame) -> str:
     return str(path)
 
 
-def _split(entry, name: str) -> pd.DataFrame:
-    import ray.data  # noqa: F401  registers Ray's tensor type
-
-    return pd.concat([pq.read_table(p).to_pandas() for p in split_files(entry.split_path(name))[1]])
+def _split(entry, name: str) -> dict[str, np.ndarray]:
+    return read_split(entry.split_path(name))
 
 
 def test_int_arrays_stay_int64_unscaled_and_float_arrays_scale_number_by_number(tmp_path, code):
@@ -109,8 +106,8 @@ def test_int_arrays_stay_int64_unscaled_and_float_arrays_scale_number_by_number(
     entry = prepare(info, SplitConfig(), PreprocessConfig(transform="tr_arrays:tokens"), tmp_path / "cache")
     train = _split(entry, "train")
     # No numeric or categorical column: no features column, each array by its own name.
-    assert list(train.columns) == ["ids", "window", LABEL]
-    ids, window = np.stack(train["ids"].to_numpy()), np.stack(train["window"].to_numpy())
+    assert list(train) == ["ids", "window", LABEL]
+    ids, window = train["ids"], train["window"]
     assert ids.dtype == np.int64 and set(np.unique(ids)) <= set(range(11))
     assert window.dtype == np.float32
     np.testing.assert_allclose(window.mean(axis=0), 0.0, atol=1e-4)  # each number standardized
@@ -131,7 +128,7 @@ def test_int_arrays_stay_int64_unscaled_and_float_arrays_scale_number_by_number(
     unscaled = prepare(
         info, SplitConfig(), PreprocessConfig(scaler="none", transform="tr_arrays:tokens"), tmp_path / "c2"
     )
-    window = np.stack(_split(unscaled, "train")["window"].to_numpy())
+    window = _split(unscaled, "train")["window"]
     assert window[:, 2].min() > 90  # 100 + x, as the transform gave it
 
 
@@ -142,7 +139,7 @@ def test_data_without_arrays_is_prepared_and_saved_as_before(tmp_path, code):
     )
     info = inspect_source(DataConfig(source=_csv(tmp_path, texts())), transform="tr_numbers:double")
     entry = prepare(info, SplitConfig(), PreprocessConfig(transform="tr_numbers:double"), tmp_path / "cache")
-    assert list(_split(entry, "train").columns) == [FEATURES, LABEL]
+    assert list(_split(entry, "train")) == [FEATURES, LABEL]
     assert entry.preprocessor.layout is None and entry.preprocessor.offset[0] == pytest.approx(10.0, abs=1.0)
     # Without a transform, the state holds no key a trainflow before transforms did not write.
     state = Preprocessor(["x"], "label", ["a", "b"], [0.0], [1.0]).to_dict()
@@ -309,5 +306,5 @@ def test_a_splits_raw_rows_are_the_source_rows_the_transform_was_handed(tmp_path
     )
     assert list(raw.columns) == ["text", "x", "label"] and len(raw) == entry.counts["test"]
     again = entry.preprocessor.model_inputs(raw.drop(columns=["label"]))["ids"]
-    prepared = np.stack(_split(entry, "test")["ids"].to_numpy())
+    prepared = _split(entry, "test")["ids"]
     assert sorted(map(tuple, again)) == sorted(map(tuple, prepared))

@@ -9,13 +9,17 @@ instead of training or registering the wrong thing.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from trainflow.config import PipelineConfig
 from trainflow.files import join
 from trainflow.tasks.steps import StepInputError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import ray.data
 
 
 class Prepared(BaseModel):
@@ -44,6 +48,19 @@ class Prepared(BaseModel):
 
     def split_path(self, name: str) -> str:
         return join(self.path, name)
+
+    def dataset(self, name: str) -> ray.data.Dataset:
+        """A split as a lazy Ray Dataset: ``features``, ``label`` and a transform's
+        array columns, a tensor of its shape per row."""
+        from trainflow.pipelines.data.entry import split_dataset
+
+        return split_dataset(self.split_path(name))
+
+    def read_split(self, name: str) -> dict[str, np.ndarray]:
+        """A whole split in this process's memory: one NumPy array per column."""
+        from trainflow.pipelines.data.entry import read_split
+
+        return read_split(self.split_path(name))
 
     def check_made_for(self, config: PipelineConfig, step: str) -> None:
         """StepInputError unless ``config``'s data, preprocess and objective sections prepared this."""

@@ -39,6 +39,7 @@ from trainflow.files import (
     write_text,
 )
 from trainflow.pipelines.data import profile as profiles
+from trainflow.pipelines.data import tensors
 from trainflow.pipelines.data import transform as transforms
 from trainflow.pipelines.data.preprocess import Preprocessor
 from trainflow.pipelines.data.schema import DataError, SourceInfo
@@ -91,7 +92,9 @@ def split_dataset(location: str) -> ray.data.Dataset:
 
     fs, path = filesystem(location)
     with switches.parquet_datasource_v1():
-        return ray.data.read_parquet(path, filesystem=fs)
+        ds = ray.data.read_parquet(path, filesystem=fs)
+    # Each read block's tensor columns decoded in the read's own task (fused with it).
+    return ds.map_batches(tensors.to_ray, batch_format="pyarrow", batch_size=None, zero_copy_batch=True)
 
 
 def code_version() -> str:
@@ -198,11 +201,19 @@ def read_split_batches(location: str | Path, batch_size: int) -> Iterator[dict[s
     ``map_batches`` and ``iter_batches`` give: ``{features, label}`` and a transform's
     array columns; streamed, its files in name order, so that only a batch at a time is held."""
     import pyarrow.dataset as pads
-    import ray.data  # noqa: F401  registers Ray's tensor type, the features column's type
 
     fs, files = split_files(location)
     for path_ in files:
         parquet = pads.dataset(path_, filesystem=fs)
         for batch in parquet.to_batches(batch_size=batch_size):
             if batch.num_rows:
-                yield {name: batch.column(name).to_numpy(zero_copy_only=False) for name in batch.schema.names}
+                yield tensors.to_numpy(batch)
+
+
+def read_split(location: str | Path) -> dict[str, np.ndarray]:
+    """A whole prepared split in memory: ``{features, label}`` and a transform's array
+    columns, each one array (a tensor column of its shape per row)."""
+    batches = list(read_split_batches(location, batch_size=1 << 20))
+    if not batches:
+        raise DataError(f"{location}: no prepared rows")
+    return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}

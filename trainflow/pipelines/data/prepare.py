@@ -27,7 +27,7 @@ import numpy as np
 from trainflow.config import ConfigError, PreprocessConfig, SplitConfig
 from trainflow.files import filesystem as location_filesystem
 from trainflow.files import join
-from trainflow.pipelines.data import readers, runner, sources, tokenizer
+from trainflow.pipelines.data import readers, runner, sources, tensors, tokenizer
 from trainflow.pipelines.data import split as splits
 from trainflow.pipelines.data.entry import PreparedEntry, cache_key, finish_entry, finished_entry, staging
 from trainflow.pipelines.data.preprocess import LABEL, Preprocessor
@@ -198,11 +198,13 @@ def _rows(batch, rows: slice):
 
 def _table(x: dict[str, np.ndarray], y: np.ndarray, rows: np.ndarray):
     """Some rows of prepared inputs (``features``, a transform's arrays) and labels, as
-    the split's Parquet holds them: a tensor column per input, then ``label``."""
+    the split's Parquet holds them: a tensor column per input (:mod:`tensors`), then ``label``."""
     import pyarrow as pa
-    from ray.data.extensions import ArrowTensorArray
 
-    return pa.table({**{name: ArrowTensorArray.from_numpy(v[rows]) for name, v in x.items()}, LABEL: y[rows]})
+    encoded = [tensors.encode(name, v[rows]) for name, v in x.items()]
+    label = pa.array(y[rows])
+    schema = pa.schema([*(f for f, _ in encoded), pa.field(LABEL, label.type)])
+    return pa.Table.from_arrays([*(c for _, c in encoded), label], schema=schema)
 
 
 def _write(writers: dict, split_name: str, location: str, table, pre: Preprocessor) -> None:

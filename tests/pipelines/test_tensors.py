@@ -12,11 +12,9 @@ from trainflow.pipelines.data.entry import read_split, read_split_batches, split
 def _write_split(folder, columns: dict[str, np.ndarray], label: np.ndarray) -> None:
     """Two files, the second of two row groups, as preparing writes a split's fragments."""
     folder.mkdir()
-    encoded = [tensors.encode(name, v) for name, v in columns.items()]
-    schema = pa.schema([*(f for f, _ in encoded), pa.field("label", pa.int64())])
-    table = pa.Table.from_arrays([*(c for _, c in encoded), pa.array(label)], schema=schema)
+    table = tensors.table(columns, {"label": label})
     pq.write_table(table.slice(0, 7), folder / "part-00000.parquet")
-    with pq.ParquetWriter(folder / "part-00001.parquet", schema) as writer:
+    with pq.ParquetWriter(folder / "part-00001.parquet", table.schema) as writer:
         writer.write_table(table.slice(7, 5))
         writer.write_table(table.slice(12))
 
@@ -55,8 +53,7 @@ def test_tensor_columns_read_back_as_written(tmp_path, ray_cluster):
 
 def test_a_sliced_column_and_an_empty_one_decode():
     values = np.arange(24, dtype=np.float32).reshape(6, 4)
-    field, column = tensors.encode("features", values)
-    table = pa.Table.from_arrays([column], schema=pa.schema([field]))
+    table = tensors.table({"features": values}, {})
     np.testing.assert_array_equal(tensors.to_numpy(table.slice(2, 3))["features"], values[2:5])
     assert tensors.to_numpy(table.slice(6))["features"].shape == (0, 4)
     decoded = tensors.to_ray(table.slice(1))

@@ -199,12 +199,7 @@ def _rows(batch, rows: slice):
 def _table(x: dict[str, np.ndarray], y: np.ndarray, rows: np.ndarray):
     """Some rows of prepared inputs (``features``, a transform's arrays) and labels, as
     the split's Parquet holds them: a tensor column per input (:mod:`tensors`), then ``label``."""
-    import pyarrow as pa
-
-    encoded = [tensors.encode(name, v[rows]) for name, v in x.items()]
-    label = pa.array(y[rows])
-    schema = pa.schema([*(f for f, _ in encoded), pa.field(LABEL, label.type)])
-    return pa.Table.from_arrays([*(c for _, c in encoded), label], schema=schema)
+    return tensors.table({name: v[rows] for name, v in x.items()}, {LABEL: y[rows]})
 
 
 def _write(writers: dict, split_name: str, location: str, table, pre: Preprocessor) -> None:

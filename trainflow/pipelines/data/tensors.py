@@ -35,6 +35,16 @@ def encode(name: str, values: np.ndarray) -> tuple[pa.Field, pa.Array]:
     return field, column
 
 
+def table(arrays: dict[str, np.ndarray], columns: dict[str, np.ndarray]) -> pa.Table:
+    """A table of a tensor column per entry of ``arrays``, then ``columns`` as they are."""
+    import pyarrow as pa
+
+    encoded = [encode(name, v) for name, v in arrays.items()]
+    plain = [pa.array(v) for v in columns.values()]
+    fields = [*(f for f, _ in encoded), *(pa.field(n, c.type) for n, c in zip(columns, plain, strict=True))]
+    return pa.Table.from_arrays([*(c for _, c in encoded), *plain], schema=pa.schema(fields))
+
+
 def tensor_columns(schema: pa.Schema) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
     """The columns of ``schema`` that hold tensors, with each one's dtype and shape."""
     out = {}

@@ -170,7 +170,9 @@ def fragment_batches(
             elif isinstance(batch, pd.DataFrame):
                 yield batch if frames else {c: batch[c].to_numpy() for c in batch.columns}
             else:
-                yield batch.to_pandas() if frames else _arrays(batch)
+                # A block per column: the frame holds views of Arrow's buffers, where
+                # pandas' one block per dtype would copy the batch into fresh pages.
+                yield batch.to_pandas(split_blocks=True) if frames else _arrays(batch)
     except DataError:
         raise
     except UNREADABLE as e:

@@ -44,6 +44,15 @@ IMPORTS = (
     "ray.tune",
     "matplotlib.backends.backend_agg",
     "matplotlib.figure",
+    # The evaluate step's metrics and the bundled data sets: scikit-learn's import, which
+    # a command's checks would otherwise pay before anything starts.
+    "sklearn.metrics",
+    "sklearn.datasets",
+    # The registry's store as the register step opens it (the embedded one's SQLAlchemy
+    # tables): imported in a child, they take the CPU from Ray Train's start.
+    "mlflow",
+    "mlflow.store.tracking.sqlalchemy_store",
+    "mlflow.store.model_registry.sqlalchemy_store",
 )
 # Environment variables these imports read (and a command's start-up sets, QUIET_ENV),
 # by prefix; those a command sets to use the warm services are left out.

@@ -1,7 +1,7 @@
 """What `trainflow up`'s forkserver imports before its first command: enough that a warm
 `trainflow run` of the default job imports no package of its own in its checks or when
-it opens the registry (scikit-learn and MLflow's store took 2 CPU-seconds of each warm
-run beside Ray Train's start), and no thread, which a forked child would lack."""
+it opens the registry (scikit-learn in the checks, before anything starts; MLflow's store
+beside Ray Train's start), and no thread, which a forked child would lack."""
 
 import json
 import os

@@ -86,6 +86,16 @@ def test_a_program_the_forkserver_cannot_serve_starts_in_the_launchers_process(f
     assert refused.returncode == 3, refused.stderr
     seen = json.loads(refused.stdout)
     assert not seen["torch_before"] and seen["parent"] != server and seen["argv"] == ["--flag", "value"]
+    # What the forkserver's imports set themselves, as a driver that imported torch._dynamo
+    # before Ray started hands it on: the same imports, served.
+    cache = subprocess.run(
+        [sys.executable, "-c", "import os, torch._dynamo; print(os.environ['TORCHINDUCTOR_CACHE_DIR'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    served = _launch(folder, program, tmp_path, env={"TORCHINDUCTOR_CACHE_DIR": cache})
+    assert served.returncode == 3 and json.loads(served.stdout)["parent"] == server, served.stderr
+    elsewhere = _launch(folder, program, tmp_path, env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)})
+    assert json.loads(elsewhere.stdout)["parent"] != server, elsewhere.stderr  # another value: refused
     # No forkserver at all.
     alone = _launch(tmp_path, program, tmp_path)
     assert alone.returncode == 3 and not json.loads(alone.stdout)["torch_before"], alone.stderr

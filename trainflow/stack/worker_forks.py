@@ -61,10 +61,19 @@ def stamp(python: str, env: dict[str, str]) -> str:
 
 def serve(folder: Path) -> None:
     """Import PyTorch, then fork a child per worker asked for on ``folder``/workers.sock."""
-    own = stamp(sys.executable, dict(os.environ))
+    before = dict(os.environ)
+    own = stamp(sys.executable, before)
     # Ray reads a worker's settings once, when imported: never before the fork.
     listener = listening(folder / SOCKET, IMPORTS, never=("ray",))
-    ForkServer(listener, own, _run_worker, _become_worker, lambda r: stamp(r["python"], r["env"])).loop()
+    # What the imports set themselves (torch._dynamo's TORCHINDUCTOR_CACHE_DIR), as a driver
+    # that imported them before Ray started hands them to its workers: the same imports.
+    own_setting = {k: v for k, v in os.environ.items() if before.get(k) != v}
+
+    def stamp_of(request: dict) -> str:
+        env = {k: v for k, v in request["env"].items() if own_setting.get(k) != v or k in before}
+        return stamp(request["python"], env)
+
+    ForkServer(listener, own, _run_worker, _become_worker, stamp_of).loop()
 
 
 def _become_worker(request: dict) -> None:

@@ -124,6 +124,27 @@ def smoke_model_env(home: Path, what: str) -> dict[str, str]:
     return env
 
 
+def trainflow_services(env: dict[str, str], *args: str) -> None:
+    """`trainflow up` or `down` in ``env``'s TRAINFLOW_HOME, off the clock."""
+    done = subprocess.run(
+        [sys.executable, "-m", "trainflow.cli", *args],
+        env=env,
+        cwd=HERE.parent,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"trainflow {' '.join(args)} failed: {done.stderr[-2000:]}")
+
+
+def forkserver_children_cpu_s(home: Path) -> float:
+    """The CPU seconds of the ended children of `trainflow up`'s forkserver for ``home`` (each
+    command it ran), from /proc: a warm command runs there, outside its own process tree."""
+    pid = json.loads((home / "warm" / "warm.json").read_text())["pids"]["forkserver"]
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime + cstime
+
+
 def start_ray(num_cpus: int = 2, object_store_mb: int | None = None, **extra) -> None:
     """A local Ray cluster of this process's own, set up as trainflow sets up its own."""
     import ray

@@ -19,14 +19,21 @@ cold run with TRAINFLOW_WORKER_FORKS=0. Writes benchmarks/results/warm_start.jso
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from common import add_results_arg, load1, median, ratio, run_measured, write_section
+from common import (
+    add_results_arg,
+    forkserver_children_cpu_s,
+    load1,
+    median,
+    ratio,
+    run_measured,
+    trainflow_services,
+    write_section,
+)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -47,23 +54,6 @@ def command(row: str, epochs: int) -> list[str]:
         return [sys.executable, str(HERE / "plain_torch.py"), "--epochs", str(epochs)]
     extra = NO_WORKERS if row.endswith("_no_workers") else ()
     return [sys.executable, "-m", "trainflow.cli", "run", "--set", f"train.epochs={epochs}", *extra]
-
-
-def trainflow(env: dict[str, str], *args: str) -> None:
-    """`trainflow up` or `down`, off the clock."""
-    done = subprocess.run(
-        [sys.executable, "-m", "trainflow.cli", *args], env=env, cwd=REPO, capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"trainflow {' '.join(args)} failed: {done.stderr[-2000:]}")
-
-
-def forkserver_children_cpu_s(home: Path) -> float:
-    """The CPU seconds of the warm forkserver's ended children (each command it ran), from
-    /proc: a warm command runs there, outside its own process tree."""
-    pid = json.loads((home / "warm" / "warm.json").read_text())["pids"]["forkserver"]
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime + cstime
 
 
 def run_once(row: str, epochs: int, env: dict[str, str]) -> dict:
@@ -89,7 +79,7 @@ def measure(rounds: int, epochs: int, homes: Path) -> dict[str, list[dict]]:
     base["RAY_USAGE_STATS_ENABLED"] = "0"
     envs = {row: {**base, "TRAINFLOW_HOME": str(homes / row.split("_")[0])} for row in ROWS}
     envs["cold_ray_workers"]["TRAINFLOW_WORKER_FORKS"] = "0"
-    trainflow(envs["warm"], "up")
+    trainflow_services(envs["warm"], "up")
     try:
         for row in ("cold", "warm", "cold_no_workers", "warm_no_workers"):
             run_once(row, epochs, envs[row])
@@ -99,7 +89,7 @@ def measure(rounds: int, epochs: int, homes: Path) -> dict[str, list[dict]]:
                 runs[row].append(run_once(row, epochs, envs[row]))
                 print(f"round {i + 1}/{rounds} {row}: {runs[row][-1]}", flush=True)
     finally:
-        trainflow(envs["warm"], "down")
+        trainflow_services(envs["warm"], "down")
     return runs
 
 

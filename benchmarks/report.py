@@ -23,6 +23,7 @@ SECTIONS = (
     "load",
     "ingest",
     "training",
+    "epoch_save",
     "resnet",
     "scaling",
     "scaling_streamed",

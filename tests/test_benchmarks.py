@@ -123,6 +123,17 @@ def test_ingest_quick_measures_trainflow_and_the_floor_on_the_same_rows(tmp_path
         assert set(run["counts"]) == {"train", "val", "test"}
 
 
+def test_epoch_save_quick_times_the_loops_own_saves_with_the_whole_history(tmp_path: Path):
+    doc = run_script("epoch_save", "--quick", results=tmp_path)
+
+    assert [row["history"] for row in doc["rows"]] == [20, 200]
+    for row in doc["rows"]:
+        assert row["trainflow_ms"] > 0 and row["plain_ms"] > 0
+        # What was timed: whole checkpoints, the latest holding every epoch, the best and it kept.
+        assert row["latest_history"] == row["history"]
+        assert row["kept"][-1] == f"checkpoint_epoch_{row['history']:06d}" and 1 <= len(row["kept"]) <= 3
+
+
 @pytest.mark.slow  # prepares images and trains a ResNet-18 twice, with Ray (and torch)
 def test_resnet_quick_runs_trainflow_and_plain_pytorch_on_the_same_rows_and_threads(tmp_path: Path):
     doc = run_script("resnet", "--quick", results=tmp_path)

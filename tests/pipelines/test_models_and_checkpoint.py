@@ -8,7 +8,7 @@ import torch
 from trainflow.config import ConfigError, ModelConfig, PipelineConfig
 from trainflow.pipelines.data.preprocess import Preprocessor
 from trainflow.pipelines.models.build import build_model, initial_model, model_spec
-from trainflow.pipelines.models.checkpoint import load_checkpoint, save_checkpoint
+from trainflow.pipelines.models.checkpoint import load_checkpoint, metrics_json, save_checkpoint
 
 
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
@@ -47,6 +47,30 @@ def test_checkpoint_round_trip_predicts_the_same(tmp_path):
     assert set(loaded.predict(frame)) <= {"x", "y", "z"}
     np.testing.assert_allclose(loaded.predict_proba(frame).sum(axis=1), 1.0, rtol=1e-5)
     assert loaded.config["name"] == "digits"
+
+
+def test_metrics_json_reads_back_whole_an_epoch_a_line_each_row_encoded_once():
+    history = [{"epoch": 1, "val_loss": 0.5}]
+    rows: list[str] = []
+    metrics_json({**history[0], "history": history}, rows)
+    first = rows[0]
+    history.append({"epoch": 2, "val_loss": float("nan")})
+    text = metrics_json({"epoch": 2, "val_loss": float("nan"), "history": history}, rows)
+    assert rows[0] is first and len(rows) == 2  # the first epoch's row, not encoded again
+    assert text.splitlines() == [
+        "{",
+        '  "epoch": 2,',
+        '  "val_loss": NaN,',
+        '  "history": [',
+        '    {"epoch": 1, "val_loss": 0.5},',
+        '    {"epoch": 2, "val_loss": NaN}',
+        "  ]",
+        "}",
+    ]
+    assert json.loads(text)["history"][0] == history[0]
+    # Another run's shorter history with the same list: encoded anew.
+    assert json.loads(metrics_json({"history": [{"epoch": 7}]}, rows)) == {"history": [{"epoch": 7}]}
+    assert json.loads(metrics_json({"epoch": 1, "history": []})) == {"epoch": 1, "history": []}
 
 
 def test_a_lora_checkpoint_holds_the_adapter_and_loads_onto_its_base_or_whole(tmp_path):

@@ -2,6 +2,7 @@
 stopping), its inputs, its progress rows, and whole runs resuming exactly where they
 stopped. Fits run on real Ray Train workers over the prepared digits."""
 
+import json
 import math
 import os
 import pickle
@@ -17,6 +18,7 @@ from torch import nn
 from tests.controller_probe import ControllerModules, controller_imported_torch, controller_record
 from trainflow import ray_internals
 from trainflow.config import ConfigError, DataConfig, PipelineConfig, PreprocessConfig, load_config
+from trainflow.config.outputs import CheckpointSection
 from trainflow.pipelines.data.entry import read_split_batches, split_bytes
 from trainflow.pipelines.data.prepare import prepare
 from trainflow.pipelines.data.preprocess import FEATURES, LABEL
@@ -24,7 +26,7 @@ from trainflow.pipelines.data.schema import inspect_source
 from trainflow.pipelines.models.checkpoint import load_checkpoint
 from trainflow.pipelines.training import inputs, optim
 from trainflow.pipelines.training import loop as training_loop
-from trainflow.pipelines.training.in_process import on_a_folder, run_folder
+from trainflow.pipelines.training.in_process import best_kept, on_a_folder, run_folder, save_kept
 from trainflow.pipelines.training.placements import PlacementTracker, record_placement
 from trainflow.pipelines.training.progress import PROGRESS_NAMESPACE, ProgressLog, follow_progress
 from trainflow.pipelines.training.run import build_trainer, run_training
@@ -565,6 +567,12 @@ def test_no_workers_trains_in_this_process_as_one_worker_would_and_goes_on_from_
     assert result.best_metrics["epoch"] == best == load_checkpoint(result.best_checkpoint).metrics["epoch"]
     kept = {f"checkpoint_epoch_{epoch:06d}" for epoch in (best, 3)}
     assert {p.name for p in (tmp_path / "here").glob("checkpoint_*")} == kept
+    # The history is the checkpoint's metrics.json's alone, an epoch a line.
+    latest = tmp_path / "here" / "checkpoint_epoch_000003"
+    lines = (latest / "metrics.json").read_text().splitlines()
+    rows = [json.loads(line.strip().rstrip(",")) for line in lines if line.startswith('    {"epoch"')]
+    assert [row["epoch"] for row in rows] == [1, 2, 3]
+    assert "history" not in torch.load(latest / "train_state.pt", weights_only=True)
 
     # The same epochs on one Ray Train worker give the same figures.
     one = config.model_copy(update={"scaling": config.scaling.model_copy(update={"num_workers": 1})})
@@ -579,6 +587,33 @@ def test_no_workers_trains_in_this_process_as_one_worker_would_and_goes_on_from_
     result = run_training(more, splits, run_name="here", storage=str(tmp_path))
     assert SEEN == [(os.getpid(), 4), (os.getpid(), 5)]
     assert [h["epoch"] for h in result.history] == [1, 2, 3, 4, 5]
+
+
+def test_kept_checkpoints_rank_by_what_their_metrics_say_after_a_restart_of_the_run(tmp_path):
+    """save_kept ranks a run's checkpoints at every epoch; a checkpoint written again (a
+    trial reset to the same run name) ranks by its new metrics, one written by another
+    process by what its metrics.json holds."""
+    kept = CheckpointSection(keep=1, metric="val_loss", mode="min")
+
+    def save_epoch(epoch, val_loss):
+        metrics = {"epoch": epoch, "val_loss": val_loss}
+
+        def save(folder):
+            folder.mkdir()
+            (folder / "metrics.json").write_text(json.dumps({**metrics, "history": [metrics]}))
+
+        return save_kept(metrics, str(tmp_path), kept, save).name
+
+    assert [save_epoch(1, 0.5), save_epoch(2, 0.9)] == [f"checkpoint_epoch_00000{e}" for e in (1, 2)]
+    assert best_kept(str(tmp_path), kept).name == "checkpoint_epoch_000001"
+    save_epoch(1, 2.0)  # started over: epoch 1 now worse than epoch 2
+    assert best_kept(str(tmp_path), kept).name == "checkpoint_epoch_000002"
+    save_epoch(3, 1.0)  # the latest, kept beside the best; epoch 1 deleted
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"checkpoint_epoch_00000{e}" for e in (2, 3)]
+    # Rewritten by another process: read again.
+    rewritten = {"epoch": 3, "val_loss": 0.1}
+    (tmp_path / "checkpoint_epoch_000003" / "metrics.json").write_text(json.dumps(rewritten))
+    assert best_kept(str(tmp_path), kept).name == "checkpoint_epoch_000003"
 
 
 def test_a_run_without_workers_keeps_its_checkpoints_in_a_folder_and_refuses_a_bucket(tmp_path):

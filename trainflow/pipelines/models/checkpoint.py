@@ -55,9 +55,11 @@ def save_checkpoint(
     spec: dict[str, Any],
     preprocessor: dict[str, Any],
     config: dict[str, Any],
-    metrics: dict[str, Any],
+    metrics: dict[str, Any] | str,
     train_state: dict[str, Any] | None = None,
 ) -> Path:
+    """Write the checkpoint folder ``folder``; ``metrics`` as a dict, or as the text of
+    ``metrics.json`` (:func:`metrics_json`)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     transform = preprocessor.get("transform")
@@ -66,11 +68,31 @@ def save_checkpoint(
         saved = {**transform, "path": tokenizer.saved(transform["path"], folder)}
         preprocessor = {**preprocessor, "transform": saved}
     torch.save(model_state(model), folder / MODEL)
-    for name, value in ((SPEC, spec), (PREPROCESSOR, preprocessor), (CONFIG, config), (METRICS, metrics)):
+    for name, value in ((SPEC, spec), (PREPROCESSOR, preprocessor), (CONFIG, config)):
         (folder / name).write_text(json.dumps(value, indent=2))
+    (folder / METRICS).write_text(metrics if isinstance(metrics, str) else metrics_json(metrics))
     if train_state is not None:
         torch.save(train_state, folder / TRAIN_STATE)
     return folder
+
+
+def metrics_json(metrics: dict[str, Any], encoded_rows: list[str] | None = None) -> str:
+    """``metrics.json``'s text: a key per line, each row of the ``history`` (every epoch so
+    far) on a line of its own. ``encoded_rows``: the history's rows encoded for an earlier
+    epoch's checkpoint of the same run, extended here with the new ones; a loop that keeps
+    it encodes each row once, and a long run's late checkpoints cost what its first do."""
+    lines = []
+    for key, value in metrics.items():
+        if key == "history" and isinstance(value, list) and value:
+            rows = encoded_rows if encoded_rows is not None else []
+            if len(rows) > len(value):  # another run's rows
+                rows.clear()
+            rows.extend(json.dumps(row) for row in value[len(rows) :])
+            body = ",\n    ".join(rows)
+            lines.append(f'  "history": [\n    {body}\n  ]')
+        else:
+            lines.append(f"  {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}" if lines else "{}"
 
 
 def model_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -99,7 +99,8 @@ def save_kept(
 ) -> Path:
     """Save an epoch's checkpoint with ``save(folder)`` as ``checkpoint_epoch_<n>`` in the
     run ``folder`` (written under a temporary name, then renamed), delete those past the
-    best ``kept.keep`` by ``kept.metric`` and the latest, and return its path."""
+    best ``kept.keep`` by ``kept.metric`` and the latest, and return its path. ``metrics``:
+    the epoch's, as the checkpoint's metrics.json holds them."""
     run = Path(folder)
     path = run / f"checkpoint_epoch_{int(metrics['epoch']):06d}"
     tmp = run / f".{path.name}.tmp-{os.getpid()}"
@@ -107,6 +108,7 @@ def save_kept(
     save(tmp)
     shutil.rmtree(path, ignore_errors=True)  # a trial reset to the same run name starts over
     os.replace(tmp, path)
+    _remember(path, kept.metric, metrics.get(kept.metric))
     _keep_best(run, kept, path)
     return path
 
@@ -127,11 +129,31 @@ def _keep_best(run: Path, kept: CheckpointSection, latest: Path) -> None:
     for folder in saved:
         if folder not in best:
             shutil.rmtree(folder, ignore_errors=True)
+            _scores.pop(folder, None)
+
+
+# Each checkpoint's value of the metric that ranks it, by folder, with the metric's name
+# and its metrics.json's stat as they were then: every epoch ranks the run's checkpoints
+# again, and their metrics.json holds the whole history. Set for what this process saved,
+# read once from what it did not (an earlier attempt's checkpoints).
+_scores: dict[Path, tuple[str, tuple[int, int, int], Any]] = {}
+
+
+def _stamp(folder: Path) -> tuple[int, int, int]:
+    stat = (folder / METRICS).stat()
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+def _remember(folder: Path, metric: str, value: Any) -> None:
+    _scores[folder] = (metric, _stamp(folder), value)
 
 
 def _score(folder: Path, kept: CheckpointSection) -> float:
     """A checkpoint's ``kept.metric``, signed so that the lower is the better; infinite
     where the checkpoint lacks it."""
-    value = json.loads((folder / METRICS).read_text()).get(kept.metric)
+    known = _scores.get(folder)
+    if known is None or known[:2] != (kept.metric, _stamp(folder)):
+        _remember(folder, kept.metric, json.loads((folder / METRICS).read_text()).get(kept.metric))
+    value = _scores[folder][2]
     sign = -1.0 if kept.mode == "max" else 1.0
     return float("inf") if value is None else sign * float(value)

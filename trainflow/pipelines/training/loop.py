@@ -16,7 +16,7 @@ import json
 import math
 import tempfile
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,7 @@ from torch import nn
 from trainflow.pipelines.data.preprocess import LABEL
 from trainflow.pipelines.metrics import load_metrics
 from trainflow.pipelines.models.build import initial_model
-from trainflow.pipelines.models.checkpoint import save_checkpoint
+from trainflow.pipelines.models.checkpoint import metrics_json, save_checkpoint
 from trainflow.pipelines.models.hf import has_adapter
 from trainflow.pipelines.training.in_process import LocalContext, save_kept
 from trainflow.pipelines.training.inputs import Batch, epoch_batches, model_input, open_splits
@@ -177,6 +177,8 @@ class TrainingParts:
     classify: bool  # validation measures accuracy too
     stopping: EarlyStopping | None
     scores: ValidationMetrics | None = None  # evaluation.metrics, as val_<name>
+    # The history's rows as each checkpoint's metrics.json holds them, each encoded once.
+    history_rows: list[str] = field(default_factory=list)
 
     @classmethod
     def build(cls, settings: TrainSettings) -> TrainingParts:
@@ -228,16 +230,17 @@ class TrainingParts:
         """The validation metrics over ``batches`` (:func:`validate`)."""
         return validate(self.model, batches, self.loss_fn, self.precision, self.classify, self.scores)
 
-    def train_state(self, epoch: int, history: list[dict[str, float]]) -> dict[str, Any]:
-        """What a checkpoint holds to resume after ``epoch``, besides the model's weights."""
-        return {
+    def train_state(self, epoch: int, history: list[dict[str, float]] | None = None) -> dict[str, Any]:
+        """What a checkpoint holds to resume after ``epoch``, besides the model's weights;
+        the ``history`` too where no ``metrics.json`` beside it holds it (a mid-epoch save)."""
+        state = {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.precision.scaler.state_dict(),
             "early_stopping": json.dumps(self.stopping.state_dict()) if self.stopping else "",
             "epoch": epoch,
-            "history": json.dumps(history),
         }
+        return state if history is None else {**state, "history": json.dumps(history)}
 
     def resume(self, state: tuple[dict, dict] | None) -> tuple[int, int, list[dict[str, float]]]:
         """Load a checkpoint's train state and model weights (:func:`.resume.resume_state`);
@@ -290,8 +293,8 @@ def report_epoch(
             spec=settings.model_spec,
             preprocessor=settings.preprocessor,
             config=saved_config,
-            metrics={**metrics, "history": history},
-            train_state=parts.train_state(metrics["epoch"], history),
+            metrics=metrics_json({**metrics, "history": history}, parts.history_rows),
+            train_state=parts.train_state(metrics["epoch"]),  # the history is in metrics.json
         )
 
     if settings.own_folder:  # the only worker, in its caller's process (.in_process)

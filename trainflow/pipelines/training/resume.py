@@ -46,8 +46,11 @@ def step_folder(storage: str, run_name: str) -> str | None:
 
 def load_training_state(folder: Path) -> tuple[dict, dict]:
     """A checkpoint folder's train state (optimizer, scheduler, scaler, early stopping,
-    epoch, history; ``step`` for a mid-epoch save) and model weights."""
+    epoch, history; ``step`` for a mid-epoch save) and model weights. An epoch's
+    checkpoint keeps the history in its ``metrics.json`` alone."""
     state = torch.load(folder / TRAIN_STATE, map_location="cpu", weights_only=True)
+    if "history" not in state:
+        state["history"] = json.dumps(json.loads((folder / METRICS).read_text())["history"])
     return state, torch.load(folder / MODEL, map_location="cpu", weights_only=True)
 
 

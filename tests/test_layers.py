@@ -1,8 +1,9 @@
 """The import direction that docs/architecture.md states, checked on the source.
 
 Layers, from the bottom: ``config``, ``files``, ``timeline`` and ``ray_internals``;
-``workspace``, ``signals``, ``cluster`` and ``prefect_server``; ``pipelines`` and
-``serving``; ``tasks`` and ``run_checks``; ``flows`` and ``startup``; ``cli`` and ``testing``.
+``workspace``, ``signals``, ``cluster``, ``prefect_server`` and ``prefect_internals``;
+``pipelines`` and ``serving``; ``tasks`` and ``run_checks``; ``flows`` and ``startup``; ``cli``
+and ``testing``.
 A module imports only from its own layer or below, wherever the import statement sits
 (a lazy import inside a function is a dependency too). Prefect is imported only from the
 orchestration layers, never by ``pipelines`` or the layers below. And no module depends on itself through
@@ -31,6 +32,7 @@ LAYERS = {
     "signals": 1,
     "cluster": 1,
     "prefect_server": 1,
+    "prefect_internals": 1,  # every use of Prefect's private names (tests/test_prefect_internals.py)
     "pipelines": 2,
     "serving": 2,  # the facade of pipelines.serving for users: trainflow.serving.app
     "tasks": 3,
@@ -43,7 +45,7 @@ LAYERS = {
     "startup": 4,
 }
 # Where Prefect may be imported.
-PREFECT_LAYERS = {"prefect_server", "tasks", "flows", "cli", "testing"}
+PREFECT_LAYERS = {"prefect_server", "prefect_internals", "tasks", "flows", "cli", "testing"}
 
 
 def _modules() -> dict[str, Path]:
@@ -293,6 +295,12 @@ def test_trainflows_own_modules_are_imported_under_names_that_say_what_they_are(
 TESTS = PACKAGE.parent / "tests"
 # Where Ray's private names may appear: the quarantine, its tests, and this file's patterns.
 QUARANTINE = {PACKAGE / "ray_internals", TESTS / "test_ray_internals.py", Path(__file__).resolve()}
+# Where Prefect's private names may appear (a private attribute read by name among them).
+PREFECT_QUARANTINE = {
+    PACKAGE / "prefect_internals.py",
+    TESTS / "test_prefect_internals.py",
+    Path(__file__).resolve(),
+}
 # Ray's environment variables that its user guides document as settings; any other RAY_* name is
 # an internal switch, set only through trainflow/ray_internals/switches.py.
 RAY_SETTINGS = {
@@ -304,9 +312,9 @@ RAY_SETTINGS = {
 }
 
 
-def _outside_quarantine() -> list[Path]:
+def _outside_quarantine(quarantine: set[Path] = QUARANTINE) -> list[Path]:
     paths = [*MODULES.values(), *sorted(TESTS.rglob("*.py"))]
-    return [p for p in paths if not any(p == q or q in p.parents for q in QUARANTINE)]
+    return [p for p in paths if not any(p == q or q in p.parents for q in quarantine)]
 
 
 def test_only_ray_internals_names_rays_private_modules_and_attributes():
@@ -322,11 +330,27 @@ def test_only_ray_internals_names_rays_private_modules_and_attributes():
     )
     found = [
         f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}"
-        for path in _outside_quarantine()
+        for path in _outside_quarantine(QUARANTINE | PREFECT_QUARANTINE)
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if private.search(line.split("#")[0])
     ]
     assert found == [], "move each use into trainflow/ray_internals, with a test"
+
+
+def test_only_prefect_internals_names_prefects_private_names():
+    """Outside ``trainflow/prefect_internals.py`` and its test, in trainflow and its tests:
+    no ``prefect.x._name``, no ``from prefect... import _name``, no private module of
+    Prefect's (``prefect._internal``)."""
+    import re
+
+    private = re.compile(r"prefect(\.\w+)*\._(?!_)\w|from prefect[\w.]* import _\w")
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}"
+        for path in _outside_quarantine(PREFECT_QUARANTINE)
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if private.search(line.split("#")[0])
+    ]
+    assert found == [], "move each use into trainflow/prefect_internals.py, with a test"
 
 
 def test_only_ray_internals_names_rays_internal_switches():
@@ -361,8 +385,9 @@ USE = re.compile(r"\d+(-\d+)?\. ")  # an item of the quarantine's numbered list 
 
 def _prose(doc: str, *, quarantine: bool = False) -> tuple[str, list[str]]:
     """A docstring's prose, and each entry of its Args/Returns/Raises/Yields sections, which
-    are reference (one per parameter) and counted each on its own. In ``ray_internals`` the
-    numbered list of uses is left out: it is the quarantine's register, a few lines per use."""
+    are reference (one per parameter) and counted each on its own. In ``ray_internals`` and
+    ``prefect_internals`` the numbered list of uses is left out: it is the quarantine's
+    register, a few lines per use."""
     prose, entries, section, use = [], [], False, False
     for line in doc.splitlines():
         if not line.startswith(" "):
@@ -387,7 +412,7 @@ def test_docstrings_say_it_in_a_few_words():
     long = []
     for module, path in MODULES.items():
         tree = ast.parse(path.read_text())
-        quarantine = module.startswith("trainflow.ray_internals")
+        quarantine = module.startswith(("trainflow.ray_internals", "trainflow.prefect_internals"))
         prose, _ = _prose(ast.get_docstring(tree) or "", quarantine=quarantine)
         if len(prose.split()) > MODULE_WORDS:
             long.append(f"{module}: {len(prose.split())} words")

@@ -16,12 +16,17 @@ from uuid import UUID
 
 from prefect import task
 
+from trainflow import prefect_internals
 from trainflow.config import ConfigError, PipelineConfig, load_config
 from trainflow.signals import raise_if_interrupted
 from trainflow.tasks.logs import one_line_expected_errors
 from trainflow.timeline import timeline
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Every flow that runs trainflow's steps, trainflow's and a user's own, ends when its work
+# does, not up to a second later when Prefect's heartbeat thread wakes.
+prefect_internals.flow_runs_end_without_waiting()
 
 
 class StepInputError(ConfigError):

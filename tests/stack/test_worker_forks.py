@@ -30,6 +30,7 @@ print(json.dumps({
     "threads_at_start": __import__("torch").get_num_threads(),
     "threads": (os.environ.update(OMP_NUM_THREADS="1"), __import__("torch").get_num_threads())[1],
     "path0": sys.path[0],
+    "frozen": __import__("gc").get_freeze_count(),
 }))
 sys.exit(3)
 """
@@ -74,6 +75,8 @@ def test_a_launched_program_is_a_child_of_the_forkserver_that_takes_over_the_lau
     # As many threads as Ray's OMP_NUM_THREADS asks once set, whatever the forkserver's were.
     assert seen["threads_at_start"] == 2 and seen["threads"] == 1
     assert seen["path0"] == str(tmp_path)  # the program's own folder, as Python sets it
+    # The forkserver's objects frozen before the fork: no collection in the child walks them.
+    assert seen["frozen"] > 100_000
     assert "program.py --flag value" in (folder / "workers.log").read_text()
 
 
@@ -86,6 +89,7 @@ def test_a_program_the_forkserver_cannot_serve_starts_in_the_launchers_process(f
     assert refused.returncode == 3, refused.stderr
     seen = json.loads(refused.stdout)
     assert not seen["torch_before"] and seen["parent"] != server and seen["argv"] == ["--flag", "value"]
+    assert seen["frozen"] == 0
     # What the forkserver's imports set themselves, as a driver that imported torch._dynamo
     # before Ray started hands it on: the same imports, served.
     cache = subprocess.run(

@@ -44,6 +44,8 @@ _STARTUP_FAILED = 3
 # in their main thread; on macOS only the command's stop ends it). argv: the command's pid,
 # ``--unless-configured`` (TemporaryServer.start_early), uvicorn's arguments.
 _ENDS_WITH_PARENT = """
+import gc
+gc.disable()  # till the app's imports are done and frozen: no collection walks them again
 import ctypes, os, runpy, signal, sys
 parent = int(sys.argv[1])
 if sys.platform.startswith("linux"):
@@ -61,6 +63,9 @@ os.environ.update(PREFECT_UI_ENABLED="0", PREFECT__SERVER_EPHEMERAL="1", PREFECT
 if "prefect.settings" in sys.modules:
     from prefect.context import refresh_global_settings_context
     refresh_global_settings_context()
+import prefect.server.api.server, uvicorn.main
+gc.freeze()
+gc.enable()
 sys.argv = ["uvicorn", *sys.argv[2:]]
 runpy.run_module("uvicorn", run_name="__main__", alter_sys=True)
 """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -51,6 +52,10 @@ def main() -> None:
     code = forkserver.forwarded(sys.argv, started())
     if code is not None:  # run by the forkserver, in a child that took this terminal
         raise SystemExit(code)
+    if sys.argv[1:2] and sys.argv[1] in forkserver.COMMANDS:
+        # No collection while the run's imports pile up objects: the start-up freezes them
+        # and turns it back on once the flow is imported (startup.collect_from_here).
+        gc.disable()
     _run()
 
 

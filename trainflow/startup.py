@@ -88,7 +88,6 @@ def started(
         try:
             yield
         finally:
-            collect_from_here()  # where the start-up failed before the flow's import
             # The flow runs beside the store's opening, which only its register step
             # needs (and then waits for); the command never exits in the middle of it.
             if store is not None:

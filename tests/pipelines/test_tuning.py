@@ -119,19 +119,23 @@ def test_trials_of_one_cpu_worker_on_data_in_memory_train_in_their_own_reused_pr
         assert not trains_in_trial(load_config({"sweep": {"space": space}, "train": train}), prepared), train
 
 
-@pytest.mark.parametrize("every_s", [0.0, 3600.0])
+@pytest.mark.parametrize(
+    ("every_s", "at_epochs", "tops"),
+    [(0.0, (), [1, 2, 3, 4, 5]), (3600.0, (), [5]), (3600.0, (2, 4), [2, 4, 5])],
+)
 def test_a_trials_epochs_go_to_tune_at_once_or_together_and_each_reaches_the_sweep(
-    ray_cluster, tmp_path, every_s
+    ray_cluster, tmp_path, every_s, at_epochs, tops
 ):
-    """Each report is a round trip to the sweep's driver that the trial waits for: under ASHA
-    (``every_s`` 0) every epoch goes at once; under FIFO the epochs of a second go as one
-    report, and the sweep still sees every epoch, in order, each with its checkpoint."""
+    """Each report is a round trip to the sweep's driver that the trial waits for: with
+    ``every_s`` 0 every epoch goes at once; else the epochs of a second go as one report,
+    an epoch of ``at_epochs`` (ASHA's rungs) at once with those before it, and the sweep
+    still sees every epoch, in order, each with its checkpoint."""
     from ray import tune
 
     from trainflow.pipelines.training.trial_reports import CHECKPOINT_PATH, TuneReports, epoch_rows
 
     def trial(config):
-        reports = TuneReports(every_s=config["every_s"])
+        reports = TuneReports(every_s=config["every_s"], at_epochs=config["at_epochs"])
         for epoch in range(1, 6):
             reports.add({"epoch": epoch, "val_loss": 1 / epoch}, tmp_path / f"checkpoint_{epoch}")
         reports.flush()
@@ -143,10 +147,92 @@ def test_a_trials_epochs_go_to_tune_at_once_or_together_and_each_reaches_the_swe
             results.append(result)
 
     run = tune.RunConfig(storage_path=str(tmp_path / "tune"), callbacks=[Seen()], verbose=0)
-    grid = tune.Tuner(trial, param_space={"every_s": every_s}, run_config=run).fit()
+    space = {"every_s": every_s, "at_epochs": list(at_epochs)}
+    grid = tune.Tuner(trial, param_space=space, run_config=run).fit()
     assert grid.errors == []
-    assert len(results) == (5 if every_s == 0 else 1)
+    assert [result["epoch"] for result in results] == tops  # each report's latest epoch at its top
     rows = [row for result in results for row in epoch_rows(result)]
     assert [row["epoch"] for row in rows] == [1, 2, 3, 4, 5]
     assert [row[CHECKPOINT_PATH] for row in rows] == [str(tmp_path / f"checkpoint_{e}") for e in range(1, 6)]
-    assert results[-1]["epoch"] == 5  # the latest at the top, for Tune's own bookkeeping
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "rungs"),
+    [
+        ({"grace_period": 2, "reduction_factor": 2}, {2, 4, 8, 12}),
+        ({"grace_period": 1, "reduction_factor": 3}, {1, 3, 9, 12}),
+        ({"grace_period": 2, "reduction_factor": 1.5}, {2, 3, 5, 7, 11, 12}),  # 4.5 and 6.75: 5, 7
+        ({"grace_period": 20, "reduction_factor": 2}, {12}),
+    ],
+)
+def test_ashas_rungs_are_its_grace_period_times_its_reduction_factor_up_to_the_last_epoch(scheduler, rungs):
+    from trainflow.pipelines.training.tuning import asha_rungs
+
+    config = load_config(
+        {
+            "train": {"epochs": 12},
+            "sweep": {"space": {"train.lr": {"grid": [0.1]}}, "scheduler": {"kind": "asha", **scheduler}},
+        }
+    )
+    assert asha_rungs(config) == rungs
+    fifo = load_config({"sweep": {"space": {"train.lr": {"grid": [0.1]}}, "scheduler": {"kind": "fifo"}}})
+    assert asha_rungs(fifo) == frozenset()
+
+
+def test_asha_stops_the_same_trials_after_the_same_epochs_when_trials_report_between_rungs_together(
+    ray_cluster, tmp_path
+):
+    """A trial that trains in its Tune process sends the epochs between ASHA's rungs as one
+    report; ASHA, counting the epoch each report holds, stops the same trials after the same
+    epochs as when every epoch is a report of its own."""
+    from ray import tune
+
+    from trainflow.pipelines.training.trial_reports import TuneReports, epoch_rows
+    from trainflow.pipelines.training.tuning import asha_rungs, trial_scheduler
+
+    config = load_config(
+        {
+            "train": {"epochs": 8},
+            "sweep": {
+                "space": {"train.lr": {"grid": [0.1]}},
+                "scheduler": {"kind": "asha", "grace_period": 1, "reduction_factor": 2},
+                "metric": "val_loss",
+                "mode": "min",
+            },
+        }
+    )
+
+    def trial(params):
+        reports = TuneReports(every_s=params["every_s"], at_epochs=params["at_epochs"])
+        for epoch in range(1, 9):  # a loss that zigzags: a rung's value differs from its neighbours'
+            loss = params["quality"] / epoch + (0.3 if epoch % 2 else 0.0) * params["quality"]
+            reports.add({"epoch": epoch, "val_loss": loss}, tmp_path / f"checkpoint_{epoch}")
+        reports.flush()
+
+    def last_epochs(together: bool) -> dict[float, int]:
+        seen: dict[float, int] = {}
+
+        class Seen(tune.Callback):
+            def on_trial_result(self, iteration, trials, trial, result, **info):
+                seen[trial.config["quality"]] = epoch_rows(result)[-1]["epoch"]
+
+        space = {
+            "quality": tune.grid_search([0.9, 0.2, 0.6, 0.4, 1.0, 0.1, 0.7, 0.3]),
+            "every_s": 3600.0 if together else 0.0,
+            "at_epochs": sorted(asha_rungs(config)) if together else [],
+        }
+        tune_config = tune.TuneConfig(
+            metric="val_loss",
+            mode="min",
+            scheduler=trial_scheduler(config, in_trial=together),
+            max_concurrent_trials=1,
+        )
+        run = tune.RunConfig(storage_path=str(tmp_path / f"tune-{together}"), callbacks=[Seen()], verbose=0)
+        assert (
+            tune.Tuner(trial, param_space=space, tune_config=tune_config, run_config=run).fit().errors == []
+        )
+        return seen
+
+    one_by_one = last_epochs(together=False)
+    assert sorted(set(one_by_one.values())) != [8]  # ASHA stopped some trials early
+    assert last_epochs(together=True) == one_by_one

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -201,18 +201,20 @@ def train_in_trial(
     storage: str,
     run_name: str,
     report_every_s: float = 0.0,
+    report_at_epochs: Collection[int] = (),
 ) -> None:
     """Train ``config`` on the ``prepared`` splits in this process, a sweep trial's
     (:mod:`.in_process`), trainflow's loop its only worker, as the run ``run_name`` under
     ``storage``, its epochs reported to Ray Tune ``report_every_s`` seconds' worth at a time
-    (:class:`.trial_reports.TuneReports`); the train split's profile goes with each checkpoint
+    and each of ``report_at_epochs`` at once (:class:`.trial_reports.TuneReports`); the
+    train split's profile goes with each checkpoint
     kept, also when Tune stops the trial at a report. Raises TrainingDiverged when the loss
     became NaN or infinite."""
     folder = run_folder(storage, run_name)
     settings = trainer_inputs(
         config, prepared, run_name=run_name, storage=storage, follow=False, placements=None
     )[0]
-    reports = TuneReports(every_s=report_every_s)
+    reports = TuneReports(every_s=report_every_s, at_epochs=report_at_epochs)
     # No mid-epoch saves: a trial is not resumed (the sweep reports a failed one).
     settings = dataclasses.replace(settings, own_folder=str(folder), to_tune=reports, step_folder=None)
     try:

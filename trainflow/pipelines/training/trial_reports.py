@@ -8,7 +8,8 @@ queue that the trial drains before it returns. Ray Tune's TuneReportCallback for
 only a report's metrics and its checkpoint's path, and its rows go through Tune's session
 from another thread: a row that arrives after the trial's function returned waits there
 forever, and the sweep with it (seen under load). A trial that trains in its own process
-reports through :class:`TuneReports`, several epochs at once where its scheduler allows.
+reports through :class:`TuneReports`: a second's worth of epochs at a time, and an epoch
+where its scheduler compares trials (ASHA's rungs) at once.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +52,20 @@ class TuneReports:
     """A trial's epochs on their way to Ray Tune, each row with its checkpoint's path.
 
     A report is a round trip to the sweep's driver, which the trial waits for. With
-    ``every_s`` 0 each epoch goes at once, as a scheduler that decides at every epoch
-    (ASHA) needs; else the epochs of ``every_s`` seconds go as one report (the latest at
-    its top, all under :data:`EPOCH_ROWS`) and :meth:`flush` sends the rest."""
+    ``every_s`` 0 each epoch goes at once; else the epochs of ``every_s`` seconds go as one
+    report (the latest at its top, all under :data:`EPOCH_ROWS`), an epoch of ``at_epochs``
+    (where the scheduler compares trials: ASHA's rungs) goes at once with those before it,
+    and :meth:`flush` sends the rest."""
 
-    def __init__(self, every_s: float = 0.0) -> None:
+    def __init__(self, every_s: float = 0.0, at_epochs: Collection[int] = ()) -> None:
         self.every_s = every_s
+        self.at_epochs = frozenset(at_epochs)
         self.pending: list[dict[str, Any]] = []
         self.sent = time.monotonic()
 
     def add(self, metrics: dict[str, float], checkpoint: Path) -> None:
         self.pending.append({**metrics, CHECKPOINT_PATH: str(checkpoint)})
-        if time.monotonic() - self.sent >= self.every_s:
+        if int(metrics["epoch"]) in self.at_epochs or time.monotonic() - self.sent >= self.every_s:
             self.flush()
 
     def flush(self) -> None:

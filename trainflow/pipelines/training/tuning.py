@@ -111,16 +111,24 @@ def run_trial(
 
     configure_ray_data()  # this trial's actor runs the trainer's Dataset executions
     quiet_stop()  # Tune ends a trial's actor with SIGTERM
-    config = trial_config(PipelineConfig.model_validate(base), tune_config["params"])
+    swept = PipelineConfig.model_validate(base)
+    config = trial_config(swept, tune_config["params"])
     # No restarts of a trial's workers: when a trial ends, the sweep removes its workers'
     # placement group, and a controller that outlived it would restart them in a new one
     # that nothing removes. A worker that fails fails its trial, which the sweep reports.
     config = config.model_copy(update={"failure": FailureSection(max_failures=0)})
     trial_id = ray.tune.get_context().get_trial_id()
     if in_trial:
-        # FIFO decides nothing before a trial ends: its epochs go to Tune a second's worth at a time.
-        every = REPORT_EVERY_S if base["sweep"]["scheduler"]["kind"] == "fifo" else 0.0
-        train_in_trial(config, prepared, storage=storage, run_name=trial_run(trial_id), report_every_s=every)
+        # FIFO decides nothing before a trial ends, ASHA only at its rungs: between them the
+        # epochs go to Tune a second's worth at a time.
+        train_in_trial(
+            config,
+            prepared,
+            storage=storage,
+            run_name=trial_run(trial_id),
+            report_every_s=REPORT_EVERY_S,
+            report_at_epochs=asha_rungs(swept),
+        )
         return
     train = functools.partial(
         run_training, config, prepared, storage=storage, placements=placements, run_name=trial_run(trial_id)
@@ -329,7 +337,7 @@ def build_tuner(
             metric=sweep.metric,
             mode=sweep.mode,
             num_samples=sweep.trials,
-            scheduler=trial_scheduler(config),
+            scheduler=trial_scheduler(config, in_trial),
             search_alg=search_algorithm(sweep, max_concurrent),
             # A trial that trains in its own process hands it to the next (.in_process); one
             # with a trainer of its own ends with it, as PBT's pause needs.
@@ -348,10 +356,28 @@ def build_tuner(
     )
 
 
-def trial_scheduler(config: PipelineConfig):
+def asha_rungs(config: PipelineConfig) -> frozenset[int]:
+    """The epochs at which ASHA compares a trial with the others (its rungs: the grace
+    period times the reduction factor to the power 0, 1, ..., below the last epoch), and
+    the last; none for another scheduler."""
+    chosen = config.sweep.scheduler
+    if chosen.kind != "asha":
+        return frozenset()
+    last = max_epochs(config)
+    first, rungs, k = min(chosen.grace_period, last), {last}, 0
+    # As ASHA computes each rung; it ranks a trial at its first report at or past one.
+    while (rung := first * chosen.reduction_factor**k) < last:
+        rungs.add(math.ceil(rung))
+        k += 1
+    return frozenset(rungs)
+
+
+def trial_scheduler(config: PipelineConfig, in_trial: bool = False):
     """Ray Tune's trial scheduler for ``config.sweep.scheduler``. ASHA counts epochs as
-    Tune's iterations; PBT and PB2 count the ``epoch`` each row reports, which a trial that
-    goes on from another's checkpoint continues."""
+    Tune's iterations, or, for trials that train in their Tune process (``in_trial``) and
+    report several epochs at once between its rungs, the ``epoch`` each report holds;
+    PBT and PB2 count the ``epoch`` each row reports, which a trial that goes on from
+    another's checkpoint continues."""
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
     from ray.tune.schedulers.pb2 import PB2
 
@@ -360,7 +386,7 @@ def trial_scheduler(config: PipelineConfig):
     if chosen.kind == "asha":
         last = max_epochs(config)
         return ASHAScheduler(
-            time_attr="training_iteration",  # one report per epoch
+            time_attr="epoch" if in_trial else "training_iteration",  # else one report per epoch
             max_t=last,
             grace_period=min(chosen.grace_period, last),
             reduction_factor=chosen.reduction_factor,

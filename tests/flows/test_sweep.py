@@ -2,6 +2,7 @@
 the Prefect test server and an MLflow registry on SQLite."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,10 @@ def test_sweep_stops_weak_trials_reports_a_failed_one_and_registers_the_best(
     experiment = Path(result.best_config_path).parent
     rows = [json.loads(line) for path in experiment.glob("run_trial_*/result.json") for line in path.open()]
     assert len({row["trial_id"] for row in rows}) == 3 and len({row["pid"] for row in rows}) == 2, rows
+    # Tune's result.json and progress.csv per trial, no TensorBoard files; its defaults back after.
+    assert len(list(experiment.glob("run_trial_*/progress.csv"))) == 3  # the failed one reported nothing
+    assert not list(experiment.glob("run_trial_*/events.out.tfevents*"))
+    assert "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS" not in os.environ
     best_checkpoint = Path(trials[0.05]["best_checkpoint"])
     assert best_checkpoint.name == "checkpoint_epoch_000003"
     assert best_checkpoint.parent.name.startswith("trial-")

@@ -23,6 +23,8 @@ PROGRAM = """
 import json, os, sys
 print(json.dumps({
     "torch_before": "torch" in sys.modules,
+    "helpers_before": "requests" in sys.modules and "pydantic.main" in sys.modules,
+    "ray_before": "ray" in sys.modules,
     "parent": os.getppid(),
     "cwd": os.getcwd(),
     "argv": sys.argv[1:],
@@ -71,6 +73,9 @@ def test_a_launched_program_is_a_child_of_the_forkserver_that_takes_over_the_lau
     assert launched.returncode == 3, launched.stderr
     seen = json.loads(launched.stdout)
     assert seen["torch_before"] and seen["parent"] == server
+    # What Ray's worker imports of other packages too, and not Ray, which reads the
+    # worker's settings from its environment when imported.
+    assert seen["helpers_before"] and not seen["ray_before"]
     assert seen["cwd"] == str(tmp_path) and seen["argv"] == ["--flag", "value"] and seen["marker"] == "mine"
     # As many threads as Ray's OMP_NUM_THREADS asks once set, whatever the forkserver's were.
     assert seen["threads_at_start"] == 2 and seen["threads"] == 1

@@ -1,7 +1,8 @@
-"""The worker forkserver: a process that has imported PyTorch (the imports that take most
-of a Ray worker's start) and forks a child per Ray worker, which so starts without them.
-``trainflow up`` keeps one for its warm cluster; a command that starts a local cluster of
-its own starts one beside its start-up (:class:`RunForks`).
+"""The worker forkserver: a process that has imported PyTorch and the other packages a Ray
+worker imports (the imports that take most of its start), not Ray, and forks a child per
+Ray worker, which so starts without them. ``trainflow up`` keeps one for its warm cluster;
+a command that starts a local cluster of its own starts one beside its start-up
+(:class:`RunForks`).
 
 Commands that use such a cluster give their Ray job a ``py_executable`` (Ray's
 runtime_env field for the command that starts each worker, :func:`worker_python`) that
@@ -30,9 +31,43 @@ from trainflow.stack import worker_launch
 from trainflow.stack.forkserver import ForkServer, listening
 
 SOCKET = "workers.sock"
-IMPORTS = ("torch", "torch._dynamo", "torch.distributed", "numpy", "pandas", "pyarrow", "pyarrow.parquet")
+IMPORTS = (
+    "torch",
+    "torch._dynamo",
+    "torch.distributed",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "pyarrow.parquet",
+    # What Ray, Ray Train, Tune and Data import in every worker from other packages (a
+    # fifth of a worker's imports after PyTorch's); not psutil, which Ray brings its own of.
+    "pyarrow.dataset",
+    "pydantic.main",
+    "pydantic.json_schema",
+    "yaml",
+    "requests",
+    "fsspec",
+    "jsonschema",
+    "rich.console",
+    "rich.layout",
+    "filelock",
+    "attr",
+    "click",
+    "google.protobuf.internal.builder",
+    "google.protobuf.reflection",
+    "google.protobuf.text_format",
+)
 # Environment variables that change what these imports load or set up.
-READ_AT_IMPORT = ("TORCH", "PYTORCH_", "MKL_", "KMP_", "LD_PRELOAD", "LD_LIBRARY_PATH")
+READ_AT_IMPORT = (
+    "TORCH",
+    "PYTORCH_",
+    "MKL_",
+    "KMP_",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "FSSPEC_",
+    "PROTOCOL_BUFFERS_",
+)
 
 
 OFF = "TRAINFLOW_WORKER_FORKS"  # "0": a command's own cluster starts its workers as Ray does

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import random
 import re
 import uuid
@@ -43,6 +44,8 @@ from trainflow.pipelines.training.trial_reports import (
 )
 from trainflow.signals import stop_on_signals
 
+# Tune adds its CSV, JSON and TensorBoard loggers to a run's callbacks unless this is "1".
+NO_DEFAULT_LOGGERS = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"
 HISTORY_KEYS = ("epoch", "train_loss", "val_loss", "val_accuracy", "lr")
 
 
@@ -253,7 +256,12 @@ def run_sweep(
                 callbacks=[trial_events(told, placements.release)],
                 placements=placements.name,
             )
-            with stop_on_signals(), _tune_console_quiet(), _seeded(config.sweep.seed):
+            with (
+                stop_on_signals(),
+                _tune_console_quiet(),
+                _no_tensorboard_files(),
+                _seeded(config.sweep.seed),
+            ):
                 grid = tuner.fit()
     finally:
         placements.close()
@@ -281,6 +289,24 @@ def _seeded(seed: int) -> Iterator[None]:
         yield
     finally:
         random.setstate(before)
+
+
+@contextmanager
+def _no_tensorboard_files() -> Iterator[None]:
+    """Tune's default loggers off while the sweep runs (``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS``):
+    the Tuner's callbacks (:func:`build_tuner`) keep each trial's result.json and
+    progress.csv, not the TensorBoard event files that Tune's driver writes and flushes at
+    every report, which the trial waits for, and that nothing of trainflow reads. Through
+    Ray Client, Tune's loop runs on the cluster and keeps them."""
+    before = os.environ.get(NO_DEFAULT_LOGGERS)
+    os.environ[NO_DEFAULT_LOGGERS] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(NO_DEFAULT_LOGGERS, None)
+        else:
+            os.environ[NO_DEFAULT_LOGGERS] = before
 
 
 @contextmanager
@@ -316,6 +342,7 @@ def build_tuner(
     """The Tuner for ``config.sweep``; ``placements`` names the PlacementTracker the trials'
     worker groups record their placement groups with."""
     from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     sweep = config.sweep
     population = sweep.scheduler.kind in POPULATION_SCHEDULERS
@@ -349,7 +376,7 @@ def build_tuner(
             # A failed trial is reported, not retried, and does not fail the sweep.
             failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
             verbose=0,  # trainflow logs each trial's epochs itself
-            callbacks=callbacks,
+            callbacks=[*callbacks, JsonLoggerCallback(), CSVLoggerCallback()],
             # A trial's last epoch ends it before PBT ranks it: an exploit there trains nothing.
             stop={"epoch": config.train.epochs} if population else None,
         ),

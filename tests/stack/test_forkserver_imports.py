@@ -49,3 +49,20 @@ def test_a_warm_commands_checks_and_registry_import_nothing_the_forkserver_lacks
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["threads"] == 1
     assert seen["new"] == []
+
+
+def test_a_command_hands_itself_to_the_forkserver_before_it_imports_anything_of_a_run():
+    """What the console script imports before it asks the forkserver for a child (and, for
+    `python -m trainflow.cli`, its package): Python's standard library and trainflow's own
+    light modules; not Typer, pydantic, the config, Prefect, Ray or PyTorch."""
+    script = (
+        "import json, sys\n"
+        "import trainflow.cli.__main__, trainflow.stack.forkserver, trainflow.timeline\n"
+        "packages = {m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)\n"
+        "heavy = ('trainflow.config', 'trainflow.cluster', 'trainflow.cli.root')\n"
+        "ours = [m for m in heavy if m in sys.modules]\n"
+        "print(json.dumps([sorted(m for m in packages if not m.startswith('_')), ours]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [["trainflow"], []]

@@ -1,4 +1,7 @@
-"""The ``trainflow`` console script: every command, and an exit without the interpreter's teardown."""
+"""The ``trainflow`` console script: every command, and an exit without the interpreter's
+teardown. It imports the commands only once ``trainflow up``'s forkserver did not take the
+command over (:func:`main`): a warm command's own process imports little more than Python's
+standard library."""
 
 from __future__ import annotations
 
@@ -7,13 +10,21 @@ import os
 import sys
 from pathlib import Path
 
-import typer
 
-from trainflow.cli import models, run_commands, scheduling, stack, ui  # noqa: F401 - each adds its commands to the app
-from trainflow.cli.app import app
+def commands():
+    """The Typer app, every command added to it."""
+    from trainflow.cli import models, run_commands, scheduling, stack, ui  # noqa: F401 - each adds its commands
+    from trainflow.cli.root import app
 
-# The command as Click sees it, for the documentation's command reference.
-click_command = typer.main.get_command(app)
+    return app
+
+
+def __getattr__(name: str):
+    if name == "click_command":  # the command as Click sees it, for the documentation's command reference
+        import typer
+
+        return typer.main.get_command(commands())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _exit_without_teardown(code: int) -> None:
@@ -88,7 +99,7 @@ def _run() -> None:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        app(prog_name="trainflow")  # ends in SystemExit, as every click command does
+        commands()(prog_name="trainflow")  # ends in SystemExit, as every click command does
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             _exit_without_teardown(e.code or 0)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from trainflow.cli.app import fail, models_app, one_line_errors, render
+from trainflow.cli.root import fail, models_app, one_line_errors, render
 from trainflow.config import ConfigError
 
 
@@ -209,7 +209,7 @@ def models_reproduce(
     fingerprint or the code's git commit differs from the version's lineage, unless --force.
     """
     from trainflow import run_checks, startup
-    from trainflow.cli.app import call_flow, check_before_start
+    from trainflow.cli.root import call_flow, check_before_start
     from trainflow.cli.stack import own_worker_forks
 
     _registry()

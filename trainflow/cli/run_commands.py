@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from trainflow.cli.app import (
+from trainflow.cli.models import registry_errors
+from trainflow.cli.root import (
     ConfigArg,
     ResumeOpt,
     SetOpt,
@@ -20,7 +21,6 @@ from trainflow.cli.app import (
     read_config,
     render,
 )
-from trainflow.cli.models import registry_errors
 
 
 @app.command()

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from trainflow.cli.app import SetOpt, SmokeOpt, app, fail, read_config
+from trainflow.cli.root import SetOpt, SmokeOpt, app, fail, read_config
 
 
 def _require_server(command: str) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from trainflow.cli.app import app, fail
+from trainflow.cli.root import app, fail
 
 stack_app = typer.Typer(
     help="Start, check and stop a team's services on this machine.\n\nPostgreSQL, an MLflow server, a "

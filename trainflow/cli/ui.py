@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from trainflow.cli.app import app, fail
+from trainflow.cli.root import app, fail
 
 if TYPE_CHECKING:
     from trainflow.workspace import Workspace

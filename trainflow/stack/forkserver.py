@@ -70,14 +70,18 @@ def ray_auth_env(folder: Path) -> dict[str, str]:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(folder / "auth_token")}
 
 
-def stamp(env: Mapping[str, str]) -> str:
-    """What the forkserver's imports depend on: this Python, trainflow's source files (their
-    count and latest change) and the environment variables read when imported."""
+PACKAGE = Path(__file__).resolve().parents[1]  # trainflow's source folder
+
+
+def stamp(env: Mapping[str, str], python: str = sys.executable, package: str | Path = PACKAGE) -> str:
+    """What the forkserver's imports depend on: the Python, trainflow's source files in
+    ``package`` (their count and latest change) and the environment variables read when
+    imported. The forkserver computes it for each request, of the command's Python, source
+    folder and environment: the command itself imports nothing to compute it."""
     from trainflow.cluster.quiet import QUIET_ENV
 
-    digest = hashlib.sha256(sys.executable.encode())
-    package = Path(__file__).resolve().parents[1]
-    changed = [entry.stat().st_mtime_ns for entry in package.rglob("*.py")]
+    digest = hashlib.sha256(python.encode())
+    changed = [entry.stat().st_mtime_ns for entry in Path(package).rglob("*.py")]
     digest.update(f"{len(changed)}:{max(changed)}".encode())
     for key, value in sorted({**QUIET_ENV, **env}.items()):
         if key.startswith(READ_AT_IMPORT) and key not in SET_BY_ATTACH:
@@ -103,14 +107,12 @@ def forwarded(argv: list[str], started: float) -> int | None:
     path = socket_path(Path(os.environ.get("TRAINFLOW_HOME") or ".trainflow").absolute())
     if not path.is_socket():
         return None
-    # The environment as the command will set it to use the warm cluster (``warm.attach``).
-    imported_with = {**os.environ, **ray_auth_env(path.parent)}
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.settimeout(CONNECT_TIMEOUT_S)
         conn.connect(str(path))
-        request = {"stamp": stamp(imported_with), "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}
-        request["started"] = started
+        request = {"python": sys.executable, "package": str(PACKAGE), "argv": argv, "cwd": os.getcwd()}
+        request |= {"env": dict(os.environ), "started": started}
         body = json.dumps(request).encode()
         socket.send_fds(conn, [struct.pack("!I", len(body)) + body], [0, 1, 2])
         conn.settimeout(None)
@@ -144,7 +146,14 @@ def serve(folder: Path, command: Callable[[], None]) -> None:
     apply_quiet_env()  # as a command's start-up sets it before these imports
     own = stamp(os.environ)  # before the imports, which set variables of their own
     listener = listening(folder / SOCKET, IMPORTS)
-    ForkServer(listener, own, command, _take_over).loop()
+
+    def stamp_of(request: dict) -> str | None:
+        # The environment as the command will set it to use the warm cluster (``warm.attach``).
+        if "python" not in request or "package" not in request:
+            return None  # a command of another trainflow
+        return stamp({**request["env"], **ray_auth_env(folder)}, request["python"], request["package"])
+
+    ForkServer(listener, own, command, _take_over, stamp_of).loop()
 
 
 def listening(path: Path, imports: tuple[str, ...], never: tuple[str, ...] = ()) -> socket.socket:

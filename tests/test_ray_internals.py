@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -683,3 +684,44 @@ def test_a_local_node_that_misses_its_start_up_wait_raises_what_trainflow_reads(
 
     source = " ".join(inspect.getsource(node.Node).split()).replace('" "', "")  # its string's parts joined
     assert errors.NODE_START_TIMEOUT in source
+
+
+# 23. A local cluster's dashboard agent port.
+
+
+def test_a_local_cluster_beside_another_ray_node_gives_its_agent_a_port_of_the_systems_choosing(tmp_path):
+    """Ray's RayParams still defaults the agent's port to 52365, which ``ray.init`` cannot
+    change; after the use, a local cluster started while another process holds that port
+    binds its agent's HTTP server elsewhere at once, and a caller's own port stays."""
+    import socket
+
+    from ray._private.parameter import RayParams
+
+    assert inspect.signature(RayParams.__init__).parameters["dashboard_agent_listen_port"].default == 52365
+    script = (
+        "import json, logging, ray\n"
+        "from ray._private.parameter import RayParams\n"
+        "from trainflow import ray_internals\n"
+        "ray_internals.agent_port_of_the_systems_choosing()\n"
+        "ray_internals.agent_port_of_the_systems_choosing()  # once is enough: not wrapped twice\n"
+        "own = RayParams(dashboard_agent_listen_port=4321).dashboard_agent_listen_port\n"
+        "ray.init(address='local', num_cpus=1, include_dashboard=False, logging_level=logging.WARNING)\n"
+        "logs = ray_internals.session_logs()\n"
+        "ray.shutdown()\n"
+        "print(json.dumps({'own': own, 'logs': logs, 'default': RayParams().dashboard_agent_listen_port}))\n"
+    )
+    with socket.socket() as holder:  # another node's agent, as far as this cluster can tell
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            holder.bind(("", 52365))
+        except OSError:
+            pass  # held already, by a Ray node running on this machine
+        holder.listen()
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["own"] == 4321 and seen["default"] == 0
+    agent_log = (Path(seen["logs"]) / "dashboard_agent.log").read_text()
+    assert "Dashboard agent http address" in agent_log and "Failed to bind" not in agent_log, agent_log[
+        -2000:
+    ]

@@ -52,7 +52,7 @@ def ray_cluster() -> Iterator[None]:
     from trainflow.cluster.processes import cluster_marked, end_cluster
     from trainflow.cluster.quiet import LOCAL_CLUSTER_ENV, configure_ray_data, quiet_token_auth_notice
     from trainflow.cluster.session import ray_init_kwargs
-    from trainflow.ray_internals import drop_worker_noise
+    from trainflow.ray_internals import agent_port_of_the_systems_choosing, drop_worker_noise
 
     if ray.is_initialized():
         yield
@@ -63,6 +63,7 @@ def ray_cluster() -> Iterator[None]:
         os.environ.setdefault(key, value)
     quiet_token_auth_notice()
     # Always a cluster of the session's own, never one that `ray start` left running.
+    agent_port_of_the_systems_choosing()  # as trainflow's own local clusters: other nodes may run here
     with cluster_marked() as mark:
         ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), **ray_init_kwargs())
     drop_worker_noise()

@@ -31,7 +31,7 @@ from trainflow.cluster.watch import (
     watch_local_cluster,
 )
 from trainflow.config import PipelineConfig
-from trainflow.ray_internals import drop_worker_noise
+from trainflow.ray_internals import agent_port_of_the_systems_choosing, drop_worker_noise
 from trainflow.ray_internals.client import with_setup_hook
 from trainflow.ray_internals.errors import NODE_START_TIMEOUT
 from trainflow.timeline import timeline
@@ -206,6 +206,7 @@ def _local_init(address: str | None, kwargs: dict) -> str | None:
         if address:
             ray.init(address=address, **kwargs)
             return None
+        agent_port_of_the_systems_choosing()  # not 52365, which another node may hold
         with cluster_marked() as mark:
             ray.init(address="local", **kwargs)
         return mark

@@ -280,6 +280,9 @@ def _start_ray(stack: Stack, launch: _Launcher, say: Callable[[str], None]) -> N
         "--node-ip-address=127.0.0.1",
         "--disable-usage-stats",
         f"--num-cpus={stack.node_cpus:g}",
+        # Each node's dashboard agent on a port of the system's choosing: on Ray's fixed 52365,
+        # the second node's agent retries for about 3.5 s, then serves no HTTP.
+        "--dashboard-agent-listen-port=0",
     ]
     head = [
         *[ray, *node, "--head", f"--port={stack.ports['ray']}"],

@@ -136,6 +136,10 @@ def _start(warm: Warm, say: Callable[[str], None]) -> None:
         *[bin_dir / "ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1"],
         *[f"--port={warm.ports['ray']}", f"--ray-client-server-port={warm.ports['client']}"],
         *["--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={_ray_temp(warm)}"],
+        # A port of the system's choosing for the node's dashboard agent: Ray's fixed 52365 held
+        # here would cost every other Ray node started on this machine (a command's own local
+        # cluster) about 3.5 s of retries before its agent gives up on it.
+        "--dashboard-agent-listen-port=0",
     ]
     ray_env = {**LOCAL_CLUSTER_ENV, **ray_auth_env(warm.folder)}
     # One node: on `trainflow down` nothing can take over its work, so no drain to wait for.

@@ -57,7 +57,10 @@ def main() -> None:
     from trainflow.stack import forkserver
     from trainflow.timeline import started
 
-    if sys.argv[1:2] == [forkserver.SERVE]:  # the forkserver of `trainflow up`
+    if sys.argv[1:2] == [
+        forkserver.SERVE
+    ]:  # the forkserver of `trainflow up`: its children's commands imported
+        commands()
         forkserver.serve(Path(sys.argv[2]), command=_forked)
         return
     code = forkserver.forwarded(sys.argv, started())

@@ -701,12 +701,12 @@ def test_a_local_cluster_beside_another_ray_node_gives_its_agent_a_port_of_the_s
     script = (
         "import json, logging, ray\n"
         "from ray._private.parameter import RayParams\n"
-        "from trainflow import ray_internals\n"
-        "ray_internals.agent_port_of_the_systems_choosing()\n"
-        "ray_internals.agent_port_of_the_systems_choosing()  # once is enough: not wrapped twice\n"
+        "from trainflow.ray_internals import nodes, session_logs\n"
+        "nodes.agent_port_of_the_systems_choosing()\n"
+        "nodes.agent_port_of_the_systems_choosing()  # once is enough: not wrapped twice\n"
         "own = RayParams(dashboard_agent_listen_port=4321).dashboard_agent_listen_port\n"
         "ray.init(address='local', num_cpus=1, include_dashboard=False, logging_level=logging.WARNING)\n"
-        "logs = ray_internals.session_logs()\n"
+        "logs = session_logs()\n"
         "ray.shutdown()\n"
         "print(json.dumps({'own': own, 'logs': logs, 'default': RayParams().dashboard_agent_listen_port}))\n"
     )

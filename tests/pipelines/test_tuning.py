@@ -9,8 +9,9 @@ import pytest
 
 from trainflow.config import load_config
 from trainflow.pipelines.training.in_process import trains_in_trial, trial_resources
+from trainflow.pipelines.training.search import search_space
 from trainflow.pipelines.training.settings import PreparedSplits
-from trainflow.pipelines.training.tuning import SweepFailed, TrialSummary, best_trial, search_space
+from trainflow.pipelines.training.tuning import SweepFailed, TrialSummary, best_trial
 
 
 def sweep_config(space: dict, **section):
@@ -166,7 +167,7 @@ def test_a_trials_epochs_go_to_tune_at_once_or_together_and_each_reaches_the_swe
     ],
 )
 def test_ashas_rungs_are_its_grace_period_times_its_reduction_factor_up_to_the_last_epoch(scheduler, rungs):
-    from trainflow.pipelines.training.tuning import asha_rungs
+    from trainflow.pipelines.training.search import asha_rungs
 
     config = load_config(
         {
@@ -187,8 +188,8 @@ def test_asha_stops_the_same_trials_after_the_same_epochs_when_trials_report_bet
     epochs as when every epoch is a report of its own."""
     from ray import tune
 
+    from trainflow.pipelines.training.search import asha_rungs, trial_scheduler
     from trainflow.pipelines.training.trial_reports import TuneReports, epoch_rows
-    from trainflow.pipelines.training.tuning import asha_rungs, trial_scheduler
 
     config = load_config(
         {

@@ -53,12 +53,7 @@ Ray's names; why no public API does it; what happens where Ray moves it.
 17-20. What only trainflow's tests make or read of Ray's internals: in :mod:`.probes`.
 21. A local node that missed its start-up wait: in :mod:`.errors`.
 22. Serve's replica answering HTTP itself, without its proxy: in :mod:`.switches`.
-23. A local cluster's dashboard agent on a port of the system's choosing
-    (:func:`agent_port_of_the_systems_choosing`). ``ray._private.parameter.RayParams``'s
-    ``dashboard_agent_listen_port``, whose default is Ray's fixed 52365. ``ray start`` takes
-    ``--dashboard-agent-listen-port``, ``ray.init`` nothing (ray-project/ray#34886): beside
-    another Ray node on the machine, a local cluster's agent retries that port for about
-    3.5 s, which its start waits for, then serves no HTTP. Moved: that wait again.
+23. A local cluster's dashboard agent on a port of the system's choosing: in :mod:`.nodes`.
 
 Nothing here runs on import, and every Ray import is inside a function: every Ray worker
 of a run imports this module (:func:`trainflow.cluster.quiet.quiet_worker`). Uses 9 and
@@ -67,10 +62,8 @@ access: their bases' modules are slow to import."""
 
 from __future__ import annotations
 
-import functools
 import importlib.abc
 import importlib.machinery
-import inspect
 import logging
 import os
 import sys
@@ -254,31 +247,6 @@ def local_cluster_resources() -> dict[str, float] | None:
         return {name: float(amount) for name, amount in spec.to_resource_dict().items()}
     except (ImportError, AttributeError, TypeError, ValueError):
         return None
-
-
-# 23. A local cluster's dashboard agent port.
-
-
-def agent_port_of_the_systems_choosing() -> None:
-    """Every ``ray.init`` of a local cluster in this process gives its node's dashboard
-    agent a port of the system's choosing (0, which Ray's agent takes and registers in the
-    GCS) instead of Ray's fixed 52365; a caller's own value stays. Nothing where Ray moved it."""
-    try:
-        from ray._private import parameter
-
-        init = parameter.RayParams.__init__
-        default = inspect.signature(init).parameters["dashboard_agent_listen_port"].default
-    except (ImportError, AttributeError, KeyError):
-        return
-    if getattr(init, "__trainflow_agent_port__", False) or default == 0:
-        return
-
-    @functools.wraps(init)
-    def chosen_by_the_system(self, *args, dashboard_agent_listen_port=0, **kwargs):
-        init(self, *args, dashboard_agent_listen_port=dashboard_agent_listen_port, **kwargs)
-
-    chosen_by_the_system.__trainflow_agent_port__ = True
-    parameter.RayParams.__init__ = chosen_by_the_system
 
 
 # 7. A user's module, uploaded for an actor's runtime_env.

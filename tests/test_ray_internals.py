@@ -701,9 +701,9 @@ def test_a_local_cluster_beside_another_ray_node_gives_its_agent_a_port_of_the_s
     script = (
         "import json, logging, ray\n"
         "from ray._private.parameter import RayParams\n"
-        "from trainflow.ray_internals import nodes, session_logs\n"
-        "nodes.agent_port_of_the_systems_choosing()\n"
-        "nodes.agent_port_of_the_systems_choosing()  # once is enough: not wrapped twice\n"
+        "from trainflow.ray_internals import session_logs, switches\n"
+        "switches.agent_port_of_the_systems_choosing()\n"
+        "switches.agent_port_of_the_systems_choosing()  # once is enough: not wrapped twice\n"
         "own = RayParams(dashboard_agent_listen_port=4321).dashboard_agent_listen_port\n"
         "ray.init(address='local', num_cpus=1, include_dashboard=False, logging_level=logging.WARNING)\n"
         "logs = session_logs()\n"

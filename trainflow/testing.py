@@ -53,7 +53,7 @@ def ray_cluster() -> Iterator[None]:
     from trainflow.cluster.quiet import LOCAL_CLUSTER_ENV, configure_ray_data, quiet_token_auth_notice
     from trainflow.cluster.session import ray_init_kwargs
     from trainflow.ray_internals import drop_worker_noise
-    from trainflow.ray_internals.nodes import agent_port_of_the_systems_choosing
+    from trainflow.ray_internals.switches import agent_port_of_the_systems_choosing
 
     if ray.is_initialized():
         yield

@@ -57,10 +57,8 @@ def main() -> None:
     from trainflow.stack import forkserver
     from trainflow.timeline import started
 
-    if sys.argv[1:2] == [
-        forkserver.SERVE
-    ]:  # the forkserver of `trainflow up`: its children's commands imported
-        commands()
+    if sys.argv[1:2] == [forkserver.SERVE]:  # the forkserver of `trainflow up`
+        commands()  # imported once, for every child
         forkserver.serve(Path(sys.argv[2]), command=_forked)
         return
     code = forkserver.forwarded(sys.argv, started())

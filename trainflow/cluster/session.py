@@ -34,7 +34,7 @@ from trainflow.config import PipelineConfig
 from trainflow.ray_internals import drop_worker_noise
 from trainflow.ray_internals.client import with_setup_hook
 from trainflow.ray_internals.errors import NODE_START_TIMEOUT
-from trainflow.ray_internals.nodes import agent_port_of_the_systems_choosing
+from trainflow.ray_internals.switches import agent_port_of_the_systems_choosing
 from trainflow.timeline import timeline
 
 log = logging.getLogger("trainflow")

@@ -53,7 +53,7 @@ Ray's names; why no public API does it; what happens where Ray moves it.
 17-20. What only trainflow's tests make or read of Ray's internals: in :mod:`.probes`.
 21. A local node that missed its start-up wait: in :mod:`.errors`.
 22. Serve's replica answering HTTP itself, without its proxy: in :mod:`.switches`.
-23. A local cluster's dashboard agent on a port of the system's choosing: in :mod:`.nodes`.
+23. A local cluster's dashboard agent on a port of the system's choosing: in :mod:`.switches`.
 
 Nothing here runs on import, and every Ray import is inside a function: every Ray worker
 of a run imports this module (:func:`trainflow.cluster.quiet.quiet_worker`). Uses 9 and

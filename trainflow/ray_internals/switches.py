@@ -1,6 +1,7 @@
 """Ray's internal switches that trainflow sets: environment variables Ray reads in its private
-code or compiled core and does not document as settings, and a rollout flag of Ray Data's
-context. The rest of the quarantine is :mod:`trainflow.ray_internals`.
+code or compiled core and does not document as settings, a rollout flag of Ray Data's
+context, and a default of the node that ``ray.init`` starts. The rest of the quarantine is
+:mod:`trainflow.ray_internals`.
 
 13. Ray core's switches (:data:`PRESTART_WORKERS`, :data:`WORKER_NICENESS`,
     :data:`OVERRIDE_RESOURCES`). ``RAY_<flag>`` for the raylet's system-config flags
@@ -21,11 +22,19 @@ context. The rest of the quarantine is :mod:`trainflow.ray_internals`.
     and its port range and drain in ``ray.serve._private.constants``, the per-variable form of
     what the documented ``RAY_SERVE_THROUGHPUT_OPTIMIZED`` turns on with other switches. Moved:
     requests go through Serve's HTTP proxy again (benchmarks/results.md, online serving).
+23. A local cluster's dashboard agent on a port of the system's choosing
+    (:func:`agent_port_of_the_systems_choosing`). ``ray._private.parameter.RayParams``'s
+    ``dashboard_agent_listen_port``, whose default is Ray's fixed 52365. ``ray start`` takes
+    ``--dashboard-agent-listen-port``, ``ray.init`` nothing (ray-project/ray#34886): beside
+    another Ray node on the machine, a local cluster's agent retries that port for about
+    3.5 s, which its start waits for, then serves no HTTP. Moved: that wait again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from collections.abc import Iterator
 
 # 13. Ray core's switches: the raylet reads ``RAY_<name>`` for each system-config flag.
@@ -95,3 +104,28 @@ def direct_ingress_env(port: int, drain_s: float) -> dict[str, str]:
         SERVE_DIRECT_MAX_PORT: str(port + 1),  # the end of Serve's range, not in it
         SERVE_DIRECT_DRAIN: f"{drain_s:g}",
     }
+
+
+# 23. A local cluster's dashboard-agent port.
+
+
+def agent_port_of_the_systems_choosing() -> None:
+    """Every ``ray.init`` of a local cluster in this process gives its node's dashboard
+    agent a port of the system's choosing (0, which Ray's agent takes and registers in the
+    GCS) instead of Ray's fixed 52365; a caller's own value stays. Nothing where Ray moved it."""
+    try:
+        from ray._private import parameter
+
+        init = parameter.RayParams.__init__
+        default = inspect.signature(init).parameters["dashboard_agent_listen_port"].default
+    except (ImportError, AttributeError, KeyError):
+        return
+    if getattr(init, "__trainflow_agent_port__", False) or default == 0:
+        return
+
+    @functools.wraps(init)
+    def chosen_by_the_system(self, *args, dashboard_agent_listen_port=0, **kwargs):
+        init(self, *args, dashboard_agent_listen_port=dashboard_agent_listen_port, **kwargs)
+
+    chosen_by_the_system.__trainflow_agent_port__ = True
+    parameter.RayParams.__init__ = chosen_by_the_system

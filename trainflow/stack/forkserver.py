@@ -55,13 +55,12 @@ IMPORTS = (
     "mlflow.store.tracking.sqlalchemy_store",
     "mlflow.store.model_registry.sqlalchemy_store",
     # What a warm run or sweep still imported in its child: the registered model's flavour,
-    # Prefect's flow graphs and async SQLite client, Ray's DAGs and autoscaler state, PB2.
+    # Prefect's flow graphs and async SQLite client, Ray's DAGs and autoscaler state.
     "mlflow.pyfunc",
     "prefect.utilities.visualization",
     "sqlalchemy.dialects.sqlite.aiosqlite",
     "ray.dag",
     "ray.autoscaler.v2.utils",
-    "ray.tune.schedulers.pb2",
 )
 # Environment variables these imports read (and a command's start-up sets, QUIET_ENV),
 # by prefix; those a command sets to use the warm services are left out.
@@ -203,7 +202,7 @@ class ForkServer:
         own: str,
         command: Callable[[], None],
         take_over: Callable[[dict], None],
-        stamp_of: Callable[[dict], str | None] = lambda request: request.get("stamp"),
+        stamp_of: Callable[[dict], str | None],
     ) -> None:
         self.listener = listener
         self.own = own

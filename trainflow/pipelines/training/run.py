@@ -207,9 +207,8 @@ def train_in_trial(
     (:mod:`.in_process`), trainflow's loop its only worker, as the run ``run_name`` under
     ``storage``, its epochs reported to Ray Tune ``report_every_s`` seconds' worth at a time
     and each of ``report_at_epochs`` at once (:class:`.trial_reports.TuneReports`); the
-    train split's profile goes with each checkpoint
-    kept, also when Tune stops the trial at a report. Raises TrainingDiverged when the loss
-    became NaN or infinite."""
+    train split's profile goes with each checkpoint kept, also when Tune stops the trial at
+    a report. Raises TrainingDiverged when the loss became NaN or infinite."""
     folder = run_folder(storage, run_name)
     settings = trainer_inputs(
         config, prepared, run_name=run_name, storage=storage, follow=False, placements=None

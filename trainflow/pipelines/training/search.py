@@ -60,7 +60,6 @@ def trial_scheduler(config: PipelineConfig, in_trial: bool = False):
     PBT and PB2 count the ``epoch`` each row reports, which a trial that goes on from
     another's checkpoint continues."""
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
-    from ray.tune.schedulers.pb2 import PB2
 
     sweep = config.sweep
     chosen = config.sweep.scheduler
@@ -82,6 +81,8 @@ def trial_scheduler(config: PipelineConfig, in_trial: bool = False):
         "log_config": False,  # the sweep's log says each exploit
     }
     if chosen.kind == "pb2":
+        from ray.tune.schedulers.pb2 import PB2  # with scikit-learn's Gaussian processes
+
         bounds = {path: list(dim.bounds) for path, dim in sweep.space.items()}
         return PB2(hyperparam_bounds={"params": bounds}, **common)
     return PopulationBasedTraining(

@@ -198,3 +198,33 @@ def test_every_commands_summary_in_help_is_one_whole_sentence_an_80_column_termi
             assert "\n" not in first and first.endswith("."), f"{path} {name}: {first!r}"
             assert listed[name] == first, f"{path} {name}: --help lists {listed[name]!r}"
     assert {"trainflow run", "trainflow ui", "trainflow models promote", "trainflow stack up"} <= set(found)
+
+
+def test_no_help_shows_a_flag_as_taking_a_value():
+    """Every command's --help, as a terminal shows it: a flag (--help, --smoke, --force, ...)
+    is listed bare, never as taking a ``<bool>``."""
+    from typer.testing import CliRunner
+
+    from trainflow.cli import app
+    from trainflow.cli.main import click_command
+
+    def paths(command, path: list[str]):
+        yield path
+        for name, sub in (getattr(command, "commands", None) or {}).items():
+            yield from paths(sub, [*path, name])
+
+    helped = 0
+    for path in paths(click_command, []):
+        out = CliRunner().invoke(app, [*path, "--help"], terminal_width=100)
+        assert out.exit_code == 0, (path, out.output)
+        assert "<bool>" not in out.output, (path, out.output)
+        helped += 1
+    assert helped > 20
+
+
+def test_version_prints_the_release(tmp_path):
+    from trainflow.version import __version__
+
+    out = trainflow("--version", home=tmp_path / "home")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"trainflow {__version__}\n"

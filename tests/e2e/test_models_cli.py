@@ -41,7 +41,7 @@ def test_list_show_promote_and_rollback(three_versions):
     ]
 
     shown = json.loads(trainflow("models", "show", "toy@challenger", home=home).stdout)
-    assert shown["version"] == "3" and shown["gate"]["passed"] == "False"
+    assert shown["version"] == "3" and shown["gate"]["passed"] is False
     assert shown["gate"]["champion_version"] == "2" and shown["metrics"]["test_accuracy"] == 0.7
     assert json.loads(trainflow("models", "show", "toy/1", home=home).stdout)["aliases"] == []
 
@@ -52,6 +52,39 @@ def test_list_show_promote_and_rollback(three_versions):
     shown = json.loads(trainflow("models", "show", "toy@champion", home=home).stdout)
     assert shown["version"] == "2"
     assert [m["action"] for m in shown["alias_moves"]] == ["gate", "rollback"]
+
+
+def test_list_without_a_name_lists_every_model_with_its_champion_and_latest_version(three_versions, tmp_path):
+    # A model whose only version the gate refused: no champion. The gate's queues, kept in
+    # the registry beside each model, are no models of the user's.
+    register(workspace(), make_checkpoint(tmp_path / "weak"), 0.3, name="weak")
+    listed = trainflow("models", "list", home=three_versions)
+    assert listed.returncode == 0, listed.output
+    assert [line.split() for line in listed.stdout.strip().splitlines()] == [
+        ["model", "champion", "latest", "versions"],
+        ["toy", "2", "3", "3"],
+        ["weak", "-", "1", "1"],
+    ]
+
+
+def test_list_without_a_name_in_an_empty_registry_says_so(trainflow_home):
+    listed = trainflow("models", "list", home=trainflow_home)
+    assert listed.returncode == 0, listed.output
+    assert listed.stdout == "no registered models yet: `trainflow run` registers one\n"
+
+
+def test_show_types_the_gate_as_the_serving_endpoint_does(three_versions):
+    """`models show` and GET /model read a version's gate decision the same way: MLflow's
+    tags are strings, its values are not."""
+    from trainflow.pipelines.serving.served import Served
+
+    shown = json.loads(trainflow("models", "show", "toy/3", home=three_versions).stdout)
+    gate = shown["gate"]
+    assert gate["passed"] is False and gate["same_test_data"] is True
+    assert gate["champion_reevaluated"] is False and gate["reason"].startswith("accuracy 0.7000 vs")
+    assert gate["candidate"] == 0.7 and gate["champion"] == 0.9 and gate["min_value"] == 0.5
+    assert gate["champion_version"] == "2" and gate["metric"] == "accuracy"
+    assert Served.load(workspace(), "toy", "3").gate == gate  # what GET /model answers
 
 
 ERRORS = [
@@ -107,7 +140,8 @@ def test_the_registry_commands_import_no_torch(three_versions):
         "import sys\n"
         "from typer.testing import CliRunner\n"
         "from trainflow.cli import app\n"
-        "for args in (['list', 'toy'], ['show', 'toy/2'], ['promote', 'toy', '1'], ['rollback', 'toy']):\n"
+        "moves = (['promote', 'toy', '1'], ['rollback', 'toy'])\n"
+        "for args in (['list'], ['list', 'toy'], ['show', 'toy/2'], *moves):\n"
         "    result = CliRunner().invoke(app, ['models', *args])\n"
         "    assert result.exit_code == 0, (args, result.output)\n"
         "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))\n"

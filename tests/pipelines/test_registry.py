@@ -179,6 +179,23 @@ def test_decide_with_a_required_improvement():
     assert registry.decide("accuracy", 0.93, 0.90, gate, champion_version="1").passed
 
 
+@pytest.mark.parametrize(
+    "decision",
+    [
+        registry.decide("accuracy", 0.93, 0.90, RegistryConfig(min_value=0.5), champion_version="12"),
+        registry.decide("rmse", 57.0, None, RegistryConfig(), champion_note="no champion yet"),
+    ],
+)
+def test_a_gate_decision_reads_back_from_its_tags_as_it_was_decided(decision):
+    """Every field of the decision, through MLflow's string tags and back, keeps its type:
+    a field added to GateDecision that the registry reads back otherwise fails here."""
+    from trainflow.pipelines.registry.versions import gate_tags, gate_values
+
+    tags = gate_tags(decision.to_dict())
+    assert all(isinstance(text, str) for text in tags.values())
+    assert gate_values({**tags, "trainflow.config_hash": "1"}) == decision.to_dict()
+
+
 def test_promote_and_rollback_keep_a_history_of_champions(trainflow_home, tmp_path):
     ws = workspace()
     for i, acc in enumerate([0.8, 0.9, 0.7], start=1):

@@ -113,8 +113,8 @@ def test_every_sweep_rendering_shows_a_trial_s_settings_alike():
 
 def test_the_models_listing_and_alias_moves():
     versions = [
-        VersionSummary("1", [], {"test_accuracy": 0.9}, "True", 0),
-        VersionSummary("2", ["champion"], {"test_accuracy": 0.95, "test_macro_f1": 0.94}, "", 60_000),
+        VersionSummary("1", [], {"test_accuracy": 0.9}, True, 0),
+        VersionSummary("2", ["champion"], {"test_accuracy": 0.95, "test_macro_f1": 0.94}, None, 60_000),
     ]
     assert listing.versions_lines(versions) == [
         "version  aliases   accuracy  macro_f1  gate    created (UTC)",

@@ -55,12 +55,22 @@ NameArg = Annotated[str, typer.Argument(help="The registered model's name")]
 
 
 @models_app.command("list")
-def models_list(name: NameArg) -> None:
-    """List a model's versions: aliases, test metrics, gate decision."""
+def models_list(
+    name: Annotated[
+        str | None, typer.Argument(help="A registered model's name; none lists every model.")
+    ] = None,
+) -> None:
+    """List the registered models, or one model's versions.
+
+    With no NAME: each model's champion and latest version. With NAME: its versions,
+    their aliases, test metrics and gate decision."""
     registry, ws = _registry()
     with registry_errors():
-        versions = registry.version_summaries(ws, name)
-    typer.echo("\n".join(_listing().versions_lines(versions)))
+        if name is None:
+            lines = _listing().models_lines(registry.model_summaries(ws))
+        else:
+            lines = _listing().versions_lines(registry.version_summaries(ws, name))
+    typer.echo("\n".join(lines))
 
 
 @models_app.command("show")

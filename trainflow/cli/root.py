@@ -16,12 +16,33 @@ from trainflow.config import ConfigError, PipelineConfig, RenamedKey, load_confi
 T = TypeVar("T")
 
 
+# Plain help, as the documentation's command reference prints it: Typer's Rich panels
+# show every flag, --help too, as taking a <bool>.
 app = typer.Typer(
     help="Train, evaluate and register PyTorch models on Ray, orchestrated by Prefect.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from trainflow.version import __version__
+
+        typer.echo(f"trainflow {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """The options before any command."""
 
 
 models_app = typer.Typer(

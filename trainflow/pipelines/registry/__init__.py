@@ -2,7 +2,8 @@
 the embedded SQLite store, its lock, a client that retries while the database is
 locked), ``lineage`` (a version's lineage tags and the SHA-256 of its files),
 ``aliases`` (``champion``, ``challenger`` and the history of their moves), ``versions``
-(resolve a model URI, list and describe versions, promote, roll back, load),
+(resolve a model URI, list models and describe versions, the gate's tags read back typed,
+promote, roll back, load),
 ``gate`` (the promotion decision), ``registration`` (a checkpoint registered and gated),
 ``pyfunc`` (MLflow's python_function flavor of every version), ``card`` (a version's
 model card) and ``reproduce`` (a version trained again from its exact config)."""
@@ -20,11 +21,13 @@ from trainflow.pipelines.registry.lineage import (
 from trainflow.pipelines.registry.registration import Registration, model_link, register_checkpoint
 from trainflow.pipelines.registry.store import client, experiment_id, retry_locked, tracking_uri
 from trainflow.pipelines.registry.versions import (
+    ModelSummary,
     RegistryError,
     VersionSummary,
     followed_alias,
     load_model,
     local_checkpoint,
+    model_summaries,
     promote,
     resolve,
     rollback,
@@ -42,6 +45,7 @@ __all__ = [
     "TEST_FINGERPRINT_TAG",
     "GateDecision",
     "IntegrityError",
+    "ModelSummary",
     "Reevaluate",
     "Registration",
     "RegistryError",
@@ -54,6 +58,7 @@ __all__ = [
     "load_model",
     "local_checkpoint",
     "model_link",
+    "model_summaries",
     "moves",
     "promote",
     "read_card",

@@ -18,7 +18,7 @@ from trainflow.pipelines.registry.aliases import CHALLENGER, CHAMPION, alias_ver
 from trainflow.pipelines.registry.lease import LeaseLost, model_lease
 from trainflow.pipelines.registry.lineage import TEST_FINGERPRINT_TAG
 from trainflow.pipelines.registry.store import set_version_tags
-from trainflow.pipelines.registry.versions import local_checkpoint
+from trainflow.pipelines.registry.versions import gate_tags, local_checkpoint
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -156,7 +156,7 @@ def gate_version(
                 alias = CHAMPION if decision.passed else CHALLENGER
                 move_alias(c, name, alias, version, action="gate", reason=decision.reason)
             # The alias move's record holds the reason already: the lease need not wait for these.
-            set_version_tags(c, name, version, {f"gate.{k}": str(v) for k, v in decision.to_dict().items()})
+            set_version_tags(c, name, version, gate_tags(decision.to_dict()))
             return decision
         except LeaseLost as e:
             lost += 1

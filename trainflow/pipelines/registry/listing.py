@@ -1,5 +1,5 @@
-"""The registry as `trainflow models` shows it: a version per line, a version's details, where
-the champion alias went; and the plain-text table every console summary uses
+"""The registry as `trainflow models` shows it: a model per line, a version per line, a
+version's details, where the champion alias went; and the plain-text table every console summary uses
 (:func:`columns`). Torch-free, as those commands are: :mod:`trainflow.tasks.render` shapes
 the rest."""
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from trainflow.config import headline_metrics
 
 if TYPE_CHECKING:
-    from trainflow.pipelines.registry.versions import VersionSummary
+    from trainflow.pipelines.registry.versions import ModelSummary, VersionSummary
 
 
 def columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -26,6 +26,15 @@ def _score(metrics: dict[str, float], name: str) -> str:
     return f"{metrics[name]:.4f}" if name in metrics else "-"
 
 
+def models_lines(models: Sequence[ModelSummary]) -> list[str]:
+    """``trainflow models list`` with no name: a registered model per line, with the version
+    its champion alias names and its newest version."""
+    if not models:
+        return ["no registered models yet: `trainflow run` registers one"]
+    rows = [(m.name, m.champion or "-", m.latest or "-", str(m.versions)) for m in models]
+    return columns(("model", "champion", "latest", "versions"), rows)
+
+
 def versions_lines(versions: Sequence[VersionSummary]) -> list[str]:
     """``trainflow models list``: a version per line, with aliases, test metrics (the
     newest version's objective's) and gate."""
@@ -35,7 +44,7 @@ def versions_lines(versions: Sequence[VersionSummary]) -> list[str]:
             v.version,
             ",".join(v.aliases) or "-",
             *(_score(v.metrics, f"test_{name}") for name in names),
-            {"True": "passed", "False": "failed"}.get(v.gate_passed, "-"),
+            {True: "passed", False: "failed"}.get(v.gate_passed, "-"),
             time.strftime("%Y-%m-%d %H:%M", time.gmtime(v.created_ms / 1000)),
         )
         for v in versions

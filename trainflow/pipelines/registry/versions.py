@@ -155,7 +155,7 @@ class VersionSummary:
     version: str
     aliases: list[str]
     metrics: dict[str, float]  # its run's metrics: test_accuracy, test_macro_f1, ...
-    gate_passed: str  # "True", "False", or "" when the gate never ran on it
+    gate_passed: bool | None  # None when the gate never ran on it
     created_ms: int
 
 
@@ -172,15 +172,89 @@ def version_summaries(ws: Workspace, name: str) -> list[VersionSummary]:
             version=str(mv.version),
             aliases=sorted(aliases.get(str(mv.version), [])),
             metrics=dict(c.get_run(mv.run_id).data.metrics) if mv.run_id else {},
-            gate_passed=mv.tags.get("gate.passed", ""),
+            gate_passed=gate_values(mv.tags).get("passed"),
             created_ms=int(mv.creation_timestamp),
         )
         for mv in versions
     ]
 
 
+@dataclass(frozen=True)
+class ModelSummary:
+    """One registered model as ``trainflow models list`` shows it with no name."""
+
+    name: str
+    champion: str | None  # the version the champion alias names; None when none does
+    latest: str | None  # its newest version; None for a model without versions
+    versions: int
+
+
+def model_summaries(ws: Workspace) -> list[ModelSummary]:
+    """Every registered model, by name, with its champion and newest version; the gate's
+    queues (:mod:`.lease`) are not models and are left out."""
+    c = client(ws)
+    page = c.search_registered_models(max_results=1000)
+    found = list(page)
+    while page.token:
+        page = c.search_registered_models(max_results=1000, page_token=page.token)
+        found += page
+    found = [rm for rm in found if not is_queue(rm.tags)]
+    out = []
+    for rm in sorted(found, key=lambda rm: rm.name):
+        numbers = [int(v.version) for v in c.search_model_versions(f"name='{rm.name}'")]
+        champion = rm.aliases.get(CHAMPION)
+        out.append(
+            ModelSummary(
+                rm.name,
+                champion=None if champion is None else str(champion),
+                latest=str(max(numbers)) if numbers else None,
+                versions=len(numbers),
+            )
+        )
+    return out
+
+
+# The gate's decision is kept as ``gate.*`` tags, which MLflow holds as strings; these two
+# write and read them, each value read back as the type GateDecision gave it.
+_GATE_TEXT = ("metric", "reason", "champion_version")
+
+
+def gate_tags(decision: dict[str, Any]) -> dict[str, str]:
+    """A gate decision (``GateDecision.to_dict()``) as the version's ``gate.*`` tags."""
+    return {f"gate.{key}": str(value) for key, value in decision.items()}
+
+
+def gate_values(tags: dict[str, str]) -> dict[str, Any]:
+    """A version's gate decision from its tags, typed: ``passed`` a bool, the numbers
+    floats, ``champion_version`` a string, an absent value None. ``trainflow models show``
+    and the serving endpoint's ``GET /model`` both say it so."""
+    out: dict[str, Any] = {}
+    for tag, text in tags.items():
+        if not tag.startswith("gate."):
+            continue
+        key = tag.removeprefix("gate.")
+        if text == "None":
+            out[key] = None
+        elif key in _GATE_TEXT:
+            out[key] = text
+        elif text in ("True", "False"):
+            out[key] = text == "True"
+        else:
+            out[key] = _number(text)
+    return out
+
+
+def _number(text: str) -> float | str:
+    """A number kept as text, back as a float; anything else as it is."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def version_details(ws: Workspace, uri: str) -> dict[str, Any]:
-    """A version's aliases, test metrics, lineage tags, gate decision and alias moves."""
+    """A version's aliases, test metrics, lineage tags, gate decision (typed:
+    :func:`gate_values`) and alias moves."""
     mv = resolve(ws, uri)
     c = client(ws)
     run = c.get_run(mv.run_id)
@@ -192,7 +266,7 @@ def version_details(ws: Workspace, uri: str) -> dict[str, Any]:
         "aliases": sorted(mv.aliases),
         "source": mv.source,
         "metrics": {k: v for k, v in run.data.metrics.items() if k.startswith("test_")},
-        "gate": {k.removeprefix("gate."): v for k, v in tags.items() if k.startswith("gate.")},
+        "gate": gate_values(tags),
         "alias_moves": [m for m in moves(c, mv.name) if m["version"] == str(mv.version)],
         "tags": tags,
     }

@@ -31,18 +31,8 @@ class Served:
         mv = registry.resolve(ws, f"{name}/{version}")
         predictor = load_checkpoint(registry.local_checkpoint(ws, mv))
         predictor.version = version
-        gate = {key: _tag_value(value) for key, value in details["gate"].items()}
-        return cls(predictor, name, version, gate, details["metrics"], now())
-
-
-def _tag_value(text: str) -> Any:
-    """A gate tag back as its JSON value (a bool, None, a number): MLflow keeps tags as strings."""
-    if text in ("True", "False", "None"):
-        return {"True": True, "False": False, "None": None}[text]
-    try:
-        return float(text)
-    except ValueError:
-        return text
+        # Typed once, by the registry: `trainflow models show` says the same.
+        return cls(predictor, name, version, details["gate"], details["metrics"], now())
 
 
 def use_registry(tracking_uri: str | None) -> None:

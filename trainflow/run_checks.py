@@ -2,7 +2,7 @@
 the flow start and before any Ray worker runs.
 
 A training or sweep run checks its sweep section, its model, the user's loss, metrics and
-loop, its data source (columns and types; no rows read) and what it asks of the cluster
+loop, its data source (columns and types, and its labels) and what it asks of the cluster
 (:func:`before_run`). A batch prediction checks the model reference, its input and output,
 and the cluster (:func:`before_predict`). A reproduction checks that the version's config
 rebuilds exactly and that its data and code are unchanged, then checks as a training run
@@ -14,7 +14,7 @@ itself."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
@@ -145,15 +145,20 @@ def own_loop(config: PipelineConfig) -> None:
 
 
 def source(config: PipelineConfig) -> SourceInfo:
-    """The data source exists and holds the configured columns with usable types; no rows
-    read, but for a ``preprocess.transform`` the first rows it is tried on."""
+    """The data source exists and holds the configured columns with usable types, and its
+    labels are there and among data.classes (``missing.check_labels``: the label column
+    read, for a table up to its size bound); other rows are read only for a
+    ``preprocess.transform``, the first ones it is tried on."""
+    from trainflow.pipelines.data.missing import check_labels
     from trainflow.pipelines.data.schema import inspect_source
     from trainflow.pipelines.data.tokenizer import transform_of
     from trainflow.workspace import cache_folder
 
-    return inspect_source(
+    info = inspect_source(
         config.data, cache_folder(config), objective=config.objective, transform=transform_of(config)
     )
+    missing = check_labels(info)
+    return replace(info, missing_labels=missing) if missing else info
 
 
 def cluster(config: PipelineConfig, workers: str | None, *, gpus_per_actor: float = 0) -> None:

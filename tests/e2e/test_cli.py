@@ -85,6 +85,28 @@ def test_bad_input_fails_in_one_line_before_ray_and_registers_nothing(tmp_path, 
     assert "Ray" not in out.stdout + out.stderr
 
 
+def test_blank_labels_are_named_with_their_count_by_validate_and_stop_a_run_before_ray(tmp_path):
+    from tests.pipelines.test_missing import churn
+
+    churn().to_csv(tmp_path / "churn.csv", index=False)
+    config = tmp_path / "churn.yaml"
+    config.write_text(
+        f"data:\n  source: {tmp_path / 'churn.csv'}\n  label_column: churned\n"
+        "  categorical_columns: [contract]\n  classes: ['no', 'yes']\nmodel: {kind: mlp}\n"
+    )
+    said = (
+        f"error: data.source {tmp_path / 'churn.csv'}: column 'churned' has 3 missing values "
+        "(blank, null or NaN) in 60 rows; set data.missing=drop to drop such rows\n"
+    )
+    for command in ("validate", "run"):
+        out = trainflow(command, config, home=tmp_path / "home")
+        assert (out.returncode, out.stderr) == (2, said)
+    assert not list((tmp_path / "home").glob("runs/*")) and "Ray" not in out.stdout + out.stderr
+    dropped = trainflow("validate", config, "--set", "data.missing=drop", home=tmp_path / "home")
+    assert dropped.returncode == 0, dropped.stderr
+    assert dropped.stdout.splitlines()[1] == "note: 3 rows without a label are dropped (data.missing=drop)"
+
+
 def test_validate_checks_config_and_source(tmp_path):
     out = trainflow("validate", "configs/digits.yaml", "--set", "train.epochs=2", home=tmp_path)
     assert out.returncode == 0, out.stderr

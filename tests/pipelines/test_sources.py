@@ -299,7 +299,7 @@ def with_values(column, values):
         (
             with_values("a", [np.nan, None, np.nan]).astype({"a": float}),
             {},
-            r"column 'a' has 3 missing values \(null or NaN\) in 60 rows; set data\.missing=drop",
+            r"column 'a' has 3 missing values \(blank, null or NaN\) in 60 rows; set data\.missing=drop",
         ),
         (
             with_values("a", [np.inf, -np.inf]).astype({"a": float}),
@@ -309,7 +309,7 @@ def with_values(column, values):
         (
             frame(),
             {"classes": [0, 1]},
-            r"data\.label_column 'label': labels \[2\] in .* are outside data\.classes \[0, 1\]",
+            r"data\.label_column 'label': labels \[2\] in .* are outside data\.classes \[0, 1\]; list them",
         ),
         (frame().iloc[:0], {}, r"data\.source .*: no rows"),
         (frame().assign(label=1), {}, r"needs at least 2 classes, found \[1\]"),

@@ -34,8 +34,11 @@ def validate(config: ConfigArg = None, set_: SetOpt = None) -> None:
     cfg = read_config(config, set_)
     with one_line_errors():
         run_checks.model_kind(cfg)
-        run_checks.source(cfg)
+        info = run_checks.source(cfg)
     typer.echo(f"ok: {cfg.name} (config hash {cfg.config_hash()}), source {cfg.data.source}")
+    if info.missing_labels:
+        rows = f"{info.missing_labels} row{'s' if info.missing_labels > 1 else ''}"
+        typer.echo(f"note: {rows} without a label are dropped (data.missing=drop)")
 
 
 @app.command()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -79,11 +79,13 @@ class DataConfig(Section):
     classes: list[int | str] | None = Field(
         None,
         description="The label's classes, in the model's output order; null: the sorted labels "
-        "found. A label outside a declared list is an error.",
+        "found. A label outside a declared list is an error. Quote them in YAML ('no', 'yes'): "
+        "unquoted, no/yes, off/on and false/true are booleans.",
     )
     missing: Literal["fail", "drop"] = Field(
         "fail",
-        description="Rows with a null or NaN feature or label: fail, or drop them (counted and logged).",
+        description="Rows with a missing feature or label (null, NaN, or a blank CSV cell): fail, or "
+        "drop them (counted and logged).",
     )
     image_mode: Literal["RGB", "L"] | None = Field(
         None,
@@ -96,6 +98,19 @@ class DataConfig(Section):
         description="Read only the first N rows (smoke runs, quick trials); null reads everything.",
     )
     split: SplitConfig = SplitConfig()
+
+    @field_validator("classes", mode="before")
+    @classmethod
+    def _no_yaml_booleans(cls, value: Any) -> Any:
+        """Unquoted no/yes (off/on, false/true) are booleans in YAML, never a class's name."""
+        if isinstance(value, list) and any(isinstance(c, bool) for c in value):
+            words = {False: "no", True: "yes"}
+            quoted = ", ".join(repr(words[c] if isinstance(c, bool) else c) for c in value)
+            raise ValueError(
+                f"{value} are booleans: YAML reads unquoted no/yes, off/on and false/true as booleans; "
+                f"quote each class as the label column writes it, such as classes: [{quoted}]"
+            )
+        return value
 
     @model_validator(mode="after")
     def _categorical_are_features(self) -> DataConfig:

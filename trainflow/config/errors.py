@@ -28,6 +28,8 @@ def validation_message(err: ValidationError, root: type[BaseModel]) -> str:
             continue
         elif "input" in e and not isinstance(e["input"], (dict, list)) and repr(e["input"]) not in msg:
             msg = f"{msg} (got {e['input']!r})"
+        if e["type"] == "string_type" and isinstance(e.get("input"), bool):
+            msg = f"{msg}: YAML reads unquoted no/yes, off/on and false/true as booleans; quote it"
         parts.append(f"{field}: {msg}")
     return "invalid config: " + "; ".join(parts)
 

@@ -30,6 +30,7 @@ import pandas as pd
 
 from trainflow.pipelines.data import sources
 from trainflow.pipelines.data import transform as transforms
+from trainflow.pipelines.data.missing import blanks_as_null
 from trainflow.pipelines.data.schema import (
     IMAGE,
     INDEX,
@@ -280,7 +281,7 @@ def _read_source(info: SourceInfo, fragment: Fragment) -> Iterator[Any]:
                 ),
             )
             for batch in reader:
-                yield from _rebatch(batch, rows)
+                yield from _rebatch(blanks_as_null(batch), rows)
     elif info.format == "json":
         import pyarrow.json as pajson
 

@@ -64,6 +64,7 @@ class SourceInfo:
     categorical_columns: list[str] = field(default_factory=list)
     classes: list[Any] | None = None  # declared in the config (or the image folders, the dataset's)
     missing: str = "fail"
+    missing_labels: int = 0  # rows found without a label before the run: data.missing=drop drops them
     image_mode: str = "RGB"  # images: RGB or L, data.image_mode or the source's own
     objective: str = "classification"  # or regression: a numeric label, no classes
     location: str = ""  # where the files are: the source, or the torchvision Parquet folder

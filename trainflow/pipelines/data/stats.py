@@ -16,6 +16,7 @@ import pandas as pd
 
 from trainflow.config import PreprocessConfig
 from trainflow.pipelines.data import transform as transforms
+from trainflow.pipelines.data.missing import DROP_HINT, MISSING
 from trainflow.pipelines.data.preprocess import MAX_VOCABULARY, Preprocessor, image_chunk_rows, image_features
 from trainflow.pipelines.data.profile import Profile, profile_columns
 from trainflow.pipelines.data.schema import IMAGE, DataError, SourceInfo
@@ -102,8 +103,8 @@ class RowCounts:
         if self.missing_rows and info.missing == "fail":
             c, n = next((c, n) for c, n in self.missing.items() if n)
             raise DataError(
-                f"data.source {src}: column {c!r} has {n} missing values (null or NaN) in {self.rows} rows; "
-                "set data.missing=drop to drop such rows"
+                f"data.source {src}: column {c!r} has {n} missing values ({MISSING}) in {self.rows} rows; "
+                f"{DROP_HINT}"
             )
         if self.missing_rows == self.rows:
             raise DataError(f"data.source {src}: every one of its {self.rows} rows has a missing value")
@@ -116,7 +117,7 @@ class RowCounts:
             if outside:
                 raise DataError(
                     f"data.label_column {info.label_column!r}: labels {outside[:5]} in {src} are outside "
-                    f"data.classes {info.classes}"
+                    f"data.classes {info.classes}; list them in data.classes, or remove those rows"
                 )
         elif len(labels) > MAX_CLASSES:
             raise DataError(

@@ -103,3 +103,20 @@ def test_workers_know_their_own_cluster_among_several_on_the_machine(ray_cluster
         return os.environ.get("RAY_ADDRESS")
 
     assert ray.get(address.remote()) == ray.get_runtime_context().gcs_address
+
+
+def test_no_usage_telemetry_of_mlflows_is_kept_or_sent_from_a_command(tmp_path):
+    """MLflow records an installation id and sends usage events unless told not to;
+    trainflow's commands tell it, as they tell Ray and Prefect. The command runs as a
+    user's would: without the variables by which MLflow knows a test or CI (CI has one)."""
+    import os
+    import subprocess
+
+    from tests.e2e.test_cli import REPO, TRAINFLOW
+
+    testing = {"PYTEST_CURRENT_TEST", "CI", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "XDG_CONFIG_HOME"}
+    env = {k: v for k, v in os.environ.items() if k not in testing}
+    env.update(HOME=str(tmp_path), TRAINFLOW_HOME=str(tmp_path / "home"))
+    out = subprocess.run([*TRAINFLOW, "models", "list"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / ".config" / "mlflow").exists()

@@ -13,7 +13,11 @@ from trainflow.config import ConfigError
 
 
 def _registry():
-    """The registry module and the workspace, with MLflow's own logging kept quiet."""
+    """The registry module and the workspace, with MLflow's own logging kept quiet and its
+    telemetry off, as in a run."""
+    from trainflow.cluster.quiet import apply_quiet_env
+
+    apply_quiet_env()
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     from trainflow.pipelines import registry
     from trainflow.workspace import workspace

@@ -18,6 +18,7 @@ QUIET_ENV = {
     # Telemetry cannot leave these machines; offline it logs errors users take for failures.
     "RAY_USAGE_STATS_ENABLED": "0",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
     # Each ray.train.report() waits about one controller poll, so Ray's default interval
     # (2 s) adds up over a run's epochs. The controller polls every worker at this rate:
     # on a cluster of hundreds of workers, set it higher.

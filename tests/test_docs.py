@@ -155,9 +155,34 @@ def test_the_troubleshooting_pages_errors_are_what_trainflow_says(tmp_path, monk
     # own process, as a user meets it (this one holds the session's cluster).
     out = trainflow_cli("run", "--set", "scaling.num_workers=64", home=tmp_path / "cli-home")
     said.insert(5, out.stderr.strip().removeprefix("error: "))
-    # The CPUs a local cluster would have are this machine's: the page shows a 2-core one's.
+    said.append(_past_the_start_bound(monkeypatch))
+    # The CPUs a local cluster would have and the load are this machine's: the page shows a 2-core one's.
     shortage = "the local Ray cluster on this machine would have"
-    assert [m.split(shortage)[0] for m in quoted] == [m.split(shortage)[0] for m in said]
+    load = re.compile(r"load average [\d.]+ on \d+ CPUs")
+    assert [load.sub("load", m.split(shortage)[0]) for m in quoted] == [
+        load.sub("load", m.split(shortage)[0]) for m in said
+    ]
+
+
+def _past_the_start_bound(monkeypatch) -> str:
+    """What a command says when its local Ray cluster misses the start's bound (the default):
+    Ray's node raises its timeout."""
+    import ray
+
+    from trainflow.cluster import session
+    from trainflow.ray_internals.errors import NODE_START_TIMEOUT
+
+    def late(**kwargs):
+        raise Exception(
+            f"{NODE_START_TIMEOUT}. This could happen because some of the raylet failed to startup"
+        )
+
+    with monkeypatch.context() as patch:
+        patch.delenv("TRAINFLOW_START_TIMEOUT", raising=False)
+        patch.setattr(ray, "init", late)
+        with pytest.raises(session.PreflightError) as caught:
+            session._local_init(None, {})
+    return str(caught.value)
 
 
 DOCS = REPO / "docs"

@@ -1,6 +1,6 @@
 """The import direction that docs/architecture.md states, checked on the source.
 
-Layers, from the bottom: ``config``, ``files``, ``timeline`` and ``ray_internals``;
+Layers, from the bottom: ``config``, ``files``, ``timeline``, ``start_wait`` and ``ray_internals``;
 ``workspace``, ``signals``, ``cluster``, ``prefect_server`` and ``prefect_internals``;
 ``pipelines`` and ``serving``; ``tasks`` and ``run_checks``; ``flows`` and ``startup``; ``cli``
 and ``testing``.
@@ -26,6 +26,7 @@ LAYERS = {
     "config": 0,
     "files": 0,
     "timeline": 0,
+    "start_wait": 0,
     "version": 0,
     "ray_internals": 0,  # every use of Ray's private names (tests/test_ray_internals.py)
     "workspace": 1,

@@ -725,3 +725,55 @@ def test_a_local_cluster_beside_another_ray_node_gives_its_agent_a_port_of_the_s
     assert "Dashboard agent http address" in agent_log and "Failed to bind" not in agent_log, agent_log[
         -2000:
     ]
+
+
+# 24. A local node's start-up waits.
+
+
+def test_the_wait_for_a_nodes_registration_is_the_flag_a_local_start_sets(tmp_path):
+    """A process asking for a node that has not registered waits as long as the flag says
+    (Ray's node polls for its raylet that way as it starts), read when the cluster starts,
+    an environment's own value first; the node still reads the GCS's wait by its name;
+    the block sets both to the bound, at least Ray's 30 s, and takes them back after."""
+    from ray._private import node
+
+    assert switches.GCS_PORT_WAIT in inspect.getsource(node.Node)
+    script = (
+        "import json, logging, time, ray\n"
+        "from ray._private import services\n"
+        "from trainflow.ray_internals import switches\n"
+        "with switches.node_start_waits(3) as waited:\n"
+        "    ray.init(address='local', num_cpus=1, include_dashboard=False, logging_level=logging.WARNING)\n"
+        "gcs = ray.get_runtime_context().gcs_address\n"
+        "start = time.monotonic()\n"
+        "try:\n"
+        "    services.get_node(gcs, 'ab' * 28)\n"
+        "except RuntimeError:\n"
+        "    pass\n"
+        "took = time.monotonic() - start\n"
+        "seen = {'waited': waited, 'took': took, 'left': switches.RAYLET_START_WAIT in os.environ}\n"
+        "ray.shutdown()\n"
+        "print(json.dumps(seen))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", *switches.NODE_START_WAITS)}
+    env[switches.RAYLET_START_WAIT] = "4"  # the environment's own value wins over the block's
+    out = subprocess.run(
+        [sys.executable, "-c", "import os\n" + script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["waited"] == 30 and seen["left"]  # at least Ray's own 30 s; the environment's value stays
+    assert 3.5 <= seen["took"] < 20, seen
+    with switches.node_start_waits(75.2) as waited:
+        assert waited == 76 and os.environ[switches.GCS_PORT_WAIT] == "76"
+    assert switches.GCS_PORT_WAIT not in os.environ
+
+
+# 25. Serve's first deadline for a replica's queue length.
+
+
+def test_serve_reads_its_first_queue_length_deadline_by_the_switchs_name():
+    from ray.serve._private import constants
+
+    assert f'"{switches.SERVE_QUEUE_PROBE_DEADLINE}"' in inspect.getsource(constants)
+    assert constants.RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S == 0.1

@@ -9,8 +9,8 @@ that deadline: the run then fails before it begins. ``trainflow run``, ``sweep``
 ``predict`` start the same server (``uvicorn prefect.server.api.server:create_app``, as
 Prefect does) before Ray and torch start (``trainflow.startup``), point
 ``PREFECT_API_URL`` at it, and wait for its health check right before the flow needs
-it, for up to :data:`START_TIMEOUT_S` seconds; if it exits or misses that, the command
-fails in one line saying what to do.
+it, for up to TRAINFLOW_START_TIMEOUT seconds (:mod:`trainflow.start_wait`, which bounds
+Ray's start too); if it exits or misses that, the command fails in one line saying what to do.
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from trainflow.start_wait import START_TIMEOUT_ENV, machine_load, start_timeout
+
 log = logging.getLogger("trainflow")
 
-# Seconds to wait for the server's health check, counted from its start: an empty
-# PREFECT_HOME runs every migration first (benchmarks/results.md, overhead phase by
-# phase, times a first run), and two busy cores stretch it. A
-# value of PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS in the environment wins.
-START_TIMEOUT_S = 180.0
+# The server's health check is waited for TRAINFLOW_START_TIMEOUT seconds, counted from
+# its start: an empty PREFECT_HOME runs every migration first (benchmarks/results.md,
+# overhead phase by phase, times a first run), and two busy cores stretch it. A value of
+# PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS in the environment wins, for it alone.
 TIMEOUT_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 # uvicorn's exit code when the app's start-up failed, or its port was taken in between.
 _STARTUP_FAILED = 3
@@ -106,14 +107,20 @@ class TemporaryServer:
 
     def __init__(self, log_path: Path, timeout_s: float | None = None) -> None:
         self.log_path = log_path
-        env_timeout = os.environ.get(TIMEOUT_ENV)
-        self.timeout_s = timeout_s or (float(env_timeout) if env_timeout else START_TIMEOUT_S)
+        self._timeout_s = timeout_s
         self.process: subprocess.Popen | None = None
         # Where the output of a server started early goes until it is entered, then renamed
         # to log_path: a command whose checks failed leaves no server log behind.
         self._early_log: Path | None = None
         self.port = 0
         self._settings = None
+
+    @property
+    def timeout_s(self) -> float:
+        """Seconds to wait for the server: the caller's, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        else TRAINFLOW_START_TIMEOUT (a bad value of which is a ConfigError, at the wait)."""
+        env_timeout = os.environ.get(TIMEOUT_ENV)
+        return self._timeout_s or (float(env_timeout) if env_timeout else start_timeout())
 
     @property
     def api_url(self) -> str:
@@ -232,9 +239,9 @@ class TemporaryServer:
                 self.stop()
                 raise PrefectServerError(
                     f"Prefect's temporary server did not answer within {self.timeout_s:g} s "
-                    f"(log: {self.log_path}); the machine may be too busy: run again, set "
-                    f"{TIMEOUT_ENV} higher, or start a server with `prefect server start` and set "
-                    "PREFECT_API_URL=http://127.0.0.1:4200/api"
+                    f"(log: {self.log_path}; {machine_load()}): set {START_TIMEOUT_ENV} higher "
+                    f"({TIMEOUT_ENV} for this server alone), or start a server with `prefect server "
+                    "start` and set PREFECT_API_URL=http://127.0.0.1:4200/api"
                 )
             check()
             time.sleep(0.1)

@@ -27,6 +27,7 @@ from trainflow.cluster.quiet import apply_quiet_env
 from trainflow.cluster.session import WORKER_PYTHON_ENV, ray_address, ray_session
 from trainflow.config import PipelineConfig
 from trainflow.signals import interrupts_deferred, raise_if_interrupted
+from trainflow.start_wait import said_if_slow
 from trainflow.timeline import timeline
 from trainflow.workspace import workspace
 
@@ -83,7 +84,8 @@ def started(
             timeline("flow imported")
             collect_from_here()
             if server is not None:
-                server.wait(check=raise_if_interrupted)
+                with said_if_slow("Prefect's temporary server to answer", command_logger()):
+                    server.wait(check=raise_if_interrupted)
                 timeline("prefect server answered")
         try:
             yield

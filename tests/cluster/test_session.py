@@ -139,3 +139,79 @@ def test_nothing_a_local_cluster_started_outlives_its_shutdown(tmp_path):
     finally:
         if alive(answer["pid"]):
             os.kill(answer["pid"], signal.SIGKILL)
+
+
+# A cold start beside busy processes that ends in one line either way: started, after
+# saying once that it waits, or the error past the bound.
+SLOW_DRIVER = """\
+import logging, sys
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+from trainflow import start_wait
+from trainflow.cluster.session import PreflightError, connect, shutdown
+from trainflow.config import PipelineConfig
+
+start_wait.SLOW_START_S = 0.2  # any real start is slower: the notice is due
+try:
+    connect(PipelineConfig.model_validate({}), logging.getLogger("trainflow.cli"))
+except PreflightError as e:
+    print(f"error: {e}", flush=True)
+    sys.exit(2)
+print("started", flush=True)
+shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_a_slow_cold_start_beside_busy_processes_says_once_that_it_waits(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and k not in LOCAL_CLUSTER_ENV}
+    env["TRAINFLOW_START_TIMEOUT"] = "120"
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", SLOW_DRIVER],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        for p in busy:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+    out = done.stdout + done.stderr
+    waiting = [line for line in out.splitlines() if line.startswith("waiting for ")]
+    assert done.returncode == 0 and "started" in done.stdout, out[-3000:]
+    assert len(waiting) == 1, out[-3000:]
+    assert waiting[0].startswith("waiting for the local Ray cluster to start (load average ")
+    assert waiting[0].endswith("CPUs), up to 120 s (TRAINFLOW_START_TIMEOUT)...")
+
+
+def test_a_local_cluster_past_the_start_bound_is_one_line_naming_it(monkeypatch):
+    """Ray's node gives up once its raylet's registration outlasts the wait it was given: the
+    bound (TRAINFLOW_START_TIMEOUT), handed to Ray for that start alone."""
+    import ray
+
+    from trainflow.cluster import session
+    from trainflow.ray_internals import switches
+
+    handed = {}
+
+    def late_node(**kwargs):
+        handed["wait"] = os.environ.get(switches.RAYLET_START_WAIT)
+        raise Exception(  # as ray._private.node.Node words it
+            "The current node timed out during startup. This could happen because some of the raylet "
+            "failed to startup or the GCS has become overloaded."
+        )
+
+    monkeypatch.setenv("TRAINFLOW_START_TIMEOUT", "45")
+    monkeypatch.delenv(switches.RAYLET_START_WAIT, raising=False)
+    monkeypatch.setattr(ray, "init", late_node)
+    with pytest.raises(session.PreflightError) as failed:
+        session._local_init(None, {})
+    assert handed["wait"] == "45" and switches.RAYLET_START_WAIT not in os.environ
+    assert str(failed.value).startswith("the local Ray cluster did not start within 45 s (load average ")
+    assert str(failed.value).endswith(
+        " CPUs): set TRAINFLOW_START_TIMEOUT above 45 (seconds), or run when the machine is less busy"
+    )
+    assert "\n" not in str(failed.value)

@@ -41,6 +41,11 @@ def test_the_run_summary_is_the_block_the_readme_quotes():
     ]
 
 
+def test_the_summary_gives_the_commands_whole_time_beside_the_steps():
+    steps = render.summary_lines(result(), wall_s=27.46)[4]
+    assert steps.endswith("register 0.2s (total 14.0s; 27.5s with start-up)")
+
+
 def test_the_summary_says_what_the_cache_answered_before_the_steps():
     cached = render.summary_lines(result(cached=["ingest", "preprocess"], prepared_reused=True))
     assert cached[4] == "cache       ingest, preprocess skipped: same data and config as an earlier run"

@@ -3,6 +3,7 @@ registered model's batch predictions."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -48,7 +49,7 @@ def run(
     """Run the training pipeline flow and print a summary."""
     from trainflow import run_checks, startup
     from trainflow.cli.stack import own_worker_forks, use_warm_services
-    from trainflow.timeline import timeline
+    from trainflow.timeline import started, timeline
 
     timeline("command parsed")
     cfg = read_config(config, set_, smoke)
@@ -71,7 +72,7 @@ def run(
         cfg, imports="trainflow.flows.training", warm=checked.warm, early=early, workers=workers
     )
     result = call_flow("training", starting, train)
-    typer.echo("\n".join(["", *render().summary_lines(result)]))
+    typer.echo("\n".join(["", *render().summary_lines(result, wall_s=time.monotonic() - started())]))
 
 
 @app.command()

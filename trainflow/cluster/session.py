@@ -34,7 +34,8 @@ from trainflow.config import PipelineConfig
 from trainflow.ray_internals import drop_worker_noise
 from trainflow.ray_internals.client import with_setup_hook
 from trainflow.ray_internals.errors import NODE_START_TIMEOUT
-from trainflow.ray_internals.switches import agent_port_of_the_systems_choosing
+from trainflow.ray_internals.switches import agent_port_of_the_systems_choosing, node_start_waits
+from trainflow.start_wait import machine_load, raise_it, said_if_slow, start_timeout
 from trainflow.timeline import timeline
 
 log = logging.getLogger("trainflow")
@@ -151,13 +152,14 @@ def connect(
     # whichever cluster `ray start` last left on this machine: a cluster is only ever
     # shared when the config or RAY_ADDRESS says so.
     kwargs = ray_init_kwargs(py_modules)
+    timeline("ray starting")
     if address and address.startswith("ray://"):
         kwargs["runtime_env"] = with_setup_hook(kwargs["runtime_env"])
         quiet_ray_client()
         _client_init(address, kwargs, logger)
         mark = None
     else:
-        mark = _local_init(address, kwargs)
+        mark = _local_init(address, kwargs, logger)
     drop_worker_noise()
     watch = None if address else watch_local_cluster(mark)
     _session = Session(address=address, watch=watch, shipped=shipped, mark=mark)
@@ -197,29 +199,31 @@ def _client_init(address: str, kwargs: dict, logger: logging.Logger | logging.Lo
             time.sleep(attempt)
 
 
-def _local_init(address: str | None, kwargs: dict) -> str | None:
-    """``ray.init`` of a local cluster, or of a node's ``host:port``; a PreflightError in
-    one line when a cluster this process starts misses Ray's start-up wait. Returns the
-    CLUSTER_MARK of a cluster it started."""
+def _local_init(
+    address: str | None, kwargs: dict, logger: logging.Logger | logging.LoggerAdapter = log
+) -> str | None:
+    """``ray.init`` of a local cluster, or of a node's ``host:port``. A cluster this process
+    starts may take up to TRAINFLOW_START_TIMEOUT (a busy machine), said once when slow;
+    past it, a PreflightError in one line. Returns the CLUSTER_MARK of a cluster it started."""
     import ray
 
-    try:
-        if address:
-            ray.init(address=address, **kwargs)
-            return None
-        agent_port_of_the_systems_choosing()  # not 52365, which another node may hold
-        with cluster_marked() as mark:
-            ray.init(address="local", **kwargs)
-        return mark
-    except Exception as e:
-        if address or not str(e).startswith(NODE_START_TIMEOUT):
-            raise
-        load = os.getloadavg()[0]
-        raise PreflightError(
-            f"the local Ray cluster did not start in Ray's 30 s (load average {load:.1f} on "
-            f"{os.cpu_count()} CPUs): run again when the machine is less busy, or start a cluster "
-            "with `ray start --head` and name it in RAY_ADDRESS"
-        ) from None
+    if address:
+        ray.init(address=address, **kwargs)
+        return None
+    agent_port_of_the_systems_choosing()  # not 52365, which another node may hold
+    with cluster_marked() as mark, node_start_waits(start_timeout()) as waited:
+        try:
+            with said_if_slow("the local Ray cluster to start", logger):
+                ray.init(address="local", **kwargs)
+        except Exception as e:
+            if not str(e).startswith(NODE_START_TIMEOUT):
+                raise
+            end_cluster(mark)  # what of it started: its GCS, its agents
+            load = machine_load()
+            raise PreflightError(
+                f"the local Ray cluster did not start within {waited:g} s ({load}): {raise_it(waited)}"
+            ) from None
+    return mark
 
 
 def shutdown() -> None:

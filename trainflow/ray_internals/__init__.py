@@ -54,6 +54,8 @@ Ray's names; why no public API does it; what happens where Ray moves it.
 21. A local node that missed its start-up wait: in :mod:`.errors`.
 22. Serve's replica answering HTTP itself, without its proxy: in :mod:`.switches`.
 23. A local cluster's dashboard agent on a port of the system's choosing: in :mod:`.switches`.
+24. A local node's start-up waits stretched to trainflow's bound: in :mod:`.switches`.
+25. Serve's first deadline for a replica's queue length, in trainflow's tests: in :mod:`.switches`.
 
 Nothing here runs on import, and every Ray import is inside a function: every Ray worker
 of a run imports this module (:func:`trainflow.cluster.quiet.quiet_worker`). Uses 9 and

@@ -6,8 +6,8 @@ quarantine is :mod:`trainflow.ray_internals`.
     wrapper, and a ConfigError from the workers keeps its traceback.
 21. A local node that missed its start-up wait (:data:`NODE_START_TIMEOUT`): the message of
     the bare Exception ``ray._private.node.Node`` raises when its raylet does not register
-    within Ray's fixed 30 s (a machine too busy). No error class tells it. Moved: the
-    command's one line names the Exception as Ray words it.
+    within its wait (Ray's 30 s, or trainflow's bound: use 24) on a machine too busy. No
+    error class tells it. Moved: the command's one line names the Exception as Ray words it.
 """
 
 from __future__ import annotations

@@ -28,6 +28,17 @@ context, and a default of the node that ``ray.init`` starts. The rest of the qua
     ``--dashboard-agent-listen-port``, ``ray.init`` nothing (ray-project/ray#34886): beside
     another Ray node on the machine, a local cluster's agent retries that port for about
     3.5 s, which its start waits for, then serves no HTTP. Moved: that wait again.
+24. A local node's start-up waits stretched to trainflow's bound (:func:`node_start_waits`):
+    ``RAY_raylet_start_wait_time_s``, the system-config flag of how long a process waits for
+    a node to register (the node that ``ray.init`` starts polls for its raylet with it; Ray's
+    error names it), and ``RAY_gcs_server_port_wait_time_s``, read by
+    ``ray._private.node.Node`` for its GCS. ``ray.init`` sets neither, but for the private
+    ``_system_config``. Moved: Ray's 30 s for each, and use 21's error.
+25. Serve's first deadline for a replica's queue length (:data:`SERVE_QUEUE_PROBE_DEADLINE`),
+    ``RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S`` in ``ray.serve._private.constants``, only in
+    trainflow's tests: a probe that always misses, as a busy machine's replica answers late,
+    whose warning the console of `trainflow models serve` never shows. Moved: the test's
+    probes answered in time, and nothing to show.
 """
 
 from __future__ import annotations
@@ -35,6 +46,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import math
+import os
 from collections.abc import Iterator
 
 # 13. Ray core's switches: the raylet reads ``RAY_<name>`` for each system-config flag.
@@ -61,6 +74,14 @@ SERVE_DIRECT_MAX_PORT = "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"
 SERVE_DIRECT_DRAIN = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
 SERVE_DIRECT = (SERVE_DIRECT_INGRESS, SERVE_DIRECT_MIN_PORT, SERVE_DIRECT_MAX_PORT, SERVE_DIRECT_DRAIN)
 
+# 24. A local node's waits for its raylet's registration and its GCS's port (Ray's 30 s each).
+RAYLET_START_WAIT = "RAY_raylet_start_wait_time_s"
+GCS_PORT_WAIT = "RAY_gcs_server_port_wait_time_s"
+NODE_START_WAITS = (RAYLET_START_WAIT, GCS_PORT_WAIT)
+
+# 25. Serve's first deadline for a replica's queue length (0.1 s), only in tests.
+SERVE_QUEUE_PROBE_DEADLINE = "RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S"
+
 # Every switch named here: tests/test_layers.py keeps them out of the rest of trainflow and its tests.
 NAMES = (
     *RAYLET_FLAGS,
@@ -73,6 +94,8 @@ NAMES = (
     TUNE_NEW_OUTPUT,
     DATASOURCE_V2,
     *SERVE_DIRECT,
+    *NODE_START_WAITS,
+    SERVE_QUEUE_PROBE_DEADLINE,
 )
 
 
@@ -129,3 +152,29 @@ def agent_port_of_the_systems_choosing() -> None:
 
     chosen_by_the_system.__trainflow_agent_port__ = True
     parameter.RayParams.__init__ = chosen_by_the_system
+
+
+# 24. A local node's start-up waits.
+
+
+@contextlib.contextmanager
+def node_start_waits(timeout_s: float) -> Iterator[float]:
+    """Within the block, a local node that ``ray.init`` starts waits up to ``timeout_s``
+    for its raylet to register and for its GCS (each at least Ray's 30 s), and its
+    processes, which inherit this environment, as long for the node's registration.
+    Values already in the environment win; they are put back after the block. Yields the
+    seconds of the raylet's wait."""
+    seconds = str(max(30, math.ceil(timeout_s)))
+    before = {name: os.environ.get(name) for name in NODE_START_WAITS}
+    for name in NODE_START_WAITS:
+        os.environ.setdefault(name, seconds)
+    try:
+        waited = max(30.0, float(os.environ[RAYLET_START_WAIT]))
+    except ValueError:  # the environment's own value, not a number: Ray's to refuse
+        waited = float(seconds)
+    try:
+        yield waited
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)

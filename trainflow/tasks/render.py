@@ -75,13 +75,15 @@ def registered_lines(reg: Registered, test_metrics: dict[str, float]) -> list[st
     ]
 
 
-def steps_line(timings: dict[str, float]) -> str:
+def steps_line(timings: dict[str, float], wall_s: float | None = None) -> str:
+    """Each step's seconds and their total; with ``wall_s``, the command's own (its start-up too)."""
     steps = ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())
-    return _line("steps", f"{steps} (total {sum(timings.values()):.1f}s)")
+    wall = "" if wall_s is None else f"; {wall_s:.1f}s with start-up"
+    return _line("steps", f"{steps} (total {sum(timings.values()):.1f}s{wall})")
 
 
-def summary_lines(r: PipelineResult) -> list[str]:
-    """What ``trainflow run`` prints when the run is done."""
+def summary_lines(r: PipelineResult, wall_s: float | None = None) -> list[str]:
+    """What ``trainflow run`` prints when the run is done; ``wall_s``: the command's seconds so far."""
     reg = r.registered
     lines = [*registered_lines(reg, r.test_metrics), _line("checkpoint", r.checkpoint)]
     if r.cached:
@@ -90,7 +92,7 @@ def summary_lines(r: PipelineResult) -> list[str]:
         lines.append(_line("cache", "prepared splits reused (same data, split and preprocessing)"))
     return [
         *lines,
-        steps_line(r.timings),
+        steps_line(r.timings, wall_s),
         _line("load it", _load_it(reg)),
     ]
 

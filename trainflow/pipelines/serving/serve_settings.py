@@ -30,8 +30,13 @@ DIRECT_DRAIN_S = 0.5
 # The Serve application serve_until_stopped runs, and deletes when it stops.
 APP_NAME = "trainflow"
 # Serve's controller, proxy and replicas log every request and deployment step at INFO;
-# the command prints its own lines.
+# the command prints its own lines. The application's replicas keep their warnings
+# (trainflow's among them).
 QUIET_LOGS = {"log_level": "WARNING", "enable_access_log": False}
+# Serve's controller and proxies: their warnings are of Serve's own upkeep (on a busy
+# machine, a replica's queue length asked for and given late, which Serve asks again), and
+# a start that fails raises in the command.
+SYSTEM_LOGS = {"log_level": "ERROR", "enable_access_log": False}
 
 
 @dataclass(frozen=True)

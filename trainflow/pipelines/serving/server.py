@@ -21,7 +21,7 @@ from trainflow.cluster.session import ray_address, ray_session
 from trainflow.config import PipelineConfig
 from trainflow.pipelines import registry
 from trainflow.pipelines.models.checkpoint import SPEC, read_json
-from trainflow.pipelines.serving.serve_settings import APP_NAME, DIRECT_DRAIN_S, QUIET_LOGS
+from trainflow.pipelines.serving.serve_settings import APP_NAME, DIRECT_DRAIN_S, QUIET_LOGS, SYSTEM_LOGS
 from trainflow.ray_internals import local_cluster_resources, switches
 from trainflow.workspace import Workspace, workspace
 
@@ -96,7 +96,7 @@ def serve_until_stopped(
             proxy_port = _free_port(host) if direct else port
             # Installed after ray.init, whose own SIGTERM handler would abort the process.
             with _signals_stop() as stop:
-                serve.start(http_options={"host": host, "port": proxy_port}, logging_config=QUIET_LOGS)
+                serve.start(http_options={"host": host, "port": proxy_port}, logging_config=SYSTEM_LOGS)
                 try:
                     serve.run(application, name=APP_NAME, route_prefix="/", logging_config=QUIET_LOGS)
                     on_ready(f"http://{_url_host(host)}:{port}")

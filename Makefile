@@ -34,7 +34,7 @@ test: $(STAMP)
 # Every benchmark section, then benchmarks/results.md; a subset: make bench SECTIONS="ingest training".
 # ROUNDS: the overhead section's alternating rounds; overhead also runs its --phases section,
 # and scaling its --stream section.
-SECTIONS ?= overhead warm_start load ingest training epoch_save resnet scaling large_prepare image_memory batch_predict serve gpu sweep hf_models hf_finetune
+SECTIONS ?= overhead warm_start load cold_under_load ingest training epoch_save resnet scaling large_prepare image_memory batch_predict serve gpu sweep hf_models hf_finetune
 
 bench: $(STAMP)
 	@for s in $(SECTIONS); do \

@@ -21,6 +21,7 @@ SECTIONS = (
     "overhead_phases",
     "warm_start",
     "load",
+    "cold_under_load",
     "ingest",
     "training",
     "epoch_save",

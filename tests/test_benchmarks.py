@@ -54,8 +54,8 @@ def test_report_assembles_present_sections_in_order(bench_modules, tmp_path: Pat
     assert text.startswith("# Benchmarks")
     assert text.index("## Overhead") < text.index("### Where the time goes") < text.index("## Scaling")
     assert (
-        "Not measured yet: overhead_phases, warm_start, load, ingest, training, epoch_save, resnet, "
-        "scaling_streamed, large_prepare, "
+        "Not measured yet: overhead_phases, warm_start, load, cold_under_load, ingest, training, "
+        "epoch_save, resnet, scaling_streamed, large_prepare, "
         "engine, image_memory, batch_predict, serve, gpu, sweep, hf_models, hf_finetune, suite." in text
     )
     assert "- overhead: " in text and "CPUs" in text  # when, where, under what load, by what command

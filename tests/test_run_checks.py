@@ -128,3 +128,34 @@ def test_the_old_module_name_still_gives_the_checks_and_says_where_they_are():
     from trainflow.run_checks import before_run
 
     assert old.before_run is before_run
+
+
+def test_trainflows_cnn_on_a_table_is_refused_before_the_run_unless_its_rows_make_a_square(tmp_path):
+    """The cnn reads a row as a square image: a table of 2 numbers, or with a categorical
+    column (a width only fitting tells), fails in one line before anything starts; 64
+    numbers (the digits) pass, and so does any width for the mlp or with model.image_shape."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"a": rng.normal(size=40), "b": rng.normal(size=40), "label": np.arange(40) % 2})
+    frame["color"] = np.where(frame["a"] > 0, "red", "blue")
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    table = {"data": {"source": str(tmp_path / "t.csv"), "feature_columns": ["a", "b"]}}
+
+    def checked(raw):
+        config = load_config(raw)
+        run_checks.model_fits(config, run_checks.source(config))
+
+    with pytest.raises(ConfigError, match=r"model\.image_shape: 2 features are not a square image"):
+        checked(table)
+    categorical = {
+        "data": {**table["data"], "feature_columns": ["a", "color"], "categorical_columns": ["color"]}
+    }
+    with pytest.raises(
+        ConfigError, match=r"model\.kind cnn reads square images; .*t\.csv is a table with categorical"
+    ):
+        checked(categorical)
+    checked({**categorical, "model": {"kind": "mlp"}})
+    checked({**table, "model": {"image_shape": [1, 1, 2]}})
+    checked({})  # the digits: 64 numbers, 8 by 8

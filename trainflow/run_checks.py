@@ -60,6 +60,7 @@ def before_run(
     own_loss_and_metrics(config)
     own_loop(config)
     info = found or source(config)
+    model_fits(config, info)
     check_cache(config)
     check_server(workspace())
     cluster(config, workers="sweep" if sweep else "train")
@@ -119,6 +120,15 @@ def model_kind(config: PipelineConfig) -> None:
     from trainflow.pipelines.models.kinds import check_model
 
     check_model(config.model)
+
+
+def model_fits(config: PipelineConfig, info: SourceInfo) -> None:
+    """The model can read the source's rows where their width is known before fitting: a
+    table's, without a transform's array columns (:func:`kinds.check_table_fits`)."""
+    from trainflow.pipelines.models.kinds import check_table_fits
+
+    if not info.is_images and not info.arrays:
+        check_table_fits(config.model, None if info.categorical_columns else info.width, info.source)
 
 
 def own_loss_and_metrics(config: PipelineConfig) -> None:

@@ -36,6 +36,7 @@ def validate(config: ConfigArg = None, set_: SetOpt = None) -> None:
     with one_line_errors():
         run_checks.model_kind(cfg)
         info = run_checks.source(cfg)
+        run_checks.model_fits(cfg, info)
     typer.echo(f"ok: {cfg.name} (config hash {cfg.config_hash()}), source {cfg.data.source}")
     if info.missing_labels:
         rows = f"{info.missing_labels} row{'s' if info.missing_labels > 1 else ''}"

@@ -114,12 +114,7 @@ def _image_shape(cfg: ModelConfig, num_features: int, image_shape: Sequence[int]
     """[c, h, w]: model.image_shape, else the image source's, else a square of one channel."""
     shape = cfg.image_shape or (list(image_shape) if image_shape else None)
     if shape is None:
-        side = math.isqrt(num_features)
-        if side * side != num_features:
-            raise ConfigError(
-                f"model.image_shape: {num_features} features are not a square image; "
-                "set model.image_shape to [channels, height, width] or use model.kind=mlp"
-            )
+        side = model_kinds.square_side(num_features)
         shape = [1, side, side]
     if len(shape) != 3:
         raise ConfigError(f"model.image_shape {shape}: needs [channels, height, width]")

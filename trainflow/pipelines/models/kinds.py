@@ -12,6 +12,7 @@ when the config names it.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -102,3 +103,29 @@ def check_model(cfg: ModelConfig) -> None:
     builder(cfg.kind)
     if cfg.weights is not None:
         weights_file(cfg.weights)
+
+
+def square_side(width: int) -> int:
+    """The side of the square one-channel image of ``width`` numbers that trainflow's cnn
+    reads a row as, when model.image_shape does not say its shape."""
+    side = math.isqrt(width)
+    if side * side != width:
+        raise ConfigError(
+            f"model.image_shape: {width} features are not a square image; "
+            "set model.image_shape to [channels, height, width] or use model.kind=mlp"
+        )
+    return side
+
+
+def check_table_fits(cfg: ModelConfig, width: int | None, source: str) -> None:
+    """Before a run, trainflow's cnn on a table: its ``width`` numbers make a square image
+    (:func:`square_side`). None: a width that only fitting tells (categorical columns, one
+    column a category), which the cnn is not for. Other kinds take any width."""
+    if cfg.kind != "cnn" or cfg.image_shape is not None:
+        return
+    if width is None:
+        raise ConfigError(
+            f"model.kind cnn reads square images; {source} is a table with categorical columns, "
+            "whose width only fitting tells: use model.kind=mlp, or set model.image_shape"
+        )
+    square_side(width)

@@ -81,7 +81,8 @@ def test_the_bundled_configs_hash_as_before_the_rename():
 
 def test_the_command_says_the_old_key_in_one_line_and_no_traceback(tmp_path):
     config = tmp_path / "old.yaml"
-    config.write_text(yaml.safe_dump({"task": "regression", **DIABETES}))
+    old = {"task": "regression", **DIABETES, "model": {"kind": "mlp"}}  # 10 features: no cnn's square
+    config.write_text(yaml.safe_dump(old))
     out = subprocess.run(
         [sys.executable, "-m", "trainflow.cli", "validate", str(config), "--set", "task=regression"],
         cwd=REPO,
@@ -92,7 +93,12 @@ def test_the_command_says_the_old_key_in_one_line_and_no_traceback(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stderr.strip().splitlines() == [f"warning: {WARNING}"]
-    assert out.stdout.startswith("ok: digits (config hash 848bcaea4be4)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RenamedKey)
+        expected = load_config(old).config_hash()
+    renamed = {("objective" if k == "task" else k): v for k, v in old.items()}
+    assert expected == load_config(renamed).config_hash()
+    assert out.stdout.startswith(f"ok: digits (config hash {expected})")
 
 
 def _env() -> dict[str, str]:

@@ -23,29 +23,13 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 
 from trainflow import prefect_server
-from trainflow.cluster.quiet import apply_quiet_env
+from trainflow.cluster.quiet import apply_quiet_env, command_logger
 from trainflow.cluster.session import WORKER_PYTHON_ENV, ray_address, ray_session
 from trainflow.config import PipelineConfig
 from trainflow.signals import interrupts_deferred, raise_if_interrupted
 from trainflow.start_wait import said_if_slow
 from trainflow.timeline import timeline
 from trainflow.workspace import workspace
-
-
-def command_logger() -> logging.Logger:
-    """INFO lines of the command itself on stderr, in the look of Prefect's."""
-    logger = logging.getLogger("trainflow.cli")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(
-            logging.Formatter(
-                "%(asctime)s.%(msecs)03d | %(levelname)-7s | trainflow - %(message)s", "%H:%M:%S"
-            )
-        )
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-    return logger
 
 
 @contextmanager

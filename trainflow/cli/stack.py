@@ -137,8 +137,8 @@ def down(
 def use_warm_services(ray_address: str | None) -> None:
     """Point this command at the services `trainflow up` keeps for its workspace, where
     they run (``ray_address``: the cluster the config names, which wins)."""
+    from trainflow.cluster.quiet import command_logger
     from trainflow.stack import forkserver, warm
-    from trainflow.startup import command_logger
     from trainflow.workspace import workspace
 
     if ray_address and forkserver.forked():  # the forkserver imported Ray for the warm cluster

@@ -228,3 +228,19 @@ def quiet_ray_client() -> None:
     stream = logging.getLogger("ray.util.client.logsclient")
     if not any(isinstance(f, _NoThreadNotice) for f in stream.filters):
         stream.addFilter(_NoThreadNotice())
+
+
+def command_logger() -> logging.Logger:
+    """INFO lines of the command itself on stderr, in the look of Prefect's."""
+    logger = logging.getLogger("trainflow.cli")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(
+            logging.Formatter(
+                "%(asctime)s.%(msecs)03d | %(levelname)-7s | trainflow - %(message)s", "%H:%M:%S"
+            )
+        )
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return logger

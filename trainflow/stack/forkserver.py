@@ -131,7 +131,7 @@ def forwarded(argv: list[str], started: float) -> int | None:
     if "pid" not in reply:
         conn.close()
         if "refused" in reply:
-            from trainflow.startup import command_logger
+            from trainflow.cluster.quiet import command_logger
 
             command_logger().info(
                 "the forkserver of trainflow up has other imports (trainflow's files or the "

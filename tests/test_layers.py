@@ -42,7 +42,6 @@ LAYERS = {
     "testing": 5,
     "stack": 5,  # a team's services: trainflow stack (cli.stack)
     "run_checks": 3,
-    "checks": 3,  # run_checks's old name, for one release
     "startup": 4,
 }
 # Where Prefect may be imported.

@@ -118,18 +118,6 @@ def test_an_mlflow_server_that_does_not_answer_fails_before_the_run_in_one_line(
     )
 
 
-def test_the_old_module_name_still_gives_the_checks_and_says_where_they_are():
-    import importlib
-    import sys
-
-    sys.modules.pop("trainflow.checks", None)
-    with pytest.warns(DeprecationWarning, match=r"trainflow\.checks is now trainflow\.run_checks"):
-        old = importlib.import_module("trainflow.checks")
-    from trainflow.run_checks import before_run
-
-    assert old.before_run is before_run
-
-
 def test_trainflows_cnn_on_a_table_is_refused_before_the_run_unless_its_rows_make_a_square(tmp_path):
     """The cnn reads a row as a square image: a table of 2 numbers, or with a categorical
     column (a width only fitting tells), fails in one line before anything starts; 64

@@ -1,2 +1,4 @@
 """Evaluation and prediction: ``evaluate`` (a checkpoint over the test split, its
-metrics), ``predict`` (batch prediction into Parquet) and ``reports`` (the plots)."""
+metrics), ``reports`` (the plots), ``drift`` (new data against a model's train split),
+``predict`` (batch prediction into Parquet) and ``predict_input`` (its input and output,
+checked first)."""

@@ -7,7 +7,7 @@ to answer. Its first start on a machine runs every database migration, and on tw
 cores, beside a Ray cluster and torch imports starting at the same time, it can miss
 that deadline: the run then fails before it begins. ``trainflow run``, ``sweep`` and
 ``predict`` start the same server (``uvicorn prefect.server.api.server:create_app``, as
-Prefect does) before Ray and torch start (``trainflow.startup``), point
+Prefect does) before Ray and torch start (``trainflow.runtime``), point
 ``PREFECT_API_URL`` at it, and wait for its health check right before the flow needs
 it, for up to TRAINFLOW_START_TIMEOUT seconds (:mod:`trainflow.start_wait`, which bounds
 Ray's start too); if it exits or misses that, the command fails in one line saying what to do.

@@ -155,7 +155,7 @@ def test_a_server_started_beside_the_checks_leaves_at_once_where_a_profile_names
     """``trainflow run`` starts Prefect's temporary server before it has read Prefect's
     settings; where a profile names a server, the temporary one reads the same profile
     and leaves, and the command uses the profile's."""
-    from trainflow import startup
+    from trainflow import runtime
 
     (tmp_path / "profiles.toml").write_text(
         'active = "team"\n[profiles.team]\nPREFECT_API_URL = "http://127.0.0.1:9/api"\n'
@@ -167,7 +167,7 @@ def test_a_server_started_beside_the_checks_leaves_at_once_where_a_profile_names
     server.stop()
     assert list((tmp_path / "home").iterdir()) == []  # no log of a server that never served
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
-    assert startup.api_early() is None  # none at all where the environment names one
+    assert runtime.api_early() is None  # none at all where the environment names one
 
 
 @pytest.mark.slow

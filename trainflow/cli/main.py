@@ -66,7 +66,7 @@ def main() -> None:
         raise SystemExit(code)
     if sys.argv[1:2] and sys.argv[1] in forkserver.COMMANDS:
         # No collection while the run's imports pile up objects: the start-up freezes them
-        # and turns it back on once the flow is imported (startup.collect_from_here).
+        # and turns it back on once the flow is imported (runtime.collect_from_here).
         gc.disable()
     _run()
 

@@ -222,33 +222,28 @@ def models_reproduce(
     beside the version's. Refused in one line, before Ray starts, when the data's
     fingerprint or the code's git commit differs from the version's lineage, unless --force.
     """
-    from trainflow import run_checks, startup
-    from trainflow.cli.root import call_flow, check_before_start
-    from trainflow.cli.stack import own_worker_forks
+    from trainflow import run_checks
+    from trainflow.cli.root import runtime_errors
+    from trainflow.runtime import Command
 
     _registry()
-    early = startup.api_early()  # Prefect's server comes up beside the checks
-    with registry_errors():
-        found = check_before_start(
-            lambda: run_checks.before_reproduce(model, force=force),
-            "reproduce",
-            "reproduce-" + model.removeprefix("models:/").replace("/", "-v"),
-            model=model,
-        )
-    for change in found.changed:
-        typer.secho(f"warning: reproducing {found.original.ref} although {change}", err=True)
-
-    def reproduce():
-        from trainflow.flows.reproduce import reproduce_version  # imported by the start-up
-
-        return reproduce_version(model=found.original.ref, force=force, checked=found.run)
-
-    config = found.original.config
-    workers = own_worker_forks(config.ray.address, config.scaling.num_workers)
-    starting = startup.started(
-        config, imports="trainflow.flows.reproduce", warm=found.run.warm, early=early, workers=workers
+    command = Command(
+        "reproduce",
+        "reproduce-" + model.removeprefix("models:/").replace("/", "-v"),
+        imports="trainflow.flows.reproduce",
+        model=model,
     )
-    result = call_flow("reproduce", starting, reproduce)
+    with runtime_errors(), command:
+        found = command.check(lambda: run_checks.before_reproduce(model, force=force))
+        for change in found.changed:
+            typer.secho(f"warning: reproducing {found.original.ref} although {change}", err=True)
+
+        def reproduce():
+            from trainflow.flows.reproduce import reproduce_version  # imported by the start-up
+
+            return reproduce_version(model=found.original.ref, force=force, checked=found.run)
+
+        result = command.call(reproduce, cluster=found.original.config, warm=found.run.warm)
     typer.echo("\n".join(["", *render().reproduce_lines(result)]))
 
 

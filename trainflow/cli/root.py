@@ -4,17 +4,14 @@ errors, and calling a flow once its start-up is ready."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated
 
 import typer
 
 from trainflow.config import ConfigError, PipelineConfig, RenamedKey, load_config, smoke_config
-
-T = TypeVar("T")
-
 
 # Plain help, as the documentation's command reference prints it: Typer's Rich panels
 # show every flag, --help too, as taking a <bool>.
@@ -118,82 +115,27 @@ def render():
 
 
 @contextmanager
-def one_line_errors(failed: Callable[[str], None] = lambda message: None) -> Iterator[None]:
+def one_line_errors() -> Iterator[None]:
     """A check that failed (bad config or data, a cluster too small or out of reach): the
-    user fixes it from its message, printed as one line, exit code 2; ``failed`` is told
-    the message first."""
+    user fixes it from its message, printed as one line, exit code 2."""
     from trainflow.cluster.checks import PreflightError
     from trainflow.pipelines.data.schema import DataError
 
     try:
         yield
     except (ConfigError, DataError, PreflightError) as e:
-        failed(str(e))
         raise fail(str(e)) from None
 
 
-def check_before_start(check: Callable[[], T], flow: str | None = None, run: str = "", **parameters) -> T:
-    """What a run's checks found, before Ray and the flow start; a failed check (bad config
-    or data, a cluster too small or out of reach) ends the command in its one line, and
-    shows as a failed run ``run`` of the flow ``flow`` (with ``parameters``) on a Prefect
-    server the environment names."""
-    from trainflow.prefect_server import record_failed_run
-    from trainflow.signals import raise_if_interrupted
-
-    def failed(message: str) -> None:
-        if flow is not None:
-            record_failed_run(flow, run, message, parameters)
+@contextmanager
+def runtime_errors() -> Iterator[None]:
+    """A command's runtime (``runtime.Command``) ended early: its one line, its exit code."""
+    from trainflow.runtime import Ended
 
     try:
-        with one_line_errors(failed):
-            found = check()
-        raise_if_interrupted()
-    except KeyboardInterrupt as e:
-        raise stopped(e) from None
-    return found
-
-
-def call_flow(what: str, starting: AbstractContextManager, call: Callable[[], T]) -> T:
-    """``call()`` a flow once ``starting`` (a ``startup.started``) is ready. An expected
-    failure (see ``tasks.logs``) ends in its one line, exit code 2; any other in one line
-    naming the flow, exit code 1 (the flow's logs above hold the traceback)."""
-    from trainflow import prefect_server
-    from trainflow.signals import sigint_stops_the_run
-    from trainflow.timeline import timeline
-
-    try:
-        # Ctrl-C ends the run in one line (stopped), wherever it lands.
-        with sigint_stops_the_run(), starting:
-            from trainflow.tasks.logs import drop_expected_errors_on_console
-
-            # On the console, a flow's expected failure is this command's one ``error:``
-            # line: Prefect's own records of it stay in the run's logs, one line each.
-            drop_expected_errors_on_console()
-            result = call()
-            timeline("flow returned")
-    except prefect_server.PrefectServerError as e:
-        raise fail(str(e), code=1) from None
-    except (KeyboardInterrupt, SystemExit) as e:
-        raise stopped(e) from None
-    except Exception as e:
-        from trainflow.tasks.logs import EXPECTED_ERRORS
-
-        if isinstance(e, EXPECTED_ERRORS):
-            raise fail(str(e)) from None
-        raise fail(f"the {what} flow failed: {type(e).__name__}: {e}", code=1) from None
-    return result
-
-
-def stopped(e: KeyboardInterrupt | SystemExit) -> typer.Exit:
-    """A run stopped by Ctrl-C or a stop signal (``signals.stop_on_signals``): one line,
-    the shell's exit code for the signal. Prefect's records of the crash stay in the
-    run's logs (the flow run ends Crashed) and off this console (``tasks.logs``)."""
-    import signal
-
-    code = 128 + signal.SIGINT if isinstance(e, KeyboardInterrupt) else e.code
-    try:
-        stop = signal.Signals(code - 128)
-    except (TypeError, ValueError):  # sys.exit() inside the flow, not a signal
-        return fail(f"the flow ended with sys.exit({code!r})", code=1)
-    typer.echo(f"stopped ({stop.name})", err=True)
-    return typer.Exit(code)
+        yield
+    except Ended as e:
+        if e.error:
+            raise fail(e.line, e.code) from None
+        typer.echo(e.line, err=True)
+        raise typer.Exit(e.code) from None

@@ -9,18 +9,16 @@ from typing import Annotated
 
 import typer
 
-from trainflow.cli.models import registry_errors
 from trainflow.cli.root import (
     ConfigArg,
     ResumeOpt,
     SetOpt,
     SmokeOpt,
     app,
-    call_flow,
-    check_before_start,
     one_line_errors,
     read_config,
     render,
+    runtime_errors,
 )
 
 
@@ -48,31 +46,28 @@ def run(
     config: ConfigArg = None, set_: SetOpt = None, smoke: SmokeOpt = False, resume: ResumeOpt = False
 ) -> None:
     """Run the training pipeline flow and print a summary."""
-    from trainflow import run_checks, startup
-    from trainflow.cli.stack import own_worker_forks, use_warm_services
+    from trainflow import run_checks
+    from trainflow.runtime import Command
     from trainflow.timeline import started, timeline
 
     timeline("command parsed")
     cfg = read_config(config, set_, smoke)
-    use_warm_services(cfg.ray.address)
-    early = startup.api_early()  # Prefect's server comes up beside the checks
-    workers = own_worker_forks(cfg.ray.address, cfg.scaling.num_workers)  # and the imports of Ray's workers
-    checked = check_before_start(
-        lambda: run_checks.before_run(cfg, resume=resume),
+    command = Command(
         "training-pipeline",
         f"{cfg.name}-{cfg.config_hash()[:8]}",
+        imports="trainflow.flows.training",
+        cluster=cfg,
         config=cfg.model_dump(mode="json"),
     )
+    with runtime_errors(), command:
+        checked = command.check(lambda: run_checks.before_run(cfg, resume=resume))
 
-    def train():
-        from trainflow.flows.training import training_pipeline  # imported by the start-up
+        def train():
+            from trainflow.flows.training import training_pipeline  # imported by the start-up
 
-        return training_pipeline(config=cfg, resume=resume, checked=checked)
+            return training_pipeline(config=cfg, resume=resume, checked=checked)
 
-    starting = startup.started(
-        cfg, imports="trainflow.flows.training", warm=checked.warm, early=early, workers=workers
-    )
-    result = call_flow("training", starting, train)
+        result = command.call(train, warm=checked.warm)
     typer.echo("\n".join(["", *render().summary_lines(result, wall_s=time.monotonic() - started())]))
 
 
@@ -85,29 +80,27 @@ def sweep(
     ] = None,
 ) -> None:
     """Sweep settings on Ray Tune and register the best trial's model."""
-    from trainflow import run_checks, startup
-    from trainflow.cli.stack import own_worker_forks, use_warm_services
+    from trainflow import run_checks
+    from trainflow.runtime import Command
 
     cfg = read_config(config, set_)
-    use_warm_services(cfg.ray.address)
-    early = startup.api_early()  # Prefect's server comes up beside the checks
-    workers = own_worker_forks(cfg.ray.address, cfg.sweep.trials)  # and the imports of Ray's workers
-    checked = check_before_start(
-        lambda: run_checks.before_run(cfg, sweep=True),
+    command = Command(
         "sweep-pipeline",
         f"{cfg.name}-sweep-{cfg.config_hash()[:8]}",
+        imports="trainflow.flows.sweep",
+        cluster=cfg,
+        torch_processes=cfg.sweep.trials if cfg.sweep else 0,
         config=cfg.model_dump(mode="json"),
     )
+    with runtime_errors(), command:
+        checked = command.check(lambda: run_checks.before_run(cfg, sweep=True))
 
-    def run_sweep():
-        from trainflow.flows.sweep import sweep_pipeline  # imported by the start-up
+        def run_sweep():
+            from trainflow.flows.sweep import sweep_pipeline  # imported by the start-up
 
-        return sweep_pipeline(config=cfg, checked=checked)
+            return sweep_pipeline(config=cfg, checked=checked)
 
-    starting = startup.started(
-        cfg, imports="trainflow.flows.sweep", warm=checked.warm, early=early, workers=workers
-    )
-    result = call_flow("sweep", starting, run_sweep)
+        result = command.call(run_sweep, warm=checked.warm)
     if best_config is not None:
         import shutil
 
@@ -128,43 +121,40 @@ def predict(
     gpu: Annotated[bool, typer.Option("--gpu", help="One GPU per actor.")] = False,
 ) -> None:
     """Predict INPUT with a registered model; write Parquet to OUTPUT."""
-    from trainflow import run_checks, startup
-    from trainflow.cli.stack import own_worker_forks, use_warm_services
+    from trainflow import run_checks
+    from trainflow.config import PipelineConfig
+    from trainflow.runtime import Command
 
-    use_warm_services(None)
-    early = startup.api_early()  # Prefect's server comes up beside the checks
-    workers = own_worker_forks(None, concurrency)  # and the imports of Ray's workers
-    # The model (pinned to its version), input, output and cluster, before Ray starts.
-    with registry_errors():
-        checked = check_before_start(
-            lambda: run_checks.before_predict(model, str(input), str(output), use_gpu=gpu),
-            "batch-predict",
-            f"predict-{model}",
-            model=model,
-            input=str(input),
-            output=str(output),
-        )
-    ref = checked.model
-
-    def run_predict():
-        from trainflow.flows.batch_predict import batch_predict  # imported by the start-up
-
-        return batch_predict(
-            model=ref.uri,
-            input=str(input),
-            output=str(output),
-            batch_size=batch_size,
-            concurrency=concurrency,
-            use_gpu=gpu,
-            checked=checked,
-        )
-
-    starting = startup.started(
-        ref.cluster(),
+    command = Command(
+        "batch-predict",
+        f"predict-{model}",
         imports="trainflow.flows.batch_predict",
-        open_registry=False,
-        early=early,
-        workers=workers,
+        # A local cluster, or RAY_ADDRESS's; the modules of the model come with its checks.
+        cluster=PipelineConfig(),
+        torch_processes=concurrency,
+        model=model,
+        input=str(input),
+        output=str(output),
     )
-    result = call_flow("batch-predict", starting, run_predict)
+    with runtime_errors(), command:
+        # The model (pinned to its version), input, output and cluster, before Ray starts.
+        checked = command.check(
+            lambda: run_checks.before_predict(model, str(input), str(output), use_gpu=gpu)
+        )
+        ref = checked.model
+
+        def run_predict():
+            from trainflow.flows.batch_predict import batch_predict  # imported by the start-up
+
+            return batch_predict(
+                model=ref.uri,
+                input=str(input),
+                output=str(output),
+                batch_size=batch_size,
+                concurrency=concurrency,
+                use_gpu=gpu,
+                checked=checked,
+            )
+
+        result = command.call(run_predict, cluster=ref.cluster(), open_registry=False)
     typer.echo(render().predictions_line(ref.name, result.version, result.rows, str(output), result.seconds))

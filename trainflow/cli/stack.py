@@ -134,49 +134,6 @@ def down(
         typer.echo("stack stopped; its data stays for the next trainflow stack up")
 
 
-def use_warm_services(ray_address: str | None) -> None:
-    """Point this command at the services `trainflow up` keeps for its workspace, where
-    they run (``ray_address``: the cluster the config names, which wins)."""
-    from trainflow.cluster.quiet import command_logger
-    from trainflow.stack import forkserver, warm
-    from trainflow.workspace import workspace
-
-    if ray_address and forkserver.forked():  # the forkserver imported Ray for the warm cluster
-        forkserver.run_plainly()
-    services = warm.attach(workspace().home, ray_address)
-    if services is None:
-        return
-    from prefect.context import refresh_global_settings_context
-
-    refresh_global_settings_context()  # PREFECT_API_URL, when attach set it
-    command_logger().info("using the services of trainflow up (%s)", services.folder)
-
-
-def own_worker_forks(ray_address: str | None, torch_processes: int):
-    """The worker forkserver of a command that starts a local Ray cluster of its own
-    (``stack.worker_forks.RunForks``), started now; None where the command uses another
-    cluster (``ray_address``, RAY_ADDRESS, the warm one, one this process is connected to
-    already), starts fewer than ``worker_forks.WORTH_IT`` Ray workers that import PyTorch
-    (``torch_processes``: Train workers, trials, prediction actors), runs off Linux, or
-    TRAINFLOW_WORKER_FORKS=0 says so. Hand it to ``startup.started``."""
-    import os
-    import sys
-
-    from trainflow.stack import worker_forks
-    from trainflow.workspace import workspace
-
-    if ray_address or os.environ.get("RAY_ADDRESS") or os.environ.get(worker_forks.OFF) == "0":
-        return None
-    if torch_processes < worker_forks.WORTH_IT or not sys.platform.startswith("linux"):
-        return None
-    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
-        return None
-    try:
-        return worker_forks.RunForks(workspace().home / "worker-forks.log")
-    except OSError:  # no folder or log it can write: Ray starts the workers itself
-        return None
-
-
 @app.command("up")
 def warm_up(
     idle_minutes: Annotated[

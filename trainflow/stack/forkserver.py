@@ -33,9 +33,9 @@ from trainflow.stack.worker_launch import relay
 SOCKET = "forkserver.sock"
 SERVE = "--serve-forkserver"  # ``trainflow --serve-forkserver FOLDER``: how ``trainflow up`` starts it
 COMMANDS = ("run", "sweep", "predict")
-# Imported once, before the first command: a run's own imports (trainflow.startup's).
+# Imported once, before the first command: a run's own imports (trainflow.runtime's).
 IMPORTS = (
-    "trainflow.startup",
+    "trainflow.runtime",
     "trainflow.run_checks",
     "trainflow.flows.training",
     "trainflow.flows.sweep",

@@ -1,6 +1,6 @@
 """A command's start-up without Ray or a server: the garbage collector, off while a run's
 command imports what it needs (``cli/main.py``), back on with those imports frozen
-(``startup.collect_from_here``, where the flow's module is imported)."""
+(``runtime.collect_from_here``, where the flow's module is imported)."""
 
 import json
 import subprocess
@@ -37,7 +37,7 @@ def test_a_run_command_checks_its_run_with_the_collector_off(tmp_path, args, col
 def test_the_start_up_turns_the_collector_back_on_with_what_it_imported_frozen():
     check = (
         "import gc, json\n"
-        "from trainflow.startup import collect_from_here\n"
+        "from trainflow.runtime import collect_from_here\n"
         "gc.disable(); collect_from_here(); first = (gc.isenabled(), gc.get_freeze_count())\n"
         "collect_from_here(); again = gc.get_freeze_count()\n"
         "print(json.dumps([*first, again]))\n"

@@ -1,11 +1,12 @@
 """The import direction that docs/architecture.md states, checked on the source.
 
 Layers, from the bottom: ``config``, ``files``, ``timeline``, ``start_wait`` and ``ray_internals``;
-``workspace``, ``signals``, ``cluster``, ``prefect_server`` and ``prefect_internals``;
+``workspace``, ``signals``, ``cluster``, ``stack``, ``prefect_server`` and ``prefect_internals``;
 ``pipelines`` and ``serving``; ``tasks`` and ``run_checks``; ``flows`` and ``startup``; ``cli``
 and ``testing``.
 A module imports only from its own layer or below, wherever the import statement sits
-(a lazy import inside a function is a dependency too). Prefect is imported only from the
+(a lazy import inside a function is a dependency too), and only ``cli`` imports
+``trainflow.cli``, ``testing`` and the package root included. Prefect is imported only from the
 orchestration layers, never by ``pipelines`` or the layers below. And no module depends on itself through
 others: no two modules import each other, directly or around a longer loop, at import
 time or lazily.
@@ -33,6 +34,7 @@ LAYERS = {
     "signals": 1,
     "cluster": 1,
     "prefect_server": 1,
+    "stack": 1,  # a team's services and one user's warm start, which cli.stack runs
     "prefect_internals": 1,  # every use of Prefect's private names (tests/test_prefect_internals.py)
     "pipelines": 2,
     "serving": 2,  # the facade of pipelines.serving for users: trainflow.serving.app
@@ -40,7 +42,6 @@ LAYERS = {
     "flows": 4,
     "cli": 5,
     "testing": 5,
-    "stack": 5,  # a team's services: trainflow stack (cli.stack)
     "run_checks": 3,
     "startup": 4,
 }
@@ -109,6 +110,27 @@ def test_imports_point_down():
                     offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({part}) imports {name}")
             elif name.split(".")[0] == "prefect" and part not in PREFECT_LAYERS:
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({part}) imports {name}")
+    assert offenders == []
+
+
+def test_only_the_command_line_imports_it():
+    """No module outside ``trainflow/cli/`` imports ``trainflow.cli``, wherever the import sits
+    (a lazy one, or ``importlib.import_module`` by name): ``testing`` and the package root,
+    which the layer check lets lean on ``cli``'s layer, included."""
+    loaders = {"importlib.import_module", "import_module", "__import__"}
+    offenders = []
+    for module, path in MODULES.items():
+        if _part(module) == "cli":
+            continue
+        by_name = [
+            (node.args[0].value, node.lineno)
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in loaders and node.args
+            if isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+        ]
+        for name, line in [*_imports(path, module), *by_name]:
+            if name == "trainflow.cli" or name.startswith("trainflow.cli."):
+                offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}")
     assert offenders == []
 
 

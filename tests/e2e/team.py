@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from trainflow.stack.control import mlflow_python
+from trainflow.stack.mlflow_env import mlflow_python
 from trainflow.stack.services import Postgres, StackError, postgres_bin
 
 

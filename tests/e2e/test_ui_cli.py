@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from tests.pipelines.test_registry import make_checkpoint, register
 from trainflow.cli import app, ui
 from trainflow.pipelines import registry
+from trainflow.stack import mlflow_env
 from trainflow.workspace import workspace
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -100,7 +101,7 @@ def test_the_prefect_ui_address_is_the_api_url_less_api(trainflow_home, no_prefe
 
 
 @pytest.mark.skipif(
-    ui.full_mlflow_here(),
+    mlflow_env.full_mlflow_here(),
     reason="the full mlflow is installed beside trainflow: the UI needs no environment of its own",
 )
 def test_no_package_index_is_one_line_saying_what_to_do(trainflow_home, tmp_path, monkeypatch):
@@ -110,7 +111,7 @@ def test_no_package_index_is_one_line_saying_what_to_do(trainflow_home, tmp_path
     for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS"):
         monkeypatch.delenv(name, raising=False)
     out = CliRunner().invoke(app, ["ui", "--port", str(free_port())])
-    release, env = ui.mlflow_release(), ui.ui_env()
+    release, env = mlflow_env.mlflow_release(), mlflow_env.ui_env()
     assert out.exit_code == 1, out.output
     assert out.stdout.startswith(f"preparing MLflow's UI, once: installing mlflow=={release} into {env}")
     assert out.stderr == (
@@ -118,7 +119,7 @@ def test_no_package_index_is_one_line_saying_what_to_do(trainflow_home, tmp_path
         f"found for mlflow=={release}); it needs a package index that pip reaches (pip's config or "
         f"PIP_INDEX_URL); pip's log: {env / 'install.log'}\n"
     )
-    assert not (env / ui.READY_MARK).exists()  # the next run tries again
+    assert not (env / mlflow_env.READY_MARK).exists()  # the next run tries again
 
 
 @pytest.fixture(scope="session")
@@ -126,8 +127,8 @@ def ui_python() -> str:
     """MLflow's UI environment, where `trainflow ui` keeps it: made once, reused by every
     later run of the suite."""
     try:
-        return str(ui.ui_python(print))
-    except ui.UIError as e:
+        return str(mlflow_env.ui_python(print))
+    except mlflow_env.UIError as e:
         pytest.skip(f"MLflow's UI environment cannot be prepared here: {e}")
 
 

@@ -3,7 +3,6 @@ the deployments of ``deployments/prefect.yaml``."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -98,32 +97,9 @@ def deploy(
     """
     import subprocess
 
+    from trainflow.stack.control import deploy_command, deploy_env
+
     if not prefect_file.is_file():
         raise fail(f"{prefect_file}: no such file; run trainflow deploy from the trainflow checkout")
     _require_server("deploy")
     raise typer.Exit(subprocess.run(deploy_command(prefect_file), env=deploy_env(Path.cwd())).returncode)
-
-
-def deploy_command(prefect_file: Path) -> list[str]:
-    """``prefect deploy`` of every deployment in ``prefect_file``."""
-    prefect = Path(sys.executable).with_name("prefect")
-    return [str(prefect), "--no-prompt", "deploy", "--all", "--prefect-file", str(prefect_file)]
-
-
-def deploy_env(checkout: Path, env: dict[str, str] | None = None) -> dict[str, str]:
-    """``env`` (default: this process's) with the variables deployments/prefect.yaml reads:
-    TRAINFLOW_CHECKOUT, TRAINFLOW_GIT_URL (origin, else the checkout) and TRAINFLOW_HOME
-    (default <checkout>/.trainflow)."""
-    import os
-    import subprocess
-
-    env = dict(os.environ if env is None else env)
-    origin = subprocess.run(
-        ["git", "remote", "get-url", "origin"], cwd=checkout, capture_output=True, text=True
-    ).stdout.strip()
-    return {
-        **env,
-        "TRAINFLOW_CHECKOUT": str(checkout),
-        "TRAINFLOW_GIT_URL": env.get("TRAINFLOW_GIT_URL") or origin or str(checkout),
-        "TRAINFLOW_HOME": str(Path(env.get("TRAINFLOW_HOME") or checkout / ".trainflow").resolve()),
-    }

@@ -1,34 +1,22 @@
 """``trainflow ui``: MLflow's UI over trainflow's registry until Ctrl-C, and the Prefect
 UI's address.
 
-MLflow's UI comes with the full ``mlflow`` package, whose pins (pyarrow among them) are
-older than the project's, so the command runs it from an environment of its own: a venv
-in the user's cache folder (:func:`ui_env`), made once with the release of ``mlflow``
-that matches trainflow's ``mlflow-skinny``, so that the UI and trainflow read and write
-the registry's database at one schema. The cache folder, not TRAINFLOW_HOME: the venv
-depends only on MLflow's release and Python's, so every project's home shares one, and
-it can be deleted and made again, where TRAINFLOW_HOME holds what cannot (the registry,
-the runs).
+MLflow's UI runs from MLflow's full environment, a venv of its own in the user's cache
+folder made on first use (:mod:`trainflow.stack.mlflow_env`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import importlib.metadata
-import importlib.util
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-import venv
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -36,17 +24,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from trainflow.cli.root import app, fail
+from trainflow.stack.mlflow_env import UIError, last_error, ui_python
 
 if TYPE_CHECKING:
     from trainflow.workspace import Workspace
 
 READY_TIMEOUT_S = 180  # MLflow's server, started cold on a busy machine, before it answers
 STOP_TIMEOUT_S = 10  # after SIGTERM, before SIGKILL
-READY_MARK = ".trainflow-ready"  # written last: an environment without it is remade
-
-
-class UIError(RuntimeError):
-    """MLflow's UI could not be prepared or started; the message says why and what to do."""
 
 
 @dataclass
@@ -120,99 +104,6 @@ def check_port(host: str, port: int) -> None:
             raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}; choose another --port") from None
 
 
-def mlflow_release() -> str:
-    """The MLflow release trainflow writes the registry with (its ``mlflow-skinny``, or a
-    full ``mlflow`` installed in its place)."""
-    for dist in ("mlflow-skinny", "mlflow"):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    raise UIError("trainflow's environment has no MLflow; reinstall trainflow")
-
-
-def full_mlflow_here() -> bool:
-    """Whether the full ``mlflow``, its UI's files included, is installed beside trainflow."""
-    spec = importlib.util.find_spec("mlflow")
-    return bool(spec and spec.origin and (Path(spec.origin).parent / "server/js/build/index.html").exists())
-
-
-def ui_env(release: str | None = None) -> Path:
-    """The UI's environment: a venv per MLflow release and Python, in the user's cache
-    folder (XDG_CACHE_HOME, else ~/.cache)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    py = f"py{sys.version_info.major}.{sys.version_info.minor}"
-    return cache / "trainflow" / f"mlflow-ui-{release or mlflow_release()}-{py}"
-
-
-def ui_python(say: Callable[[str], None]) -> Path:
-    """A Python that runs MLflow's UI: this one when the full ``mlflow`` (its UI's files
-    included) is installed beside trainflow, else the UI's own environment, made now if
-    it is not ready."""
-    if full_mlflow_here():
-        return Path(sys.executable)
-    release = mlflow_release()
-    env = ui_env(release)
-    if not (env / READY_MARK).exists():
-        with _env_lock(env, say):
-            if not (env / READY_MARK).exists():  # another command may have made it meanwhile
-                make_env(env, release, say)
-    return env / "bin" / "python"
-
-
-@contextlib.contextmanager
-def _env_lock(env: Path, say: Callable[[str], None]) -> Iterator[None]:
-    """One process at a time makes the environment; the others wait for it."""
-    env.parent.mkdir(parents=True, exist_ok=True)
-    with open(env.parent / f"{env.name}.lock", "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            say(f"waiting for another command that is preparing MLflow's UI in {env}")
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def make_env(env: Path, release: str, say: Callable[[str], None]) -> None:
-    """A venv at ``env`` with ``mlflow==release`` installed by pip (from pip's own index
-    and config), marked ready last; UIError, with pip's reason, when it cannot be made."""
-    say(
-        f"preparing MLflow's UI, once: installing mlflow=={release} into {env}, an environment "
-        "of its own (full mlflow pins an older pyarrow than trainflow's); a minute or two, "
-        "longer on a slow network ..."
-    )
-    start = time.monotonic()
-    shutil.rmtree(env, ignore_errors=True)  # what an interrupted install left
-    try:
-        venv.EnvBuilder(with_pip=True).create(env)
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise UIError(
-            f"could not make a virtual environment at {env} ({e}); Python's venv and ensurepip "
-            "modules are needed (Debian and Ubuntu: apt-get install python3-venv)"
-        ) from None
-    log = env / "install.log"
-    with open(log, "w") as out:
-        pip = [str(env / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check"]
-        installed = subprocess.run([*pip, f"mlflow=={release}"], stdout=out, stderr=subprocess.STDOUT)
-    if installed.returncode != 0:
-        raise UIError(
-            f"could not install mlflow=={release} for MLflow's UI ({_last_error(log)}); it needs a "
-            f"package index that pip reaches (pip's config or PIP_INDEX_URL); pip's log: {log}"
-        )
-    (env / READY_MARK).write_text(f"mlflow=={release}\n")
-    say(f"MLflow's UI is ready ({time.monotonic() - start:.0f} s); later runs reuse {env}")
-
-
-def _last_error(log: Path) -> str:
-    """The last line of a log that says what failed (pip's ``ERROR:`` line), else its last line."""
-    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith(("ERROR", "Error", "error"))]
-    return (errors or lines or ["no output"])[-1]
-
-
 def mlflow_command(python: Path, uri: str, ws: Workspace, host: str, port: int) -> list[str]:
     """``mlflow ui`` over the registry at ``uri``, with one worker (one person browses). An
     experiment made in the UI keeps its artifacts in TRAINFLOW_HOME/mlartifacts, beside
@@ -269,7 +160,7 @@ def _wait_until_ready(server: Server) -> None:
         code = server.process.poll()
         if code is not None:
             raise UIError(
-                f"MLflow's UI ended as it started (exit code {code}): {_last_error(server.log)}; "
+                f"MLflow's UI ended as it started (exit code {code}): {last_error(server.log)}; "
                 f"its log: {server.log}"
             )
         if time.monotonic() > deadline:
@@ -291,7 +182,7 @@ def _answers(url: str, timeout: float = 2.0) -> bool:
 def serve_until_stopped(server: Server) -> None:
     """Wait until Ctrl-C (a KeyboardInterrupt); MLflow's UI ending first is a failure."""
     code = server.process.wait()
-    raise UIError(f"MLflow's UI stopped (exit code {code}): {_last_error(server.log)}; its log: {server.log}")
+    raise UIError(f"MLflow's UI stopped (exit code {code}): {last_error(server.log)}; its log: {server.log}")
 
 
 @contextlib.contextmanager

@@ -3,7 +3,8 @@ an MLflow tracking server on it with its artifact store, a Prefect server on the
 PostgreSQL, a Ray cluster of two nodes with token auth, and a Prefect worker on
 trainflow's pool with the deployments applied; all on loopback, in a folder of their own.
 
-:mod:`.services` starts and stops the processes; :mod:`.control` is the stack as a whole
+:mod:`.services` starts and stops the processes; :mod:`.mlflow_env` makes MLflow's full
+environment, which its MLflow server runs on; :mod:`.control` is the stack as a whole
 (``up``, ``status``, ``env_lines``, ``down``). Those names are imported on first use: the
 ``trainflow`` command asks the warm start's forkserver (:mod:`.forkserver`) for a child
 before it imports them."""

@@ -9,7 +9,6 @@ so the URLs a team wrote down stay true after ``down`` and ``up``."""
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -23,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainflow.stack.mlflow_env import mlflow_python
 from trainflow.stack.services import (
     Postgres,
     StackError,
@@ -311,36 +311,6 @@ def mlflow_command(stack: Stack, python: Path) -> list:
     return [python, "-m", "mlflow", "server", "--backend-store-uri", backend, *artifacts, *listen]
 
 
-def mlflow_python(say: Callable[[str], None]) -> Path:
-    """MLflow's full environment (the one `trainflow ui` keeps) with PostgreSQL's driver."""
-    from trainflow.cli.ui import UIError, ui_python
-
-    try:
-        python = ui_python(say)
-    except UIError as e:
-        raise StackError(f"MLflow server: {e}") from None
-    # One command at a time installs it: two pip runs into one environment can break it.
-    with open(Path(python).parent.parent / ".trainflow-psycopg2.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if subprocess.run([python, "-c", "import psycopg2"], capture_output=True).returncode != 0:
-            say("installing PostgreSQL's driver (psycopg2-binary) into MLflow's environment ...")
-            pip = [
-                python,
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "psycopg2-binary",
-            ]
-            done = subprocess.run(pip, capture_output=True, text=True, timeout=600)
-            if done.returncode != 0:
-                raise StackError(
-                    f"MLflow server: psycopg2-binary did not install: {done.stderr.strip()[-300:]}"
-                )
-    return python
-
-
 def _wait_ray(stack: Stack, name: str) -> None:
     log = stack.folder / "logs" / f"{name}.log"
 
@@ -375,8 +345,6 @@ def _work_pool(stack: Stack, env: dict[str, str]) -> None:
 
 
 def _deploy(stack: Stack, env: dict[str, str], prefect_file: Path) -> None:
-    from trainflow.cli.scheduling import deploy_command, deploy_env
-
     checkout = prefect_file.resolve().parent.parent
     run_env = deploy_env(checkout, {**env, "PREFECT_API_URL": stack.prefect_api})
     run_env["TRAINFLOW_HOME"] = str(stack.folder / "home")
@@ -386,6 +354,27 @@ def _deploy(stack: Stack, env: dict[str, str], prefect_file: Path) -> None:
         raise StackError(
             f"Prefect: the deployments of {prefect_file} were not applied: {done.stdout.strip()[-500:]}"
         )
+
+
+def deploy_command(prefect_file: Path) -> list[str]:
+    """``prefect deploy`` of every deployment in ``prefect_file``."""
+    return [str(PREFECT), "--no-prompt", "deploy", "--all", "--prefect-file", str(prefect_file)]
+
+
+def deploy_env(checkout: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) with the variables deployments/prefect.yaml reads:
+    TRAINFLOW_CHECKOUT, TRAINFLOW_GIT_URL (origin, else the checkout) and TRAINFLOW_HOME
+    (default <checkout>/.trainflow)."""
+    env = dict(os.environ if env is None else env)
+    origin = subprocess.run(
+        ["git", "remote", "get-url", "origin"], cwd=checkout, capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        **env,
+        "TRAINFLOW_CHECKOUT": str(checkout),
+        "TRAINFLOW_GIT_URL": env.get("TRAINFLOW_GIT_URL") or origin or str(checkout),
+        "TRAINFLOW_HOME": str(Path(env.get("TRAINFLOW_HOME") or checkout / ".trainflow").resolve()),
+    }
 
 
 def _worker_online(stack: Stack) -> bool:

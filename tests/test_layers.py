@@ -2,7 +2,7 @@
 
 Layers, from the bottom: ``config``, ``files``, ``timeline``, ``start_wait`` and ``ray_internals``;
 ``workspace``, ``signals``, ``cluster``, ``stack``, ``prefect_server`` and ``prefect_internals``;
-``pipelines`` and ``serving``; ``tasks`` and ``run_checks``; ``flows`` and ``startup``; ``cli``
+``pipelines`` and ``serving``; ``tasks`` and ``run_checks``; ``flows`` and ``runtime``; ``cli``
 and ``testing``.
 A module imports only from its own layer or below, wherever the import statement sits
 (a lazy import inside a function is a dependency too), and only ``cli`` imports
@@ -43,10 +43,10 @@ LAYERS = {
     "cli": 5,
     "testing": 5,
     "run_checks": 3,
-    "startup": 4,
+    "runtime": 4,
 }
 # Where Prefect may be imported.
-PREFECT_LAYERS = {"prefect_server", "prefect_internals", "tasks", "flows", "cli", "testing"}
+PREFECT_LAYERS = {"prefect_server", "prefect_internals", "tasks", "flows", "runtime", "cli", "testing"}
 
 
 def _modules() -> dict[str, Path]:

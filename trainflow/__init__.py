@@ -23,7 +23,7 @@ def __getattr__(name: str):
 
 def load_model(uri: str):
     """A registered model (``NAME@champion``, ``NAME/3``, ``models:/NAME@ALIAS``), ready to predict."""
-    from trainflow.pipelines.registry import load_model as _load
+    from trainflow.pipelines.registry.versions import load_model as _load
 
     return _load(uri)
 

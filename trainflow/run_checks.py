@@ -212,13 +212,13 @@ def model(uri: str, *, pin: bool = False) -> ModelRef:
     """The registered version behind NAME@ALIAS, NAME/VERSION or models:/..., downloaded
     and checked (RegistryError, IntegrityError). ``pin``: its ``uri`` becomes NAME/VERSION,
     so that an alias that moves before the run uses it does not change what it predicts with."""
-    from trainflow.pipelines import registry
     from trainflow.pipelines.models.checkpoint import load_checkpoint
+    from trainflow.pipelines.registry import versions
     from trainflow.workspace import workspace
 
     ws = workspace()
-    mv = registry.resolve(ws, uri)
-    folder = registry.local_checkpoint(ws, mv)
+    mv = versions.resolve(ws, uri)
+    folder = versions.local_checkpoint(ws, mv)
     loaded = load_checkpoint(folder)
     transform = (loaded.preprocessor.transform or {}).get("path")  # a tokenizer ships nothing
     return ModelRef(

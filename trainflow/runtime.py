@@ -352,7 +352,7 @@ def _open_registry() -> None:
     """Open the registry's store once: MLflow's imports, and on a new TRAINFLOW_HOME the
     embedded database's tables, are then ready when the register step runs."""
     logging.getLogger("mlflow").setLevel(logging.WARNING)
-    from trainflow.pipelines import registry
+    from trainflow.pipelines.registry.store import client
 
-    registry.client(workspace())
+    client(workspace())
     timeline("mlflow store open")

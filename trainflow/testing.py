@@ -90,13 +90,13 @@ def empty_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     made once per session by trainflow's own registry code. Each home below starts from a
     copy: creating the tables runs MLflow's migrations, CPU that each test would pay again,
     and a copy of an empty one is the same registry."""
-    from trainflow.pipelines import registry
+    from trainflow.pipelines.registry import store
     from trainflow.workspace import Workspace
 
     ws = Workspace(tmp_path_factory.mktemp("empty-registry")).ensure()
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        registry.client(ws)
+        store.client(ws)
     return ws.mlflow_db
 
 

@@ -20,8 +20,8 @@ import yaml
 
 from tests.e2e.test_cli import trainflow_in_process
 from tests.flows.test_training_pipeline import read_artifacts
-from trainflow.pipelines import registry
 from trainflow.pipelines.data.sources import digits_frame
+from trainflow.pipelines.registry import card, lineage, store, versions
 from trainflow.testing import small_config
 from trainflow.workspace import workspace
 
@@ -69,14 +69,14 @@ def test_reproducing_a_cpu_version_gives_its_weights_and_metrics_in_a_version_ta
     assert table[0] == ["metric", "v1", "v2", "difference"]
     assert {row[0]: row[3] for row in table[1:]} == {"accuracy": "0", "macro_f1": "0", "weighted_f1": "0"}
 
-    c = registry.client(workspace())
+    c = store.client(workspace())
     v1, v2 = (c.get_model_version(NAME, v) for v in ("1", "2"))
     assert v2.tags["reproduces"] == "1" and "reproduces" not in v1.tags
     for tag in ("trainflow.config_hash", "trainflow.data_fingerprint", "git.commit"):
         assert v1.tags[tag] == v2.tags[tag], tag
     assert v1.tags["git.commit"] == git(project, "rev-parse", "HEAD")
     # The same weights, byte for byte, and so the same test metrics, to the last digit.
-    hashes = [json.loads(v.tags[registry.HASHES_TAG]) for v in (v1, v2)]
+    hashes = [json.loads(v.tags[lineage.HASHES_TAG]) for v in (v1, v2)]
     assert hashes[0]["model.pt"] == hashes[1]["model.pt"]
     metrics = [
         {k: m for k, m in c.get_run(v.run_id).data.metrics.items() if k.startswith("test_")} for v in (v1, v2)
@@ -92,10 +92,10 @@ def test_reproducing_a_cpu_version_gives_its_weights_and_metrics_in_a_version_ta
 def test_each_version_has_a_card_in_mlflow_and_in_prefect_with_the_gates_reason(reproduced, project):
     ws = workspace()
     for version in ("1", "2"):
-        mv = registry.client(ws).get_model_version(NAME, version)
-        card = registry.read_card(ws, f"{NAME}/{version}")
-        assert card.startswith(f"# {NAME} version {version}\n")
-        assert f"{mv.tags['gate.reason']}" in card and "Gate on `accuracy` passed: champion." in card
+        mv = store.client(ws).get_model_version(NAME, version)
+        text = card.read_card(ws, f"{NAME}/{version}")
+        assert text.startswith(f"# {NAME} version {version}\n")
+        assert f"{mv.tags['gate.reason']}" in text and "Gate on `accuracy` passed: champion." in text
         for expected in [
             "| objective | classification |",
             "| model kind | `mlp` |",
@@ -108,9 +108,9 @@ def test_each_version_has_a_card_in_mlflow_and_in_prefect_with_the_gates_reason(
             f'trainflow.load_model("models:/{NAME}/{version}")',
             f"`trainflow models serve {NAME}/{version}`",
         ]:
-            assert expected in card, expected
+            assert expected in text, expected
         published = [a.data for a in read_artifacts() if a.key == f"{NAME}-card"]
-        assert card in published
+        assert text in published
 
 
 def reproduce_as_a_subprocess(project, home, *, ray_address: str):
@@ -125,7 +125,7 @@ def reproduce_as_a_subprocess(project, home, *, ray_address: str):
 def test_changed_data_or_code_is_refused_in_one_line_before_ray_and_registers_nothing(
     reproduced, project, module_trainflow_home
 ):
-    fingerprint = registry.client(workspace()).get_model_version(NAME, "1").tags["trainflow.data_fingerprint"]
+    fingerprint = store.client(workspace()).get_model_version(NAME, "1").tags["trainflow.data_fingerprint"]
     commit = git(project, "rev-parse", "HEAD")
     csv = project / "digits.csv"
     rows = pd.read_csv(csv)
@@ -151,4 +151,4 @@ def test_changed_data_or_code_is_refused_in_one_line_before_ray_and_registers_no
     assert "\n" not in line and "the data of" in line
     assert f"; the code's git commit has changed ({commit} when {NAME}/1 was trained, " in line
     assert f"{git(project, 'rev-parse', 'HEAD')} now); --force reproduces it anyway" in line
-    assert [v.version for v in registry.version_summaries(workspace(), NAME)] == ["1", "2"]
+    assert [v.version for v in versions.version_summaries(workspace(), NAME)] == ["1", "2"]

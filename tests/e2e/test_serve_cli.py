@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from tests.pipelines.test_registry import FRAME, make_checkpoint, register
 from tests.web import POLL_TIMEOUT_S, http
 from trainflow.cli import app
-from trainflow.pipelines import registry
+from trainflow.pipelines.registry import versions
 from trainflow.ray_internals import switches
 from trainflow.workspace import workspace
 
@@ -94,7 +94,7 @@ def test_serves_until_sigterm_and_stops_cleanly(toy):
         rows = FRAME.to_dict(orient="records")
         answer = http.post(f"{url}/predict", json={"rows": rows}).json()
         assert answer["version"] == "1"
-        assert answer["predictions"] == registry.load_model("toy/1").predict(FRAME).tolist()
+        assert answer["predictions"] == versions.load_model("toy/1").predict(FRAME).tolist()
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)

@@ -28,14 +28,14 @@ RUN = """\
 import json, sys
 from trainflow.cluster.quiet import apply_quiet_env
 from trainflow.config import RegistryConfig
-from trainflow.pipelines import registry
+from trainflow.pipelines.registry import store
 from trainflow.pipelines.registry.gate import gate_version
 from trainflow.workspace import workspace
 
 apply_quiet_env()  # as in every trainflow process: MLflow's run URLs off stdout
 ws = workspace()
-c = registry.client(ws)
-experiment = registry.experiment_id(c, ws)
+c = store.client(ws)
+experiment = store.experiment_id(c, ws)
 try:
     c.create_registered_model("team")
 except Exception:

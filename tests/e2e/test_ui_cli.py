@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from tests.pipelines.test_registry import make_checkpoint, register
 from trainflow.cli import app, ui
-from trainflow.pipelines import registry
+from trainflow.pipelines.registry import store
 from trainflow.stack import mlflow_env
 from trainflow.workspace import workspace
 
@@ -159,7 +159,7 @@ def test_mlflow_ui_shows_the_models_versions_aliases_and_who_registered_them(
     ws = workspace()
     register(ws, make_checkpoint(tmp_path / "c1"), 0.8, tags=FLOW_RUN)
     second = register(ws, make_checkpoint(tmp_path / "c2", seed=2), 0.7)
-    run = registry.client(ws).get_run(registry.client(ws).get_model_version("toy", "1").run_id)
+    run = store.client(ws).get_run(store.client(ws).get_model_version("toy", "1").run_id)
 
     port = free_port()
     command = subprocess.Popen(

@@ -9,12 +9,12 @@ import pytest
 
 from trainflow.config import ModelConfig, PipelineConfig, RegistryConfig
 from trainflow.flows.batch_predict import batch_predict
-from trainflow.pipelines import registry
 from trainflow.pipelines.data.preprocess import Preprocessor
 from trainflow.pipelines.data.schema import DataError
 from trainflow.pipelines.data.sources import digits_frame
 from trainflow.pipelines.models.build import build_model, model_spec
 from trainflow.pipelines.models.checkpoint import load_checkpoint, save_checkpoint
+from trainflow.pipelines.registry import registration, versions
 from trainflow.workspace import workspace
 
 from .test_training_pipeline import task_runs
@@ -53,7 +53,7 @@ def register_digits_model(tmp_path) -> None:
 
 
 def register(folder, name: str) -> None:
-    registry.register_checkpoint(
+    registration.register_checkpoint(
         workspace(),
         name=name,
         checkpoint_dir=str(folder),
@@ -152,7 +152,7 @@ def test_an_existing_output_and_an_unknown_model_are_refused(
     state = batch_predict(
         model="digits-batch@staging", input=str(tmp_path / "input.parquet"), output="x", return_state=True
     )
-    with pytest.raises(registry.RegistryError, match="digits-batch has no alias 'staging'"):
+    with pytest.raises(versions.RegistryError, match="digits-batch has no alias 'staging'"):
         state.result()
     # An unknown alias stays unknown: the resolve step's retries are not spent on it.
     resolved = [t for t in task_runs(state.state_details.flow_run_id) if t.name.startswith("resolve-model")]

@@ -13,7 +13,7 @@ from prefect import flow
 from tests.e2e.test_cli import session_services
 from tests.flows.test_training_pipeline import flow_logs
 from trainflow.config import load_config
-from trainflow.pipelines import registry
+from trainflow.pipelines.registry import versions
 from trainflow.tasks import evaluate, ingest, preprocess, register, train
 from trainflow.tasks.results import Evaluated, Trained
 from trainflow.testing import small_config
@@ -40,7 +40,7 @@ def test_the_custom_flow_example_trains_evaluates_and_registers(ray_cluster, pre
     assert logs.index("train rows per class") < logs.index("training mlp")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRAINFLOW_HOME", str(home))
-        assert registry.load_model("digits/1").version == "1"
+        assert versions.load_model("digits/1").version == "1"
 
 
 def _fails_in_one_line(user_flow) -> str:
@@ -103,5 +103,5 @@ def test_evaluate_and_register_refuse_results_of_another_run(
 
     message = _fails_in_one_line(register_another_checkpoints_scores)
     assert "register: evaluated scored /somewhere/else, not trained's best checkpoint" in message
-    with pytest.raises(registry.RegistryError):  # nothing was registered
-        registry.version_summaries(workspace(), "steps-mixed")
+    with pytest.raises(versions.RegistryError):  # nothing was registered
+        versions.version_summaries(workspace(), "steps-mixed")

@@ -16,7 +16,7 @@ from tests.e2e.test_cli import trainflow_in_process
 from tests.flows.test_training_pipeline import flow_logs
 from trainflow.config import load_config
 from trainflow.flows.training import training_pipeline
-from trainflow.pipelines import registry
+from trainflow.pipelines.registry import store
 from trainflow.tasks import ingest, preprocess
 from trainflow.workspace import workspace
 
@@ -80,7 +80,7 @@ def test_churn_runs_twice_and_the_second_run_skips_ingest_and_preprocess_but_a_c
     assert "cache       ingest, preprocess skipped: same data and config as an earlier run" in summary
     # The gate compared the two versions on the same test rows: the champion moves only
     # if the second is at least as good (registry.min_improvement 0.0).
-    c = registry.client(workspace())
+    c = store.client(workspace())
     v2 = c.get_model_version("churn", "2")
     improved = c.get_run(v2.run_id).data.metrics["test_accuracy"] >= first.test_metrics["accuracy"]
     assert ("churn version 2 -> champion" in summary) == improved

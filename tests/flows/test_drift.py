@@ -11,10 +11,10 @@ from prefect import flow
 from trainflow.config import load_config
 from trainflow.config.outputs import RegistryConfig
 from trainflow.flows.training import training_pipeline
-from trainflow.pipelines import registry
 from trainflow.pipelines.data import profile as profiles
 from trainflow.pipelines.data.sources import digits_frame
 from trainflow.pipelines.evaluation.drift import DataDrift
+from trainflow.pipelines.registry import registration, store, versions
 from trainflow.tasks import drift, ingest, preprocess
 from trainflow.testing import small_config
 from trainflow.workspace import workspace
@@ -67,7 +67,7 @@ def test_a_registered_model_carries_its_train_splits_profile(champion):
     reg = champion.registered
     assert (reg.version, reg.champion) == ("1", True)
     ws = workspace()
-    folder = registry.local_checkpoint(ws, registry.resolve(ws, "digits-drift/1"))
+    folder = versions.local_checkpoint(ws, versions.resolve(ws, "digits-drift/1"))
     saved = profiles.load(str(folder))
     assert saved["label"] == "label" and saved["sample_rows"] == 1000
     assert set(saved["numeric"]) == {f"pixel_{i}" for i in range(64)}
@@ -91,7 +91,7 @@ def test_undrifted_data_passes_and_a_champion_without_a_profile_is_named(champio
     old = workspace().home / "old-checkpoint"
     shutil.copytree(champion.checkpoint, old)
     (old / profiles.PROFILE).unlink()
-    registry.register_checkpoint(
+    registration.register_checkpoint(
         workspace(),
         name="digits-old",
         checkpoint_dir=str(old),
@@ -150,6 +150,6 @@ def test_drifted_data_under_warn_trains_and_publishes_the_table_and_plot(champio
     assert "| pixel_20 | numeric |" in drift_part
 
     # MLflow: the report and the plot went with the registered version's run.
-    c = registry.client(workspace())
+    c = store.client(workspace())
     logged = {a.path for a in c.list_artifacts(result.registered.run_id, "reports")}
     assert {"reports/drift.json", "reports/drift.png"} <= logged

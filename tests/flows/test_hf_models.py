@@ -175,7 +175,7 @@ def test_the_trainer_example_registers_the_trainers_checkpoint_which_answers_raw
     checkpoint is registered and answers raw text with label names."""
     from tests.e2e.test_cli import trainflow_in_process
     from tests.flows.test_training_pipeline import flow_logs
-    from trainflow.pipelines import registry
+    from trainflow.pipelines.registry import store
     from trainflow.workspace import workspace
 
     example = EXAMPLES / "hf_trainer"
@@ -188,7 +188,7 @@ def test_the_trainer_example_registers_the_trainers_checkpoint_which_answers_raw
         )
     assert out.returncode == 0, out.output
 
-    c = registry.client(workspace())
+    c = store.client(workspace())
     version = c.get_model_version("hf-trainer-texts", "1")
     run = c.get_run(version.run_id)
     assert run.data.params["train.loop"] == "trainer_loop:train_func"

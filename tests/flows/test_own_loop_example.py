@@ -13,7 +13,7 @@ import trainflow
 from tests.e2e.test_cli import trainflow_in_process
 from tests.flows.test_training_pipeline import flow_logs, raw_test_rows
 from trainflow.config import load_config
-from trainflow.pipelines import registry
+from trainflow.pipelines.registry import store
 from trainflow.workspace import workspace
 
 pytestmark = pytest.mark.slow
@@ -45,7 +45,7 @@ def test_rays_getting_started_train_func_trains_registers_and_predicts(
 
     # Registered, with the loop's epochs as its history (counted from 1: the guide
     # reports its epochs from 0) and the best checkpoint by the loop's loss.
-    c = registry.client(workspace())
+    c = store.client(workspace())
     version = c.get_model_version("digits-own-loop", "1")
     run = c.get_run(version.run_id)
     assert run.data.params["train.loop"] == "getting_started:train_func"

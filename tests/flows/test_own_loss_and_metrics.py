@@ -17,9 +17,9 @@ from tests.e2e.test_cli import trainflow_in_process
 from tests.flows.test_training_pipeline import flow_logs, raw_test_rows, read_artifacts
 from trainflow.config import load_config
 from trainflow.flows.training import training_pipeline
-from trainflow.pipelines import registry
 from trainflow.pipelines.data.prepare import raw_split
 from trainflow.pipelines.data.schema import inspect_source
+from trainflow.pipelines.registry import store
 from trainflow.testing import small_config
 from trainflow.workspace import workspace
 
@@ -68,7 +68,7 @@ def test_the_example_trains_with_its_loss_and_is_gated_on_its_metric(
     assert any(line.startswith("gate        no champion yet; top2 0.") for line in summary), out.output
 
     # The version's MLflow run holds the test metric and its per-epoch val_top2.
-    c = registry.client(workspace())
+    c = store.client(workspace())
     version = c.get_model_version("digits-focal", "1")
     run = c.get_run(version.run_id)
     assert run.data.params["train.loss"] == "focal_top2:FocalLoss"
@@ -104,7 +104,7 @@ def test_the_example_trains_with_its_loss_and_is_gated_on_its_metric(
 
 def second_flow_run(result) -> str:
     """The flow run id that registered ``result``'s version (its lineage tag)."""
-    c = registry.client(workspace())
+    c = store.client(workspace())
     return c.get_run(result.registered.run_id).data.tags["prefect.flow_run_id"]
 
 

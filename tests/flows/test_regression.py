@@ -8,11 +8,11 @@ import pytest
 from tests.e2e.test_cli import trainflow_in_process
 from trainflow.config import load_config
 from trainflow.flows.training import training_pipeline
-from trainflow.pipelines import registry
 from trainflow.pipelines.data.entry import read_split
 from trainflow.pipelines.data.preprocess import FEATURES, LABEL
 from trainflow.pipelines.data.sources import diabetes_frame
 from trainflow.pipelines.evaluation.evaluate import MODEL_VERSION, PREDICTION, RowPredictor
+from trainflow.pipelines.registry import store, versions
 from trainflow.tasks import render
 from trainflow.workspace import workspace
 
@@ -70,7 +70,7 @@ def test_a_regression_trains_is_gated_on_rmse_and_predicts_numbers(
     assert best.train.lr in (0.01, 0.003) and best.sweep is None and best.train.epochs == 20
     assert f"(and {best_yaml})" in out.stdout
 
-    c = registry.client(workspace())
+    c = store.client(workspace())
     run = c.get_run(c.get_model_version("diabetes-test", "2").run_id)
     test_metrics = {k.removeprefix("test_"): v for k, v in run.data.metrics.items() if k.startswith("test_")}
     assert run.data.params["train.lr"] == str(best.train.lr)
@@ -80,7 +80,7 @@ def test_a_regression_trains_is_gated_on_rmse_and_predicts_numbers(
     # The test metrics are scikit-learn's, on the champion's predictions of the test split.
     from sklearn.metrics import mean_absolute_error, r2_score, root_mean_squared_error
 
-    model = registry.load_model("diabetes-test@champion", workspace())
+    model = versions.load_model("diabetes-test@champion", workspace())
     assert model.objective == "regression" and model.version == "2"
     entry = model.preprocessor
     prepared = next(p for p in workspace().cache.glob("*/test") if (p.parent / "preprocessor.json").is_file())

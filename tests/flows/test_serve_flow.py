@@ -12,8 +12,8 @@ from tests.pipelines.test_registry import make_checkpoint, register
 from tests.pipelines.test_serving import _free_port
 from tests.web import POLL_TIMEOUT_S, TIMEOUT_S, http
 from trainflow.flows.serving import serve_model
-from trainflow.pipelines import registry
 from trainflow.pipelines.data.preprocess import Preprocessor
+from trainflow.pipelines.registry import versions
 from trainflow.pipelines.serving import APP_NAME
 from trainflow.workspace import workspace
 
@@ -56,7 +56,7 @@ def test_the_serving_flow_answers_while_it_runs_and_stops(
     assert state.is_completed(), state.message
     assert state.result() == url
     (answer,) = answers
-    expected = registry.load_model("toy/1").predict(pd.DataFrame({"a": [1.0], "b": [0.0]}))
+    expected = versions.load_model("toy/1").predict(pd.DataFrame({"a": [1.0], "b": [0.0]}))
     assert (answer["model"], answer["version"], answer["predictions"]) == ("toy", "1", expected.tolist())
     assert APP_NAME not in applications  # stopped: the flow took its application down
 

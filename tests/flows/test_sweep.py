@@ -9,7 +9,7 @@ import pytest
 
 from trainflow.config import load_config
 from trainflow.flows.sweep import sweep_pipeline
-from trainflow.pipelines import registry
+from trainflow.pipelines.registry import store
 from trainflow.testing import small_config
 from trainflow.workspace import workspace
 
@@ -73,7 +73,7 @@ def test_sweep_stops_weak_trials_reports_a_failed_one_and_registers_the_best(
     # Registered with that config; its checkpoint is the best trial's best epoch.
     reg = result.registered
     assert (reg.name, reg.version, reg.champion) == ("digits-test", "1", True)
-    run = registry.client(workspace()).get_run(reg.run_id)
+    run = store.client(workspace()).get_run(reg.run_id)
     assert run.data.tags["trainflow.config_hash"] == best.config_hash()
     assert run.data.params["train.lr"] == "0.05"
     assert result.test_metrics["accuracy"] > 0.8

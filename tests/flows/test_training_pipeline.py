@@ -7,10 +7,10 @@ import pytest
 
 from trainflow.config import load_config
 from trainflow.flows.training import training_pipeline
-from trainflow.pipelines import registry
 from trainflow.pipelines.data.prepare import raw_split
 from trainflow.pipelines.data.schema import inspect_source
 from trainflow.pipelines.data.sources import digits_frame
+from trainflow.pipelines.registry import store
 from trainflow.pipelines.training.run import TrainingDiverged
 from trainflow.testing import small_config
 from trainflow.workspace import workspace
@@ -68,7 +68,7 @@ def test_flow_trains_registers_and_the_champion_predicts_as_reported(
     assert (reg.name, reg.version, reg.champion) == ("digits-test", "1", True)
     assert first.test_metrics["accuracy"] > 0.85
     assert set(first.timings) == {"ingest", "preprocess", "train", "evaluate", "register"}
-    c = registry.client(workspace())
+    c = store.client(workspace())
     run = c.get_run(reg.run_id)
     assert run.data.metrics["test_accuracy"] == pytest.approx(first.test_metrics["accuracy"])
     assert run.data.tags["trainflow.config_hash"] == config.config_hash()

@@ -15,20 +15,19 @@ from collections.abc import Iterator
 
 import pytest
 
-from trainflow.pipelines import registry
-from trainflow.pipelines.registry import lease
+from trainflow.pipelines.registry import lease, store, versions
 from trainflow.workspace import workspace
 
 # Takes the lease on "toy", says so, then waits for a line on stdin before its fencing
 # check, whose outcome it prints.
 HOLDER = """\
 import sys
-from trainflow.pipelines import registry
 from trainflow.pipelines.registry.lease import LeaseLost, model_lease
+from trainflow.pipelines.registry.store import client
 from trainflow.workspace import workspace
 
 ws = workspace()
-with model_lease(registry.client(ws), ws, "toy", lease_s=float(sys.argv[1])) as held:
+with model_lease(client(ws), ws, "toy", lease_s=float(sys.argv[1])) as held:
     print("HOLDING", held.ticket, flush=True)
     sys.stdin.readline()
     try:
@@ -84,7 +83,7 @@ def ticket_state(c, ticket: str) -> str | None:
 
 def test_one_holder_at_a_time_and_a_live_holder_keeps_its_lease_past_lease_s(trainflow_home):
     ws = workspace()
-    c = registry.client(ws)
+    c = store.client(ws)
     inside: list[str] = []
     overlap = threading.Event()
 
@@ -112,7 +111,7 @@ def test_one_holder_at_a_time_and_a_live_holder_keeps_its_lease_past_lease_s(tra
 
 def test_a_crashed_holders_lease_is_taken_over_after_lease_s(trainflow_home, caplog):
     ws = workspace()
-    c = registry.client(ws)
+    c = store.client(ws)
     proc, crashed = holder(lease_s=1.0)
     proc.kill()
     proc.wait()
@@ -124,7 +123,7 @@ def test_a_crashed_holders_lease_is_taken_over_after_lease_s(trainflow_home, cap
 
 def test_a_holder_stalled_past_its_lease_learns_it_lost_it_before_it_moves_an_alias(trainflow_home):
     ws = workspace()
-    c = registry.client(ws)
+    c = store.client(ws)
     proc, stalled = holder(lease_s=1.0)
     os.kill(proc.pid, signal.SIGSTOP)  # a holder that stops beating without dying
     try:
@@ -150,13 +149,13 @@ def test_promote_waits_for_the_lease_and_the_queue_is_no_model_of_the_users(trai
     ws = workspace()
     register(ws, make_checkpoint(tmp_path / "c1"), 0.8)
     register(ws, make_checkpoint(tmp_path / "c2"), 0.7)
-    c = registry.client(ws)
+    c = store.client(ws)
     done = threading.Event()
     with lease_taken(c, ws, lease_s=30):
-        threading.Thread(target=lambda: (registry.promote(ws, "toy", "2"), done.set()), daemon=True).start()
+        threading.Thread(target=lambda: (versions.promote(ws, "toy", "2"), done.set()), daemon=True).start()
         assert not done.wait(1.5), "promote moved the champion while another process held the lease"
         assert str(c.get_model_version_by_alias("toy", "champion").version) == "1"
     assert done.wait(60)
     assert str(c.get_model_version_by_alias("toy", "champion").version) == "2"
-    with pytest.raises(registry.RegistryError, match="unknown model 'nope'; registered models: toy$"):
-        registry.rollback(ws, "nope")
+    with pytest.raises(versions.RegistryError, match="unknown model 'nope'; registered models: toy$"):
+        versions.rollback(ws, "nope")

@@ -12,9 +12,8 @@ import pytest
 from tests.pipelines.test_pyfunc import mlflow_registry  # noqa: F401 - a fixture
 from tests.pipelines.test_registry import FRAME, make_checkpoint
 from trainflow.config import PipelineConfig, RegistryConfig, RenamedKey
-from trainflow.pipelines import registry
 from trainflow.pipelines.data.preprocess import Preprocessor
-from trainflow.pipelines.registry import reproduce
+from trainflow.pipelines.registry import lineage, registration, reproduce, versions
 from trainflow.pipelines.registry.lineage import CONFIG_HASH_TAG, DATA_FINGERPRINT_TAG, GIT_COMMIT_TAG
 
 PRE = Preprocessor(
@@ -23,7 +22,7 @@ PRE = Preprocessor(
 CONFIG = PipelineConfig(objective="regression", registry=RegistryConfig(gate_metric="rmse", min_value=None))
 
 
-def _register(ws, folder, old: bool) -> registry.Registration:
+def _register(ws, folder, old: bool) -> registration.Registration:
     """A regression's version; ``old``: its files as the release before the rename wrote them."""
     make_checkpoint(folder, seed=1, pre=PRE)
     config = CONFIG.model_dump(mode="json")
@@ -33,15 +32,15 @@ def _register(ws, folder, old: bool) -> registry.Registration:
         preprocessor["task"] = preprocessor.pop("objective")
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "preprocessor.json").write_text(json.dumps(preprocessor))
-    lineage = {CONFIG_HASH_TAG: CONFIG.config_hash(), DATA_FINGERPRINT_TAG: "d", GIT_COMMIT_TAG: "c"}
-    return registry.register_checkpoint(
+    tags = {CONFIG_HASH_TAG: CONFIG.config_hash(), DATA_FINGERPRINT_TAG: "d", GIT_COMMIT_TAG: "c"}
+    return registration.register_checkpoint(
         ws,
         name="old" if old else "new",
         checkpoint_dir=str(folder),
         params={},
         metrics={"rmse": 50.0, "mae": 40.0, "r2": 0.4},
         history=[{"epoch": 1, "train_loss": 0.9}],
-        tags={registry.TEST_FINGERPRINT_TAG: "t", **lineage},
+        tags={lineage.TEST_FINGERPRINT_TAG: "t", **tags},
         gate=CONFIG.registry,
     )
 
@@ -54,8 +53,8 @@ def test_a_version_registered_before_the_rename_loads_predicts_and_rebuilds_its_
     _register(ws, tmp_path / "old", old=True)
     _register(ws, tmp_path / "new", old=False)
     assert "task" in json.loads((tmp_path / "old" / "preprocessor.json").read_text())
-    old = registry.load_model("old@champion", ws)
-    new = registry.load_model("new@champion", ws)
+    old = versions.load_model("old@champion", ws)
+    new = versions.load_model("new@champion", ws)
     assert old.objective == new.objective == old.task == "regression"
     expected = new.predict(FRAME)
     np.testing.assert_array_equal(old.predict(FRAME), expected)  # in the label's units, as the new one

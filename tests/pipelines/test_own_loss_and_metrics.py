@@ -14,13 +14,13 @@ import torch
 from torch import nn
 
 from trainflow.config import ConfigError, DataConfig, PreprocessConfig, load_config
-from trainflow.pipelines import registry
 from trainflow.pipelines.data.entry import read_split_batches
 from trainflow.pipelines.data.prepare import prepare
 from trainflow.pipelines.data.preprocess import FEATURES, LABEL
 from trainflow.pipelines.data.schema import inspect_source
 from trainflow.pipelines.evaluation.evaluate import evaluate_split
 from trainflow.pipelines.models.checkpoint import load_checkpoint
+from trainflow.pipelines.registry import gate
 from trainflow.pipelines.training import loop as training_loop
 from trainflow.pipelines.training import optim
 from trainflow.pipelines.training.losses import make_loss
@@ -249,12 +249,12 @@ def test_the_gate_follows_a_metrics_mode():
             registry={"gate_metric": "brier", "min_value": 0.2},
         )
     )
-    gate, lower = config.registry, config.lower_is_better("brier")
+    thresholds, lower = config.registry, config.lower_is_better("brier")
     assert lower
-    assert registry.decide("brier", 0.10, 0.12, gate, lower_is_better=lower, champion_version="1").passed
-    worse = registry.decide("brier", 0.13, 0.12, gate, lower_is_better=lower, champion_version="1")
+    assert gate.decide("brier", 0.10, 0.12, thresholds, lower_is_better=lower, champion_version="1").passed
+    worse = gate.decide("brier", 0.13, 0.12, thresholds, lower_is_better=lower, champion_version="1")
     assert not worse.passed and "(lower is better)" in worse.reason
-    ceiling = registry.decide("brier", 0.25, None, gate, lower_is_better=lower)
+    ceiling = gate.decide("brier", 0.25, None, thresholds, lower_is_better=lower)
     assert not ceiling.passed and "above the ceiling min_value 0.2" in ceiling.reason
 
 

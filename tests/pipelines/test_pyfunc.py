@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from tests.pipelines.test_registry import FRAME, make_checkpoint, register
-from trainflow.pipelines import registry
+from trainflow.pipelines.registry import lineage, store, versions
 from trainflow.workspace import workspace
 
 
@@ -22,9 +22,9 @@ def mlflow_registry(trainflow_home, monkeypatch):
     # previous URI that way leaves MLFLOW_TRACKING_URI naming ./mlflow.db for every later
     # test and subprocess of the session.
     ws = workspace()
-    registry.experiment_id(registry.client(ws), ws)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", registry.tracking_uri(ws))
-    monkeypatch.setenv("MLFLOW_REGISTRY_URI", registry.tracking_uri(ws))
+    store.experiment_id(store.client(ws), ws)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store.tracking_uri(ws))
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", store.tracking_uri(ws))
     return ws
 
 
@@ -32,7 +32,7 @@ def test_pyfunc_load_model_predicts_as_trainflow_does(mlflow_registry, tmp_path)
     ws = mlflow_registry
     register(ws, make_checkpoint(tmp_path / "c1", seed=1), 0.8)
     model = mlflow.pyfunc.load_model("models:/toy@champion")
-    expected = registry.load_model("toy@champion").predict(FRAME)
+    expected = versions.load_model("toy@champion").predict(FRAME)
     np.testing.assert_array_equal(model.predict(FRAME), expected)
     inputs = model.metadata.get_input_schema()
     assert inputs.input_names() == ["a", "b"] and inputs.input_types()[0].name == "double"
@@ -42,7 +42,7 @@ def test_pyfunc_load_model_predicts_as_trainflow_does(mlflow_registry, tmp_path)
     with pytest.raises(mlflow.exceptions.MlflowException, match="column a"):
         model.predict(ints)
     np.testing.assert_array_equal(
-        model.predict(ints.astype(float)), registry.load_model("toy/1").predict(ints)
+        model.predict(ints.astype(float)), versions.load_model("toy/1").predict(ints)
     )
     # A frame without a column the model reads is refused by MLflow, naming it.
     with pytest.raises(mlflow.exceptions.MlflowException, match="b"):
@@ -52,20 +52,20 @@ def test_pyfunc_load_model_predicts_as_trainflow_does(mlflow_registry, tmp_path)
 def test_the_flavor_files_are_registered_and_hashed(mlflow_registry, tmp_path):
     ws = mlflow_registry
     register(ws, make_checkpoint(tmp_path / "c1"), 0.8)
-    folder = registry.local_checkpoint(ws, registry.resolve(ws, "toy/1"))
+    folder = versions.local_checkpoint(ws, versions.resolve(ws, "toy/1"))
     requirements = (folder / "requirements.txt").read_text().splitlines()
     assert any(r.startswith("trainflow==") for r in requirements)
     assert any(r.startswith("torch==") for r in requirements)
     assert "python_function" in (folder / "MLmodel").read_text()
     (folder / "MLmodel").write_text("altered")
-    with pytest.raises(registry.IntegrityError, match="MLmodel"):
-        registry.local_checkpoint(ws, registry.resolve(ws, "toy/1"))
+    with pytest.raises(lineage.IntegrityError, match="MLmodel"):
+        versions.local_checkpoint(ws, versions.resolve(ws, "toy/1"))
 
 
 def test_a_version_whose_mlmodel_names_the_old_loader_module_still_loads(mlflow_registry, tmp_path):
     ws = mlflow_registry
     register(ws, make_checkpoint(tmp_path / "c1", seed=1), 0.8)
-    folder = registry.local_checkpoint(ws, registry.resolve(ws, "toy/1"))
+    folder = versions.local_checkpoint(ws, versions.resolve(ws, "toy/1"))
     mlmodel = (folder / "MLmodel").read_text()
     assert "loader_module: trainflow.pipelines.registry.pyfunc" in mlmodel
     # The same files with MLmodel as older versions carry it: the loader module at its old path.
@@ -75,4 +75,4 @@ def test_a_version_whose_mlmodel_names_the_old_loader_module_still_loads(mlflow_
         mlmodel.replace("trainflow.pipelines.registry.pyfunc", "trainflow.pipelines.pyfunc")
     )
     model = mlflow.pyfunc.load_model(str(old))
-    np.testing.assert_array_equal(model.predict(FRAME), registry.load_model("toy/1").predict(FRAME))
+    np.testing.assert_array_equal(model.predict(FRAME), versions.load_model("toy/1").predict(FRAME))

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 
 from trainflow.config import ModelConfig, PipelineConfig, RegistryConfig
-from trainflow.pipelines import registry
 from trainflow.pipelines.data.preprocess import Preprocessor
 from trainflow.pipelines.models.build import build_model, model_spec
 from trainflow.pipelines.models.checkpoint import load_checkpoint, save_checkpoint
+from trainflow.pipelines.registry import aliases, gate, lineage, registration, store, versions
 from trainflow.workspace import workspace
 
 FRAME = pd.DataFrame({"a": [0.1, -2.0, 3.0], "b": [1.0, 0.0, -1.0]})
@@ -41,14 +41,14 @@ def make_checkpoint(folder, seed=0, pre=None, model=None):
 
 
 def register(ws, folder, accuracy, gate=None, fingerprint="test-a", reevaluate=None, name="toy", tags=None):
-    return registry.register_checkpoint(
+    return registration.register_checkpoint(
         ws,
         name=name,
         checkpoint_dir=folder,
         params={"train": {"lr": 0.1}},
         metrics={"accuracy": accuracy, "macro_f1": accuracy},
         history=[{"epoch": 1, "train_loss": 0.9}, {"epoch": 2, "train_loss": 0.5}],
-        tags={registry.TEST_FINGERPRINT_TAG: fingerprint, **(tags or {})},
+        tags={lineage.TEST_FINGERPRINT_TAG: fingerprint, **(tags or {})},
         gate=gate or RegistryConfig(min_value=0.5),
         reevaluate=reevaluate,
     )
@@ -68,7 +68,7 @@ def test_gate_promotes_a_better_model_and_a_worse_one_becomes_challenger(trainfl
     better = register(ws, make_checkpoint(tmp_path / "c3"), 0.90)
     assert better.champion and better.decision.champion_version == "1"
     assert better.decision.same_test_data is True and not better.decision.champion_reevaluated
-    c = registry.client(ws)
+    c = store.client(ws)
     assert alias_version(c, "champion") == "3" and alias_version(c, "challenger") == "2"
     v2 = c.get_model_version("toy", "2")
     assert v2.tags["gate.passed"] == "False" and v2.tags["gate.candidate"] == "0.7"
@@ -82,7 +82,7 @@ def test_gate_promotes_a_better_model_and_a_worse_one_becomes_challenger(trainfl
     run = c.get_run(better.run_id)
     assert run.data.params["train.lr"] == "0.1" and run.data.metrics["test_accuracy"] == 0.9
     assert [m.step for m in c.get_metric_history(better.run_id, "train_loss")] == [1, 2]
-    assert [(m["alias"], m["version"], m["previous"]) for m in registry.moves(c, "toy")] == [
+    assert [(m["alias"], m["version"], m["previous"]) for m in aliases.moves(c, "toy")] == [
         ("champion", "1", None),
         ("challenger", "2", None),
         ("champion", "3", "1"),
@@ -98,7 +98,7 @@ def test_a_version_and_its_run_name_the_flow_run_that_registered_them(trainflow_
     }
     ws = workspace()
     reg = register(ws, make_checkpoint(tmp_path / "c1"), 0.8, tags=flow_run)
-    c = registry.client(ws)
+    c = store.client(ws)
     assert c.get_model_version("toy", reg.version).description == (
         "Gate passed: champion. no champion yet; accuracy 0.8000 clears min_value 0.5\n\n"
         "Test metrics: accuracy 0.8000, macro_f1 0.8000\n\nRegistered by Prefect flow run quiet-lemur "
@@ -137,7 +137,7 @@ def test_a_champion_from_other_test_data_is_reevaluated_before_the_comparison(tr
     d = reg.decision
     assert reg.champion and d.champion == 0.60 and d.champion_reevaluated and d.same_test_data is False
     assert "re-evaluated on this test data" in d.reason
-    tags = registry.client(ws).get_model_version("toy", "2").tags
+    tags = store.client(ws).get_model_version("toy", "2").tags
     assert tags["gate.champion"] == "0.6" and tags["gate.champion_reevaluated"] == "True"
 
     # Same test data: the recorded number is used, nothing is re-scored.
@@ -174,16 +174,16 @@ def test_min_value_blocks_even_the_first_model(trainflow_home, tmp_path):
 
 
 def test_decide_with_a_required_improvement():
-    gate = RegistryConfig(min_improvement=0.02, min_value=0.5)
-    assert not registry.decide("accuracy", 0.91, 0.90, gate, champion_version="1").passed
-    assert registry.decide("accuracy", 0.93, 0.90, gate, champion_version="1").passed
+    thresholds = RegistryConfig(min_improvement=0.02, min_value=0.5)
+    assert not gate.decide("accuracy", 0.91, 0.90, thresholds, champion_version="1").passed
+    assert gate.decide("accuracy", 0.93, 0.90, thresholds, champion_version="1").passed
 
 
 @pytest.mark.parametrize(
     "decision",
     [
-        registry.decide("accuracy", 0.93, 0.90, RegistryConfig(min_value=0.5), champion_version="12"),
-        registry.decide("rmse", 57.0, None, RegistryConfig(), champion_note="no champion yet"),
+        gate.decide("accuracy", 0.93, 0.90, RegistryConfig(min_value=0.5), champion_version="12"),
+        gate.decide("rmse", 57.0, None, RegistryConfig(), champion_note="no champion yet"),
     ],
 )
 def test_a_gate_decision_reads_back_from_its_tags_as_it_was_decided(decision):
@@ -200,38 +200,38 @@ def test_promote_and_rollback_keep_a_history_of_champions(trainflow_home, tmp_pa
     ws = workspace()
     for i, acc in enumerate([0.8, 0.9, 0.7], start=1):
         register(ws, make_checkpoint(tmp_path / f"c{i}"), acc)
-    c = registry.client(ws)
+    c = store.client(ws)
     assert alias_version(c, "champion") == "2" and alias_version(c, "challenger") == "3"
 
-    assert registry.rollback(ws, "toy")["version"] == "1"
+    assert versions.rollback(ws, "toy")["version"] == "1"
     assert alias_version(c, "champion") == "1"
-    with pytest.raises(registry.RegistryError, match=r"toy has no previous champion .*champion: v1"):
-        registry.rollback(ws, "toy")
+    with pytest.raises(versions.RegistryError, match=r"toy has no previous champion .*champion: v1"):
+        versions.rollback(ws, "toy")
 
-    move = registry.promote(ws, "toy", "3")
+    move = versions.promote(ws, "toy", "3")
     assert (move["version"], move["previous"], move["action"]) == ("3", "1", "promote")
     v3 = c.get_model_version("toy", "3")
     assert v3.aliases == ["champion"]  # no longer the challenger
-    assert registry.rollback(ws, "toy")["version"] == "1"
-    actions = [(m["action"], m["version"]) for m in registry.moves(c, "toy") if m["alias"] == "champion"]
+    assert versions.rollback(ws, "toy")["version"] == "1"
+    actions = [(m["action"], m["version"]) for m in aliases.moves(c, "toy") if m["alias"] == "champion"]
     assert actions == [("gate", "1"), ("gate", "2"), ("rollback", "1"), ("promote", "3"), ("rollback", "1")]
 
 
 def test_unknown_models_versions_and_aliases_are_named(trainflow_home, tmp_path):
     ws = workspace()
     register(ws, make_checkpoint(tmp_path / "c"), 0.8)
-    with pytest.raises(registry.RegistryError, match="use NAME@ALIAS"):
-        registry.resolve(ws, "a/b/c")
-    with pytest.raises(registry.RegistryError, match=r"unknown model 'nobody'; registered models: toy"):
-        registry.resolve(ws, "nobody@champion")
-    with pytest.raises(registry.RegistryError, match=r"toy has no version 7; its versions: 1"):
-        registry.resolve(ws, "toy/7")
-    with pytest.raises(registry.RegistryError, match=r"toy has no alias 'staging'; its aliases: champion"):
-        registry.resolve(ws, "toy@staging")
-    with pytest.raises(registry.RegistryError, match=r"toy has no version 9"):
-        registry.promote(ws, "toy", "9")
-    with pytest.raises(registry.RegistryError, match=r"unknown model 'nobody'"):
-        registry.rollback(ws, "nobody")
+    with pytest.raises(versions.RegistryError, match="use NAME@ALIAS"):
+        versions.resolve(ws, "a/b/c")
+    with pytest.raises(versions.RegistryError, match=r"unknown model 'nobody'; registered models: toy"):
+        versions.resolve(ws, "nobody@champion")
+    with pytest.raises(versions.RegistryError, match=r"toy has no version 7; its versions: 1"):
+        versions.resolve(ws, "toy/7")
+    with pytest.raises(versions.RegistryError, match=r"toy has no alias 'staging'; its aliases: champion"):
+        versions.resolve(ws, "toy@staging")
+    with pytest.raises(versions.RegistryError, match=r"toy has no version 9"):
+        versions.promote(ws, "toy", "9")
+    with pytest.raises(versions.RegistryError, match=r"unknown model 'nobody'"):
+        versions.rollback(ws, "nobody")
 
 
 def test_a_registered_model_loads_after_its_checkpoint_folder_is_gone(trainflow_home, tmp_path):
@@ -241,41 +241,41 @@ def test_a_registered_model_loads_after_its_checkpoint_folder_is_gone(trainflow_
     expected = load_checkpoint(folder).predict_proba(FRAME)
     shutil.rmtree(tmp_path / "run")
     for uri in ("toy", "toy@champion", "toy/1", "models:/toy@champion", "models:/toy/1"):
-        model = registry.load_model(uri, ws)
+        model = versions.load_model(uri, ws)
         np.testing.assert_allclose(model.predict_proba(FRAME), expected, rtol=1e-6)
         assert model.version == "1"
 
 
 def _registered_copy(ws, name="toy", version="1"):
-    mv = registry.client(ws).get_model_version(name, version)
-    return registry.local_checkpoint(ws, mv), mv
+    mv = store.client(ws).get_model_version(name, version)
+    return versions.local_checkpoint(ws, mv), mv
 
 
 def test_an_altered_or_missing_checkpoint_file_is_refused(trainflow_home, tmp_path):
     ws = workspace()
     register(ws, make_checkpoint(tmp_path / "c"), 0.8)
     local, mv = _registered_copy(ws)
-    recorded = json.loads((local / registry.HASHES_FILE).read_text())
+    recorded = json.loads((local / lineage.HASHES_FILE).read_text())
     assert set(recorded) >= {"model.pt", "model.json", "preprocessor.json", "config.json", "metrics.json"}
-    assert json.loads(mv.tags[registry.HASHES_TAG]) == recorded
+    assert json.loads(mv.tags[lineage.HASHES_TAG]) == recorded
 
     # The local copy altered: refused, naming the file.
     spec = json.loads((local / "model.json").read_text())
     (local / "model.json").write_text(json.dumps({**spec, "dropout": 0.5}))
-    with pytest.raises(registry.IntegrityError, match=r"toy version 1: model.json in .* differs"):
-        registry.load_model("toy/1", ws)
+    with pytest.raises(lineage.IntegrityError, match=r"toy version 1: model.json in .* differs"):
+        versions.load_model("toy/1", ws)
     # The registry's own copy altered: a fresh download is refused too.
     shutil.rmtree(local)
     stored = Path(urlparse(mv.source).path)
     assert stored.is_relative_to(ws.artifacts)
     with open(stored / "model.pt", "ab") as f:
         f.write(b"\0")
-    with pytest.raises(registry.IntegrityError, match=r"model.pt in .* differs"):
-        registry.load_model("toy@champion", ws)
+    with pytest.raises(lineage.IntegrityError, match=r"model.pt in .* differs"):
+        versions.load_model("toy@champion", ws)
     shutil.rmtree(ws.home / "models")
     (stored / "preprocessor.json").unlink()
-    with pytest.raises(registry.IntegrityError, match=r"preprocessor.json is missing"):
-        registry.load_model("toy/1", ws)
+    with pytest.raises(lineage.IntegrityError, match=r"preprocessor.json is missing"):
+        versions.load_model("toy/1", ws)
 
 
 def test_a_registry_that_mlflow_tracking_uri_names_keeps_artifacts_beside_its_database(
@@ -293,7 +293,7 @@ def test_a_registry_that_mlflow_tracking_uri_names_keeps_artifacts_beside_its_da
     assert reg.version == "1"
     assert list((db.parent / "mlartifacts").rglob("model.pt"))
     assert not (elsewhere / "mlruns").exists()
-    assert registry.load_model("toy/1").version == "1"  # and loads from there
+    assert versions.load_model("toy/1").version == "1"  # and loads from there
 
 
 def test_weights_load_with_weights_only(tmp_path):
@@ -327,17 +327,17 @@ def test_parallel_registrations_get_distinct_versions_and_none_is_lost(trainflow
     with ctx.Pool(n) as pool:
         jobs = [(str(trainflow_home), f, a) for f, a in zip(folders, accuracies, strict=True)]
         got = pool.map(_register_in_a_process, jobs)
-    versions = sorted(int(v) for v, _ in got)
-    assert versions == list(range(1, n + 1)) and len({r for _, r in got}) == n
+    made = sorted(int(v) for v, _ in got)
+    assert made == list(range(1, n + 1)) and len({r for _, r in got}) == n
 
     ws = workspace()
-    c = registry.client(ws)
+    c = store.client(ws)
     assert all(mv.status == "READY" for mv in c.search_model_versions("name='par'"))
-    assert len(registry.moves(c, "par")) == n
+    assert len(aliases.moves(c, "par")) == n
     # Every version loads from the registry's own copy after the run folders are gone.
     shutil.rmtree(tmp_path / "runs")
-    for v in versions:
-        assert registry.load_model(f"par/{v}", ws).predict_proba(FRAME).shape == (3, 2)
+    for v in made:
+        assert versions.load_model(f"par/{v}", ws).predict_proba(FRAME).shape == (3, 2)
     # The gate ran one registration at a time: the champion is the best of them all
     # whichever order they finished in (each later one compared against the best so far).
     best = max(zip(accuracies, got, strict=True))[1][0]
@@ -355,7 +355,7 @@ def test_a_locked_database_is_retried_and_other_errors_are_not():
             raise sqlite3.OperationalError("database is locked")
         return "done"
 
-    assert registry.retry_locked(flaky) == "done" and len(calls) == 3
+    assert store.retry_locked(flaky) == "done" and len(calls) == 3
 
     def broken():
         calls.append(1)
@@ -363,25 +363,25 @@ def test_a_locked_database_is_retried_and_other_errors_are_not():
 
     calls.clear()
     with pytest.raises(sqlite3.OperationalError, match="no such table"):
-        registry.retry_locked(broken)
+        store.retry_locked(broken)
     assert len(calls) == 1
 
 
 def test_decide_for_an_error_metric_wants_it_lower_and_min_value_is_its_ceiling():
-    gate = RegistryConfig(gate_metric="rmse", min_improvement=1.0, min_value=None)
-    lower = registry.decide("rmse", 52.0, 56.0, gate, champion_version="1")
+    thresholds = RegistryConfig(gate_metric="rmse", min_improvement=1.0, min_value=None)
+    lower = gate.decide("rmse", 52.0, 56.0, thresholds, champion_version="1")
     assert lower.passed and "improvement +4.0000 (lower is better) >= 1.0" in lower.reason
-    higher = registry.decide("rmse", 57.0, 56.0, gate, champion_version="1")
+    higher = gate.decide("rmse", 57.0, 56.0, thresholds, champion_version="1")
     assert not higher.passed and "improvement -1.0000 (lower is better) < 1.0" in higher.reason
-    assert not registry.decide("rmse", 55.5, 56.0, gate, champion_version="1").passed  # by less than 1.0
+    assert not gate.decide("rmse", 55.5, 56.0, thresholds, champion_version="1").passed  # by less than 1.0
     # Without a bound, the first model is champion whatever its error.
-    assert registry.decide("rmse", 1e6, None, gate).passed
+    assert gate.decide("rmse", 1e6, None, thresholds).passed
     ceiling = RegistryConfig(gate_metric="rmse", min_value=60.0)
-    refused = registry.decide("rmse", 61.0, None, ceiling)
+    refused = gate.decide("rmse", 61.0, None, ceiling)
     assert not refused.passed and refused.reason == "rmse 61.0000 is above the ceiling min_value 60.0"
-    assert registry.decide("rmse", 59.0, None, ceiling).passed
+    assert gate.decide("rmse", 59.0, None, ceiling).passed
     # r2 is better higher, as accuracy is.
-    assert not registry.decide("r2", 0.3, 0.4, RegistryConfig(gate_metric="r2", min_value=None)).passed
+    assert not gate.decide("r2", 0.3, 0.4, RegistryConfig(gate_metric="r2", min_value=None)).passed
 
 
 def test_the_regression_gate_promotes_a_lower_rmse_and_refuses_a_higher_one(trainflow_home, tmp_path):
@@ -389,18 +389,18 @@ def test_the_regression_gate_promotes_a_lower_rmse_and_refuses_a_higher_one(trai
     pre = Preprocessor(
         ["a", "b"], "y", [], scaler="none", objective="regression", label_offset=150.0, label_scale=70.0
     )
-    gate = RegistryConfig(gate_metric="rmse", min_value=None)
+    thresholds = RegistryConfig(gate_metric="rmse", min_value=None)
 
-    def register_rmse(rmse: float, seed: int) -> registry.Registration:
-        return registry.register_checkpoint(
+    def register_rmse(rmse: float, seed: int) -> registration.Registration:
+        return registration.register_checkpoint(
             ws,
             name="risk",
             checkpoint_dir=make_checkpoint(tmp_path / f"c{seed}", seed=seed, pre=pre),
             params={},
             metrics={"rmse": rmse, "mae": rmse * 0.8, "r2": 0.4},
             history=[{"epoch": 1, "train_loss": 0.9}],
-            tags={registry.TEST_FINGERPRINT_TAG: "test-a"},
-            gate=gate,
+            tags={lineage.TEST_FINGERPRINT_TAG: "test-a"},
+            gate=thresholds,
         )
 
     assert register_rmse(60.0, 0).champion  # the first, whatever its error: no bound set
@@ -410,6 +410,6 @@ def test_the_regression_gate_promotes_a_lower_rmse_and_refuses_a_higher_one(trai
     lower = register_rmse(52.0, 2)
     assert lower.champion and "improvement +8.0000 (lower is better) >= 0.0" in lower.decision.reason
     # The champion loads as a regression, answering numbers in the label's units.
-    model = registry.load_model("risk@champion", ws)
+    model = versions.load_model("risk@champion", ws)
     assert model.version == "3" and model.objective == "regression"
     assert model.predict(pd.DataFrame({"a": [0.0, 1.0], "b": [1.0, 0.0]})).dtype == np.float64

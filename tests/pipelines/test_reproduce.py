@@ -8,8 +8,7 @@ import pytest
 
 from tests.pipelines.test_registry import make_checkpoint, register
 from trainflow.config import PipelineConfig
-from trainflow.pipelines import registry
-from trainflow.pipelines.registry import card, reproduce
+from trainflow.pipelines.registry import card, reproduce, versions
 from trainflow.pipelines.registry.lineage import CONFIG_HASH_TAG, DATA_FINGERPRINT_TAG, GIT_COMMIT_TAG
 from trainflow.workspace import workspace
 
@@ -49,7 +48,7 @@ def test_a_version_whose_config_cannot_be_rebuilt_exactly_is_refused_in_one_line
         "(invalid config: train.learning_rate: unknown key",
     }
     for ref, message in cases.items():
-        with pytest.raises(registry.RegistryError) as e:
+        with pytest.raises(versions.RegistryError) as e:
             reproduce.original(ws, ref)
         assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
@@ -92,8 +91,8 @@ def test_the_card_says_what_the_version_is_its_lineage_metrics_gate_and_how_to_l
     ws = workspace()
     reg = register(ws, make_checkpoint(tmp_path / "c1"), 0.8, tags=lineage())
     config = PipelineConfig(name="toy")
-    written = registry.write_card(ws, reg, config, {"accuracy": 0.8, "macro_f1": 0.8})
-    assert registry.read_card(ws, "toy/1") == written
+    written = card.write_card(ws, reg, config, {"accuracy": 0.8, "macro_f1": 0.8})
+    assert card.read_card(ws, "toy/1") == written
     assert written.startswith("# toy version 1\n")
     for expected in [
         "| model | `toy`, version 1 |",
@@ -122,4 +121,4 @@ def test_the_card_says_what_the_version_is_its_lineage_metrics_gate_and_how_to_l
 def test_a_version_registered_without_a_card_has_none(trainflow_home, tmp_path):
     ws = workspace()
     register(ws, make_checkpoint(tmp_path / "c1"), 0.8)
-    assert registry.read_card(ws, "toy/1") is None
+    assert card.read_card(ws, "toy/1") is None

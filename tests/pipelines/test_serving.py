@@ -18,8 +18,8 @@ import pytest
 from tests.pipelines.test_registry import make_checkpoint, register
 from tests.web import TIMEOUT_S, http, start_serve
 from trainflow.config import ModelConfig
-from trainflow.pipelines import registry
 from trainflow.pipelines.data.preprocess import Preprocessor
+from trainflow.pipelines.registry import versions
 from trainflow.workspace import workspace
 
 pytestmark = pytest.mark.slow  # Ray Serve's controller, proxy and replicas
@@ -111,7 +111,7 @@ def test_rows_and_columns_answer_as_load_model_does(server):
     assert r.status_code == 200, r.text
     answer = r.json()
     assert answer["model"] == "toy" and answer["classes"] == ["no", "yes"]
-    model = registry.load_model(f"toy/{answer['version']}")
+    model = versions.load_model(f"toy/{answer['version']}")
     frame = pd.DataFrame(ROWS)
     assert answer["predictions"] == model.predict(frame).tolist()
     np.testing.assert_allclose(answer["probabilities"], model.predict_proba(frame), rtol=1e-5)
@@ -125,14 +125,14 @@ def test_a_users_model_is_served_by_replicas_that_get_its_module(server):
     rows = [{"a": 0.5, "b": 1.0}, {"a": -3.0, "b": 2.0}]
     r = http.post(f"{server}/own/predict", json={"rows": rows})
     assert r.status_code == 200, r.text
-    model = registry.load_model("own/1")  # here, from the driver's path
+    model = versions.load_model("own/1")  # here, from the driver's path
     np.testing.assert_allclose(r.json()["probabilities"], model.predict_proba(pd.DataFrame(rows)), rtol=1e-5)
 
 
 def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(server):
     """Requests that arrive together go through the model in one pass; each answer holds
     the predictions for its own rows, in its own order."""
-    model = registry.load_model("toy/1")
+    model = versions.load_model("toy/1")
     rows = [{"a": float(i) - 20, "c": "xy"[i % 2]} for i in range(40)]
     expected = model.predict(pd.DataFrame(rows)).tolist()
     results = {}
@@ -169,7 +169,7 @@ def test_a_regression_answers_numbers(server):
     answer = http.post(f"{server}/reg/predict", json={"rows": rows}).json()
     assert set(answer) == {"model", "version", "predictions"}
     assert all(isinstance(p, float) for p in answer["predictions"])
-    expected = registry.load_model("diabetes/1").predict(pd.DataFrame(rows))
+    expected = versions.load_model("diabetes/1").predict(pd.DataFrame(rows))
     np.testing.assert_allclose(answer["predictions"], expected, rtol=1e-5)
 
 
@@ -191,7 +191,7 @@ def test_images_as_png_and_as_arrays_answer_as_load_model_does(server):
     from PIL import Image
 
     as_read = [gray, gray, larger, np.asarray(Image.fromarray(rgb).convert("L"))]
-    model = registry.load_model("shapes/1")
+    model = versions.load_model("shapes/1")
     frame = {"image": as_read}
     assert answer["predictions"] == model.predict(frame).tolist()
     np.testing.assert_allclose(answer["probabilities"], model.predict_proba(frame), rtol=1e-5)
@@ -270,12 +270,12 @@ def test_the_app_follows_champion_as_it_moves_without_dropping_a_request(server)
         t.start()
     time.sleep(0.5)
     moved["promote"] = time.monotonic()
-    registry.promote(ws, "toy", "2")
+    versions.promote(ws, "toy", "2")
     deadline = time.monotonic() + FOLLOW_S
     while http.get(f"{server}/toy/model").json()["version"] != "2" and time.monotonic() < deadline:
         time.sleep(0.1)
     moved["rollback"] = time.monotonic()
-    registry.rollback(ws, "toy")
+    versions.rollback(ws, "toy")
     for t in threads:
         t.join()
 
@@ -283,8 +283,8 @@ def test_the_app_follows_champion_as_it_moves_without_dropping_a_request(server)
     assert len(answers) == 300 and {status for _, status, _ in answers} == {200}
     for client_answers in by_client:
         # In order: v1, then v2, then v1 again if the rollback was followed before the loop's end.
-        versions = [v for _, _, v in client_answers]
-        runs = [v for i, v in enumerate(versions) if i == 0 or versions[i - 1] != v]
+        seen = [v for _, _, v in client_answers]
+        runs = [v for i, v in enumerate(seen) if i == 0 or seen[i - 1] != v]
         assert runs in (["1"], ["1", "2"], ["1", "2", "1"]), runs
     assert any(v == "2" for _, _, v in answers)
     first_v2 = min(t for t, _, v in answers if v == "2")
@@ -296,7 +296,7 @@ def test_the_app_follows_champion_as_it_moves_without_dropping_a_request(server)
         time.sleep(0.1)
     assert http.post(f"{server}/pinned/predict", json=GOOD).json()["version"] == "1"
     predicted = http.post(f"{server}/toy/predict", json={"rows": ROWS}).json()
-    assert predicted["predictions"] == registry.load_model("toy/1").predict(pd.DataFrame(ROWS)).tolist()
+    assert predicted["predictions"] == versions.load_model("toy/1").predict(pd.DataFrame(ROWS)).tolist()
 
 
 def test_an_alias_moved_to_a_model_from_another_module_keeps_the_served_version(
@@ -338,7 +338,7 @@ def test_a_shadowed_challenger_answers_off_the_path_and_its_comparison_gates_a_p
     assert {a["version"] for a in answers} == {"1"} and len({a["id"] for a in answers}) == 5
     assert http.get(f"{server}/shadowed/model").json()["shadow"] == {"uri": "toy@challenger"}
     frame = pd.DataFrame(ROWS)
-    mine, theirs = (registry.load_model(f"toy/{v}").predict(frame) for v in ("1", "2"))
+    mine, theirs = (versions.load_model(f"toy/{v}").predict(frame) for v in ("1", "2"))
     agreement = float(np.mean(mine == theirs))
 
     # The challenger answers on a thread of its own: awaited.
@@ -379,7 +379,7 @@ def test_a_shadowed_challenger_answers_off_the_path_and_its_comparison_gates_a_p
     refused = trainflow_in_process("models", "promote", "toy", "2", *asks)
     assert refused.returncode == 2, refused.output
     assert ("below --min-agreement" if agreement < 1.0 else "did not beat champion 1") in refused.output
-    assert str(registry.resolve(workspace(), "toy@champion").version) == "1"
+    assert str(versions.resolve(workspace(), "toy@champion").version) == "1"
 
 
 def _saved_pair() -> dict | None:

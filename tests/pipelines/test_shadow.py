@@ -6,7 +6,7 @@ import json
 import pytest
 
 from trainflow.pipelines.data.schema import DataError
-from trainflow.pipelines.registry import RegistryError
+from trainflow.pipelines.registry.versions import RegistryError
 from trainflow.pipelines.serving import shadow
 from trainflow.workspace import Workspace
 

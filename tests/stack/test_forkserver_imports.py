@@ -27,10 +27,10 @@ threads = threading.active_count()
 before = {m.split(".")[0] for m in sys.modules}
 from trainflow import run_checks
 from trainflow.config import load_config
-from trainflow.pipelines import registry
+from trainflow.pipelines.registry.store import client
 from trainflow.workspace import workspace
 run_checks.source(load_config("configs/digits.yaml"))
-registry.client(workspace())
+client(workspace())
 new = {m.split(".")[0] for m in sys.modules} - before - set(sys.stdlib_module_names)
 print(json.dumps({"threads": threads, "new": sorted(m for m in new if not m.startswith("_"))}))
 """

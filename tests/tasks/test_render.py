@@ -1,6 +1,7 @@
 """The one renderer: the lines a user reads, from the result models."""
 
-from trainflow.pipelines.registry import VersionSummary, listing
+from trainflow.pipelines.registry import listing
+from trainflow.pipelines.registry.versions import VersionSummary
 from trainflow.tasks import render
 from trainflow.tasks.results import PipelineResult, Registered, SweepResult
 

@@ -13,16 +13,16 @@ from trainflow.config import ConfigError
 
 
 def _registry():
-    """The registry module and the workspace, with MLflow's own logging kept quiet and its
-    telemetry off, as in a run."""
+    """The registry's ``versions`` module and the workspace, with MLflow's own logging kept
+    quiet and its telemetry off, as in a run."""
     from trainflow.cluster.quiet import apply_quiet_env
 
     apply_quiet_env()
     logging.getLogger("mlflow").setLevel(logging.WARNING)
-    from trainflow.pipelines import registry
+    from trainflow.pipelines.registry import versions
     from trainflow.workspace import workspace
 
-    return registry, workspace()
+    return versions, workspace()
 
 
 def _listing():
@@ -38,7 +38,8 @@ def registry_errors():
 
     from mlflow.exceptions import MlflowException
 
-    from trainflow.pipelines.registry import IntegrityError, RegistryError
+    from trainflow.pipelines.registry.lineage import IntegrityError
+    from trainflow.pipelines.registry.versions import RegistryError
 
     @contextmanager
     def handler():
@@ -68,21 +69,21 @@ def models_list(
 
     With no NAME: each model's champion and latest version. With NAME: its versions,
     their aliases, test metrics and gate decision."""
-    registry, ws = _registry()
+    versions, ws = _registry()
     with registry_errors():
         if name is None:
-            lines = _listing().models_lines(registry.model_summaries(ws))
+            lines = _listing().models_lines(versions.model_summaries(ws))
         else:
-            lines = _listing().versions_lines(registry.version_summaries(ws, name))
+            lines = _listing().versions_lines(versions.version_summaries(ws, name))
     typer.echo("\n".join(lines))
 
 
 @models_app.command("show")
 def models_show(model: ModelArg) -> None:
     """Show a version: aliases, test metrics, lineage, gate decision."""
-    registry, ws = _registry()
+    versions, ws = _registry()
     with registry_errors():
-        details = registry.version_details(ws, model)
+        details = versions.version_details(ws, model)
     typer.echo(_listing().version_json(details))
 
 
@@ -112,28 +113,28 @@ def models_promote(
 
     `rollback` undoes it. With --min-agreement or --feedback-win, only if its shadow
     comparison with the champion shows it."""
-    registry, ws = _registry()
+    versions, ws = _registry()
     reason = "promoted by hand"
     with registry_errors(), one_line_errors():
         if min_agreement is not None or feedback_win:
             from trainflow.pipelines.serving.shadow import require_shadow
 
-            champion = str(registry.resolve(ws, f"{name}@champion").version)
+            champion = str(versions.resolve(ws, f"{name}@champion").version)
             found = require_shadow(
                 ws, name, champion, version, min_agreement=min_agreement, feedback_win=feedback_win
             )
             reason = f"promoted by hand, {found}"
             typer.echo(f"{name} version {version}: {found}")
-        move = registry.promote(ws, name, version, reason=reason)
+        move = versions.promote(ws, name, version, reason=reason)
     typer.echo(_listing().move_line(name, move))
 
 
 @models_app.command("rollback")
 def models_rollback(name: NameArg) -> None:
     """Move the champion back to the champion before it."""
-    registry, ws = _registry()
+    versions, ws = _registry()
     with registry_errors():
-        move = registry.rollback(ws, name)
+        move = versions.rollback(ws, name)
     typer.echo(_listing().move_line(name, move))
 
 

@@ -63,10 +63,10 @@ def emit_data_changed(config: PipelineConfig, fingerprint: str, parameters: dict
 def trained_version(config: PipelineConfig, fingerprint: str) -> str | None:
     """The newest registered version of ``config``'s model trained with this config on
     data of this fingerprint; None when there is none."""
-    from trainflow.pipelines import registry
+    from trainflow.pipelines.registry import versions
     from trainflow.workspace import workspace
 
-    return registry.version_trained_on(workspace(), config.name, config.config_hash(), fingerprint)
+    return versions.version_trained_on(workspace(), config.name, config.config_hash(), fingerprint)
 
 
 @flow(name="watch-data", persist_result=False)

@@ -11,9 +11,9 @@ from pydantic import BaseModel
 from trainflow import run_checks
 from trainflow.cluster.checks import check_shipped
 from trainflow.cluster.session import connected
-from trainflow.pipelines import registry
 from trainflow.pipelines.evaluation import predict as prediction
 from trainflow.pipelines.evaluation.predict_input import InputInfo
+from trainflow.pipelines.registry import lineage, versions
 from trainflow.run_checks import ModelRef
 from trainflow.tasks.steps import step
 
@@ -38,7 +38,7 @@ class Predicted(BaseModel):
 def _retry_unless_refused(_task, _task_run, state) -> bool:
     # An unknown model or an altered checkpoint stays so; a registry that was busy may not.
     error = state.result(raise_on_failure=False)
-    return not isinstance(error, registry.RegistryError | registry.IntegrityError)
+    return not isinstance(error, versions.RegistryError | lineage.IntegrityError)
 
 
 @step(

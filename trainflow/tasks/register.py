@@ -9,9 +9,9 @@ from prefect.runtime import flow_run
 
 from trainflow.cluster.session import connected
 from trainflow.config import PipelineConfig
-from trainflow.pipelines import registry
 from trainflow.pipelines.data import schema
 from trainflow.pipelines.evaluation import evaluate as scoring
+from trainflow.pipelines.registry import card, gate, lineage, registration
 from trainflow.pipelines.registry.registration import FLOW_NAME_TAG, FLOW_RUN_NAME_TAG
 from trainflow.pipelines.registry.versions import server_in_one_line
 from trainflow.pipelines.training.run_records import mark_registered
@@ -50,10 +50,10 @@ def _registered(
     evaluated: Evaluated,
     drifted: Drifted | None,
     logger,
-) -> registry.Registration:
+) -> registration.Registration:
     """The version made of ``trained`` behind the gate; a registry server gone is one line."""
     with server_in_one_line(ws):
-        return registry.register_checkpoint(
+        return registration.register_checkpoint(
             ws,
             name=config.name,
             checkpoint_dir=trained.best_checkpoint,
@@ -105,7 +105,7 @@ def _checked(
 def _lineage(config: PipelineConfig, source: schema.SourceInfo, prepared: Prepared, trained: Trained) -> dict:
     """The lineage tags, with the flow run's name and flow, which MLflow's UI shows as who
     registered the version (``registration.creator_tags``)."""
-    tags = registry.lineage_tags(
+    tags = lineage.lineage_tags(
         config_hash=config.config_hash(),
         data_fingerprint=source.fingerprint,
         test_fingerprint=prepared.fingerprint,
@@ -130,7 +130,7 @@ def _gate(config: PipelineConfig, source: schema.SourceInfo, prepared: Prepared,
 
 def _rescore(
     config: PipelineConfig, source: schema.SourceInfo, prepared: Prepared, logger
-) -> registry.Reevaluate:
+) -> gate.Reevaluate:
     """The gate's re-score of a champion measured on other test data, logged."""
 
     def rescore(champion_dir) -> dict:
@@ -150,7 +150,7 @@ def _rescore(
 
 def _publish(
     config: PipelineConfig,
-    reg: registry.Registration,
+    reg: registration.Registration,
     evaluated: Evaluated,
     drifted: Drifted | None,
     ws,
@@ -173,12 +173,12 @@ def _publish(
     )
     create_markdown_artifact(
         key=f"{key}-card",
-        markdown=registry.write_card(ws, reg, config, evaluated.headline, drift=drift),
+        markdown=card.write_card(ws, reg, config, evaluated.headline, drift=drift),
         description=f"{reg.name} version {reg.version}: the model card",
     )
     create_link_artifact(
         key=f"{key}-model",
-        link=registry.model_link(ws, reg),
+        link=registration.model_link(ws, reg),
         link_text=f"{reg.name} version {reg.version}",
         description="The registered model version",
     )

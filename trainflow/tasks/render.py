@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from trainflow.config import headline_metrics
-from trainflow.pipelines import registry
 from trainflow.pipelines.evaluation import reports
+from trainflow.pipelines.registry import registration
 from trainflow.pipelines.registry.listing import columns
 from trainflow.tasks.results import Evaluated, PipelineResult, Registered, Reproduced, SweepResult
 
@@ -133,7 +133,7 @@ def summary_markdown(r: PipelineResult) -> str:
 # --- the gate and the test report ----------------------------------------------------
 
 
-def gate_markdown(reg: registry.Registration) -> str:
+def gate_markdown(reg: registration.Registration) -> str:
     d = reg.decision
     if d.champion is None:
         champion = "none"
@@ -203,7 +203,7 @@ def per_class_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"class": c, **v} for c, v in metrics.get("per_class", {}).items()]
 
 
-def gate_report_markdown(reg: registry.Registration, name: str, evaluated: Evaluated) -> str:
+def gate_report_markdown(reg: registration.Registration, name: str, evaluated: Evaluated) -> str:
     """The whole report in one place: the gate's decision, then the test metrics and plots."""
     return gate_markdown(reg) + "\n\n" + evaluation_markdown(name, evaluated.metrics, evaluated.reports)
 

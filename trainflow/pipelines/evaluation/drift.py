@@ -229,8 +229,9 @@ def registered_profile(ws: Workspace, name: str, alias: str = "champion") -> Ref
     """The profile of the version ``alias`` of model ``name`` points at; None when the
     registry holds no such model or alias."""
     from trainflow.pipelines.models.checkpoint import CONFIG
-    from trainflow.pipelines.registry import client, local_checkpoint
     from trainflow.pipelines.registry.aliases import alias_version
+    from trainflow.pipelines.registry.store import client
+    from trainflow.pipelines.registry.versions import local_checkpoint
 
     mv = alias_version(client(ws), name, alias)
     if mv is None:

@@ -20,8 +20,8 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from trainflow.config import ConfigError
-from trainflow.pipelines import registry
 from trainflow.pipelines.models.checkpoint import model_actor_options
+from trainflow.pipelines.registry import versions
 from trainflow.pipelines.serving.requests import Inputs, RequestError, parse_body, parse_inputs, read_body
 from trainflow.pipelines.serving.sampled import SAVE_EVERY_S, RequestSample, samples_folder
 from trainflow.pipelines.serving.serve_settings import (
@@ -99,9 +99,9 @@ class ModelServer:
         use_registry(tracking_uri)
         self._ws = Workspace(Path(home))
         self._uri = uri
-        self._alias = registry.followed_alias(uri)
+        self._alias = versions.followed_alias(uri)
         self._settings = settings
-        mv = registry.resolve(self._ws, uri)
+        mv = versions.resolve(self._ws, uri)
         self._served = Served.load(self._ws, mv.name, str(mv.version))
         # What it was asked, for `trainflow models drift` (requests of an alias's every version).
         self._sample = RequestSample(
@@ -128,7 +128,7 @@ class ModelServer:
         swap it in; a failure keeps the current version serving and is shown in /model."""
         while not self._stop.wait(self._settings.poll_interval_s):
             try:
-                mv = registry.resolve(self._ws, self._uri)
+                mv = versions.resolve(self._ws, self._uri)
                 if str(mv.version) != self._served.version:
                     new = Served.load(self._ws, mv.name, str(mv.version))
                     old = self._served.version
@@ -277,8 +277,8 @@ def app(
     import ray
 
     ws = ws or workspace()
-    served = registry.resolve(ws, model)
-    folder = registry.local_checkpoint(ws, served)
+    served = versions.resolve(ws, model)
+    folder = versions.local_checkpoint(ws, served)
     # A user's model module goes to the replicas: the one of the version served at the start
     # (a version the alias moves to must use the same). Shipped with the replicas when Ray
     # is connected already; else with serve_until_stopped's job, which the replicas inherit.
@@ -311,7 +311,7 @@ def _shadow_app(ws: Workspace, name: str, shadow: str, cpus: float, settings: Se
     import ray
 
     uri = shadow_uri(name, shadow)
-    folder = registry.local_checkpoint(ws, registry.resolve(ws, uri))
+    folder = versions.local_checkpoint(ws, versions.resolve(ws, uri))
     actor_options = {"num_cpus": cpus, **(model_actor_options(str(folder)) if ray.is_initialized() else {})}
     server = ShadowServer.options(ray_actor_options=actor_options)
     return uri, server.bind(

@@ -148,7 +148,7 @@ def served_drift(
     RegistryError when there is no champion."""
     from trainflow.pipelines.data.profile import frame_profile
     from trainflow.pipelines.evaluation.drift import compare, registered_profile
-    from trainflow.pipelines.registry import RegistryError
+    from trainflow.pipelines.registry.versions import RegistryError
 
     reference = registered_profile(ws, name)
     if reference is None:

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from trainflow.pipelines import registry
 from trainflow.pipelines.data.schema import IMAGE, DataError
 from trainflow.pipelines.models.checkpoint import Predictor, load_checkpoint
+from trainflow.pipelines.registry import versions
 from trainflow.pipelines.serving.requests import Inputs, RequestError
 from trainflow.workspace import Workspace
 
@@ -27,9 +27,9 @@ class Served:
 
     @classmethod
     def load(cls, ws: Workspace, name: str, version: str) -> "Served":
-        details = registry.version_details(ws, f"{name}/{version}")
-        mv = registry.resolve(ws, f"{name}/{version}")
-        predictor = load_checkpoint(registry.local_checkpoint(ws, mv))
+        details = versions.version_details(ws, f"{name}/{version}")
+        mv = versions.resolve(ws, f"{name}/{version}")
+        predictor = load_checkpoint(versions.local_checkpoint(ws, mv))
         predictor.version = version
         # Typed once, by the registry: `trainflow models show` says the same.
         return cls(predictor, name, version, details["gate"], details["metrics"], now())

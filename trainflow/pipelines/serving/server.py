@@ -19,8 +19,8 @@ from ray import serve
 from trainflow.cluster.checks import PreflightError, check_shipped
 from trainflow.cluster.session import ray_address, ray_session
 from trainflow.config import PipelineConfig
-from trainflow.pipelines import registry
 from trainflow.pipelines.models.checkpoint import SPEC, read_json
+from trainflow.pipelines.registry import versions
 from trainflow.pipelines.serving.serve_settings import APP_NAME, DIRECT_DRAIN_S, QUIET_LOGS, SYSTEM_LOGS
 from trainflow.ray_internals import local_cluster_resources, switches
 from trainflow.workspace import Workspace, workspace
@@ -31,7 +31,7 @@ log = logging.getLogger("trainflow.serving")
 def model_kind(model: str, ws: Workspace | None = None) -> str:
     """The ``model.kind`` of the version ``model`` names (``NAME``, ``NAME@ALIAS``, ``NAME/VERSION``)."""
     ws = ws or workspace()
-    return read_json(registry.local_checkpoint(ws, registry.resolve(ws, model)), SPEC)["kind"]
+    return read_json(versions.local_checkpoint(ws, versions.resolve(ws, model)), SPEC)["kind"]
 
 
 def check_port(host: str, port: int) -> None:

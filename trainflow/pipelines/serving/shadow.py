@@ -233,7 +233,7 @@ class ShadowServer:
     (:class:`ShadowLedger`) for all of them."""
 
     def __init__(self, uri: str, home: str, tracking_uri: str | None, poll_interval_s: float):
-        from trainflow.pipelines import registry
+        from trainflow.pipelines.registry import versions
         from trainflow.pipelines.serving.served import Served, use_registry
         from trainflow.workspace import Workspace
 
@@ -241,10 +241,10 @@ class ShadowServer:
         use_registry(tracking_uri)
         self._ws = Workspace(Path(home))
         self.uri = uri
-        mv = registry.resolve(self._ws, uri)
+        mv = versions.resolve(self._ws, uri)
         self.served = Served.load(self._ws, mv.name, str(mv.version))
         self.ledger = ShadowLedger(mv.name, str(shadow_file(self._ws, mv.name)))
-        if registry.followed_alias(uri):
+        if versions.followed_alias(uri):
             threading.Thread(
                 target=self._follow, args=(poll_interval_s,), name="trainflow-follow", daemon=True
             ).start()
@@ -252,13 +252,13 @@ class ShadowServer:
     def _follow(self, poll_interval_s: float) -> None:
         """Every poll interval, the version the shadowed alias points at; a failure keeps
         the current one shadowing."""
-        from trainflow.pipelines import registry
+        from trainflow.pipelines.registry import versions
         from trainflow.pipelines.serving.served import Served
 
         while True:
             time.sleep(poll_interval_s)
             try:
-                mv = registry.resolve(self._ws, self.uri)
+                mv = versions.resolve(self._ws, self.uri)
                 if str(mv.version) != self.served.version:
                     old = self.served.version
                     self.served = Served.load(self._ws, mv.name, str(mv.version))
@@ -390,7 +390,7 @@ def require_shadow(
     it meets what a promotion asks: agreement of at least ``min_agreement`` (a
     classifier's classes), a win on labelled feedback; RegistryError, saying what it
     found, when it does not."""
-    from trainflow.pipelines.registry import RegistryError
+    from trainflow.pipelines.registry.versions import RegistryError
 
     pairs = [
         p for p in read_shadow(ws, model)["pairs"] if (p["champion"], p["challenger"]) == (champion, version)

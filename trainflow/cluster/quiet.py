@@ -172,7 +172,7 @@ class _StartupTimeoutInOneLine(logging.Filter):
 
 class _NoMissingScore(logging.Filter):
     """Drops Ray Train's error line for each checkpoint of a user's loop reported without
-    the checkpoint.metric: trainflow says it once (``loop_training_result``), or stops the
+    the checkpoint.metric: trainflow says it once (``user_loop.training_result``), or stops the
     run at the first such checkpoint where the config names the metric (``LoopReports``)."""
 
     def filter(self, record: logging.LogRecord) -> bool:

@@ -1,7 +1,7 @@
 """One training run, assembled in one place: :func:`run_training` hands a prepared entry's
 train and val splits to a TorchTrainer running :func:`~.loop.train_loop_per_worker` with
-the run's :class:`~.settings.TrainSettings`, or the user's own loop (``train.loop``,
-:mod:`.user_loop`), and returns what came of it; with ``scaling.num_workers: 0``, the loop
+the run's :class:`~.settings.TrainSettings`, or the user's own loop (``train.loop``: the
+:data:`LOOPS` table names the module of each), and returns what came of it; with ``scaling.num_workers: 0``, the loop
 runs in this process instead (:mod:`.in_process`). The train task runs it once per flow
 run; a sweep, once per trial.
 """
@@ -10,37 +10,33 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import json
-import logging
 from collections.abc import Callable, Collection, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from trainflow import ray_internals
 from trainflow.cluster.session import started_local_cluster
 from trainflow.cluster.shipping import worker_runtime_env
 from trainflow.config import ConfigError, PipelineConfig
-from trainflow.files import is_uri, join, redacted
+from trainflow.files import join, redacted
 from trainflow.pipelines.data import profile as profiles
 from trainflow.pipelines.data.schema import DataError
 from trainflow.pipelines.models.checkpoint import METRICS, read_json
 from trainflow.pipelines.training.in_process import best_kept, run_folder
 from trainflow.pipelines.training.loop import train_loop_per_worker
 from trainflow.pipelines.training.progress import Progress, follow_progress
-from trainflow.pipelines.training.run_records import local_checkpoint, newest_checkpoint
+from trainflow.pipelines.training.run_records import local_checkpoint, newest_checkpoint, stored_run_path
 from trainflow.pipelines.training.settings import (
     SETTINGS,
     Outcome,
     PreparedSplits,
+    TrainingResult,
     TrainSettings,
 )
 from trainflow.pipelines.training.trial_reports import TuneReports
-from trainflow.pipelines.training.user_loop import (
-    converted_checkpoint,
-    user_loop_per_worker,
-    worker_config,
-)
 from trainflow.pipelines.training.worker_settings import plan_row, trainer_inputs
 from trainflow.ray_internals.errors import worker_error
 from trainflow.signals import stop_on_signals
@@ -56,25 +52,15 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite: training again with the same settings would too."""
 
 
-@dataclass
-class TrainingResult:
-    """What a finished training run gives: its best checkpoint and how it got there."""
+# What the workers run, by ``train.loop``: trainflow's own loop, or a user's. Each module
+# defines the driver's side of its loop: ``worker_function`` (what the workers run, with
+# what) and ``training_result`` (what came of the fit).
+LOOPS = {"trainflow": __name__, "user": "trainflow.pipelines.training.user_loop"}
 
-    run_path: str  # the Ray Train run's folder
-    best_checkpoint: str  # the checkpoint that scored best on checkpoint.metric
-    best_metrics: dict[str, Any]  # that checkpoint's epoch metrics
-    history: list[dict[str, float]]  # every epoch's metrics, as the last checkpoint holds them
-    status: str  # completed | early_stopped
-    epoch: int  # the last epoch trained
-    message: str  # why it stopped early ("" when it completed)
-    # The epoch each start of the worker group resumed after, in this call: [0] ran from
-    # scratch; [0, 3] lost a worker and resumed after epoch 3. With the node ids the
-    # workers ran on and each start's workers (an elastic run's sizes), known when the run
-    # was followed (on_row).
-    starts: list[int] = field(default_factory=list)
-    nodes: list[str] = field(default_factory=list)
-    sizes: list[int] = field(default_factory=list)
-    in_memory: tuple[str, ...] = ()  # the splits the workers held in memory; the rest streamed
+
+def loop_of(config: PipelineConfig) -> ModuleType:
+    """The :data:`LOOPS` module of the config's loop, imported when a run uses it."""
+    return importlib.import_module(LOOPS["user" if config.train.loop else "trainflow"])
 
 
 def expected_worker_error(error: Exception) -> Exception | None:
@@ -97,12 +83,6 @@ def expected_controller_error(error: Exception) -> ConfigError | None:
     (a user's loop whose checkpoint lacks the checkpoint.metric the config names), else None."""
     failure = getattr(error, "controller_failure", None)
     return failure if isinstance(failure, ConfigError) else None
-
-
-def required_metric(config: PipelineConfig) -> bool:
-    """Whether the config names its checkpoint.metric, which a user's loop must then report
-    with each checkpoint; one left at its default the loop need not know."""
-    return "metric" in config.checkpoint.model_fields_set
 
 
 def run_training(
@@ -150,8 +130,8 @@ def run_training(
         result = fit(trainer)
     timeline("train fit returned")
 
-    trained = _ended(
-        config, result, settings, storage=storage, run_name=run_name, seen=seen, in_memory=in_memory
+    trained = loop_of(config).training_result(
+        result, settings, storage=storage, run_name=run_name, seen=seen, in_memory=in_memory
     )
     # The train split's profile goes with the model: what drift is measured against later.
     profiles.attach(prepared.path, trained.best_checkpoint)
@@ -226,23 +206,6 @@ def train_in_trial(
         raise TrainingDiverged(outcome.message)
 
 
-def _ended(
-    config: PipelineConfig,
-    result: ray.train.Result,
-    settings: TrainSettings,
-    *,
-    storage: str,
-    run_name: str,
-    seen: Progress,
-    in_memory: tuple[str, ...],
-) -> TrainingResult:
-    """How the fit ended and its best checkpoint: trainflow's loop's, or a ``train.loop``'s."""
-    if config.train.loop:
-        run_path = stored_run_path(storage, run_name, result)
-        return loop_training_result(result, settings, run_path=run_path, seen=seen)
-    return training_result(result, config, storage=storage, run_name=run_name, seen=seen, in_memory=in_memory)
-
-
 def fit(trainer: TorchTrainer) -> ray.train.Result:
     """``trainer.fit()``; a failure of the workers with an error trainflow raises for a
     user to act on is raised as that error (:func:`expected_worker_error`)."""
@@ -259,7 +222,7 @@ def fit(trainer: TorchTrainer) -> ray.train.Result:
 
 def training_result(
     result: ray.train.Result,
-    config: PipelineConfig,
+    settings: TrainSettings,
     *,
     storage: str,
     run_name: str,
@@ -269,6 +232,7 @@ def training_result(
     """What came of the fit of the run ``run_name`` of ``config``, with the worker starts
     ``seen`` and the splits held ``in_memory``. Raises TrainingDiverged when the loss
     became NaN or infinite."""
+    config = settings.config
     outcome: Outcome = result.return_value or Outcome("completed", config.train.epochs)
     if outcome.status == "diverged":
         raise TrainingDiverged(outcome.message)
@@ -305,65 +269,6 @@ def _loop_result(
     )
 
 
-def stored_run_path(storage: str, run_name: str, result: ray.train.Result) -> str:
-    """Where the run ``run_name`` is stored, as the result shows it (a URI's secrets hidden)."""
-    return redacted(join(storage, run_name)) if is_uri(storage) else str(result.path)
-
-
-def loop_training_result(
-    result: ray.train.Result, settings: TrainSettings, *, run_path: str, seen: Progress
-) -> TrainingResult:
-    """What came of the fit of a user's loop (``train.loop``): its best checkpoint by
-    checkpoint.metric, converted to trainflow's checkpoint folder, with the history the
-    run's checkpoints keep (:mod:`.loop_reports`). ConfigError, in one line, when the loop
-    reported no checkpoint, or none with a checkpoint.metric the config names; with the
-    metric left at its default, the latest checkpoint, and a warning saying so."""
-    from trainflow.pipelines.training.loop_reports import LoopHistory, missing_metric, read_history
-
-    config = settings.config
-    loop = config.train.loop
-    metric = config.checkpoint.metric
-    if not result.best_checkpoints:
-        raise ConfigError(
-            f"train.loop {loop}: reported no checkpoint; report one as Ray's guide does, "
-            "ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder)) "
-            "with the model's state dict saved in that folder as model.pt"
-        )
-    reported = [m for _, m in result.best_checkpoints]
-    named = ", ".join(sorted(reported[-1])) or "none"
-    if any(metric in m for m in reported):
-        best = result.get_best_checkpoint(metric, config.checkpoint.mode)
-    elif required_metric(config):  # (LoopReports stops such a run at its first checkpoint)
-        raise missing_metric(loop, metric, reported[-1])
-    else:  # left at its default, which the loop need not know: the latest, as Ray keeps it
-        logging.getLogger("trainflow").warning(
-            "train.loop %s reports no %s (checkpoint.metric's default): its latest checkpoint is "
-            "kept; set checkpoint.metric to one it reports (%s) to keep its best",
-            loop,
-            metric,
-            named,
-        )
-        best = result.checkpoint
-    best_reported = next(m for c, m in result.best_checkpoints if c.path == best.path)
-    # The epochs up to the best checkpoint, as it keeps them; a checkpoint without them
-    # (its controller stopped before it wrote them) counts as its own first epoch.
-    history = (read_history(best) or {}).get("history") or [LoopHistory().add(best_reported)]
-    folder = converted_checkpoint(local_checkpoint(best), settings, {**history[-1], "history": history})
-    everything = (read_history(result.checkpoint) or {}).get("history") or history
-    return TrainingResult(
-        run_path=run_path,
-        best_checkpoint=folder,
-        best_metrics=dict(history[-1]),
-        history=everything,
-        status="completed",
-        epoch=everything[-1]["epoch"],
-        message="",
-        starts=seen.starts,
-        nodes=seen.nodes,
-        sizes=seen.sizes,
-    )
-
-
 def stored_json(checkpoint: ray.train.Checkpoint, name: str) -> Any:
     """A JSON file of a checkpoint, read where Ray Train stored it."""
     with checkpoint.filesystem.open_input_stream(f"{checkpoint.path}/{name}") as f:
@@ -391,7 +296,7 @@ def build_trainer(
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
     config = settings.config
-    train_function, train_loop_config, callbacks = worker_function(
+    train_function, train_loop_config, callbacks = loop_of(config).worker_function(
         settings, storage_path, run_name, callbacks
     )
     return _trainer_class()(
@@ -433,19 +338,10 @@ def build_trainer(
 def worker_function(
     settings: TrainSettings, storage: str, run_name: str, callbacks: Sequence[Any]
 ) -> tuple[Callable[[dict], Any], dict[str, Any], list[Any]]:
-    """What every worker of the run ``run_name`` under ``storage`` runs, with what:
-    trainflow's loop and its settings; or the user's loop (``train.loop``) and its config
-    dict, its reports followed from the controller (:class:`~.loop_reports.LoopReports`)
-    besides ``callbacks``."""
-    if not settings.config.train.loop:
-        return train_loop_per_worker, {SETTINGS: settings}, list(callbacks)
-    # Here, not at the top: the module's base class, Ray Train's, is slow to import.
-    from trainflow.pipelines.training.loop_reports import LoopReports, resumed_history
-
-    config = settings.config
-    required = (config.train.loop, config.checkpoint.metric) if required_metric(config) else None
-    reports = LoopReports(settings.progress, resumed_history(storage, run_name), required)
-    return user_loop_per_worker, worker_config(settings), [*callbacks, reports]
+    """What every worker of the run ``run_name`` under ``storage`` runs, with what, beside
+    ``callbacks``: trainflow's loop and its settings (a loop's :data:`LOOPS` module
+    defines its own)."""
+    return train_loop_per_worker, {SETTINGS: settings}, list(callbacks)
 
 
 @functools.cache

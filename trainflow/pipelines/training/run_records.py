@@ -20,12 +20,15 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from trainflow.config import ConfigError, PipelineConfig
-from trainflow.files import filesystem, publishing_folder
+from trainflow.files import filesystem, is_uri, join, publishing_folder, redacted
+
+if TYPE_CHECKING:
+    import ray.train
 
 RUN_RECORD = "trainflow-run.json"
 FINISHED = ("completed", "early_stopped", "diverged")
@@ -320,3 +323,8 @@ def local_checkpoint(checkpoint) -> str:
         with publishing_folder(copy, finished=Path.is_dir) as tmp:
             checkpoint.to_directory(str(tmp))
     return str(copy)
+
+
+def stored_run_path(storage: str, run_name: str, result: ray.train.Result) -> str:
+    """Where the run ``run_name`` is stored, as the result shows it (a URI's secrets hidden)."""
+    return redacted(join(storage, run_name)) if is_uri(storage) else str(result.path)

@@ -198,3 +198,24 @@ def balanced_class_weights(path: str, num_classes: int) -> list[float]:
     counts = np.bincount(labels.to_numpy(), minlength=num_classes).astype(np.float64)
     weights = np.divide(counts.sum(), num_classes * counts, out=np.zeros_like(counts), where=counts > 0)
     return [float(w) for w in weights]
+
+
+@dataclass
+class TrainingResult:
+    """What a finished training run gives: its best checkpoint and how it got there."""
+
+    run_path: str  # the Ray Train run's folder
+    best_checkpoint: str  # the checkpoint that scored best on checkpoint.metric
+    best_metrics: dict[str, Any]  # that checkpoint's epoch metrics
+    history: list[dict[str, float]]  # every epoch's metrics, as the last checkpoint holds them
+    status: str  # completed | early_stopped
+    epoch: int  # the last epoch trained
+    message: str  # why it stopped early ("" when it completed)
+    # The epoch each start of the worker group resumed after, in this call: [0] ran from
+    # scratch; [0, 3] lost a worker and resumed after epoch 3. With the node ids the
+    # workers ran on and each start's workers (an elastic run's sizes), known when the run
+    # was followed (on_row).
+    starts: list[int] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    in_memory: tuple[str, ...] = ()  # the splits the workers held in memory; the rest streamed

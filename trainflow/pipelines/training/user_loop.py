@@ -14,22 +14,28 @@ docs/guides/models.md says each in full."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from trainflow.config import LOOP_RESERVED, LOOP_SETTINGS, ConfigError
+from trainflow.config import LOOP_RESERVED, LOOP_SETTINGS, ConfigError, PipelineConfig
 from trainflow.files import publishing_folder
 from trainflow.pipelines.hooks import describe, load_hook
 from trainflow.pipelines.models import hf as hf_models
 from trainflow.pipelines.models.build import Reshaped, build_model
 from trainflow.pipelines.models.checkpoint import METRICS, MODEL, save_checkpoint
 from trainflow.pipelines.models.hf import HFClassifier
+from trainflow.pipelines.training.run_records import local_checkpoint, stored_run_path
+from trainflow.pipelines.training.settings import TrainingResult
 
 if TYPE_CHECKING:
+    import ray.train
+
+    from trainflow.pipelines.training.progress import Progress
     from trainflow.pipelines.training.settings import TrainSettings
 
 FIELD = "train.loop"
@@ -229,3 +235,85 @@ def converted_checkpoint(folder: str, settings: TrainSettings, metrics: dict[str
             metrics=metrics,
         )
     return str(out)
+
+
+def required_metric(config: PipelineConfig) -> bool:
+    """Whether the config names its checkpoint.metric, which a user's loop must then report
+    with each checkpoint; one left at its default the loop need not know."""
+    return "metric" in config.checkpoint.model_fields_set
+
+
+def worker_function(
+    settings: TrainSettings, storage: str, run_name: str, callbacks: Sequence[Any]
+) -> tuple[Callable[[dict], Any], dict[str, Any], list[Any]]:
+    """What every worker of the run ``run_name`` under ``storage`` runs, with what: the
+    user's loop and its config dict, its reports followed from the controller
+    (:class:`~.loop_reports.LoopReports`) besides ``callbacks``."""
+    # Here, not at the top: the module's base class, Ray Train's, is slow to import.
+    from trainflow.pipelines.training.loop_reports import LoopReports, resumed_history
+
+    config = settings.config
+    required = (config.train.loop, config.checkpoint.metric) if required_metric(config) else None
+    reports = LoopReports(settings.progress, resumed_history(storage, run_name), required)
+    return user_loop_per_worker, worker_config(settings), [*callbacks, reports]
+
+
+def training_result(
+    result: ray.train.Result,
+    settings: TrainSettings,
+    *,
+    storage: str,
+    run_name: str,
+    seen: Progress,
+    in_memory: tuple[str, ...] = (),
+) -> TrainingResult:
+    """What came of the fit of a user's loop (``train.loop``): its best checkpoint by
+    checkpoint.metric, converted to trainflow's checkpoint folder, with the history the
+    run's checkpoints keep (:mod:`.loop_reports`). ConfigError, in one line, when the loop
+    reported no checkpoint, or none with a checkpoint.metric the config names; with the
+    metric left at its default, the latest checkpoint, and a warning saying so."""
+    from trainflow.pipelines.training.loop_reports import LoopHistory, missing_metric, read_history
+
+    config = settings.config
+    run_path = stored_run_path(storage, run_name, result)
+    loop = config.train.loop
+    metric = config.checkpoint.metric
+    if not result.best_checkpoints:
+        raise ConfigError(
+            f"train.loop {loop}: reported no checkpoint; report one as Ray's guide does, "
+            "ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder)) "
+            "with the model's state dict saved in that folder as model.pt"
+        )
+    reported = [m for _, m in result.best_checkpoints]
+    named = ", ".join(sorted(reported[-1])) or "none"
+    if any(metric in m for m in reported):
+        best = result.get_best_checkpoint(metric, config.checkpoint.mode)
+    elif required_metric(config):  # (LoopReports stops such a run at its first checkpoint)
+        raise missing_metric(loop, metric, reported[-1])
+    else:  # left at its default, which the loop need not know: the latest, as Ray keeps it
+        logging.getLogger("trainflow").warning(
+            "train.loop %s reports no %s (checkpoint.metric's default): its latest checkpoint is "
+            "kept; set checkpoint.metric to one it reports (%s) to keep its best",
+            loop,
+            metric,
+            named,
+        )
+        best = result.checkpoint
+    best_reported = next(m for c, m in result.best_checkpoints if c.path == best.path)
+    # The epochs up to the best checkpoint, as it keeps them; a checkpoint without them
+    # (its controller stopped before it wrote them) counts as its own first epoch.
+    history = (read_history(best) or {}).get("history") or [LoopHistory().add(best_reported)]
+    folder = converted_checkpoint(local_checkpoint(best), settings, {**history[-1], "history": history})
+    everything = (read_history(result.checkpoint) or {}).get("history") or history
+    return TrainingResult(
+        run_path=run_path,
+        best_checkpoint=folder,
+        best_metrics=dict(history[-1]),
+        history=everything,
+        status="completed",
+        epoch=everything[-1]["epoch"],
+        message="",
+        starts=seen.starts,
+        nodes=seen.nodes,
+        sizes=seen.sizes,
+    )

@@ -93,13 +93,15 @@ def training_pipeline(
         # one training of the model at a time, on one Ray session
         with one_training_at_a_time(config), ray_session(config, get_run_logger(), warm=checked.warm):
             # what ScalingConfig asks, against the cluster: fail now rather than wait forever
-            preflight(config, get_run_logger())
+            fitted = preflight(config, get_run_logger())
             # preprocess: skipped (cached) when its prepared entry exists
             prepared = preprocess(config, source)
             # drift: with a drift section, the train split against the champion's (block stops here)
             drifted = drift(config, prepared) if config.drift else None
-            # train: a Ray run of its own (a retry of the task resumes it), or the one to resume
-            trained = train(config, prepared, checked.resume.run_name if checked.resume else None)
+            # train: on the fitted workers, its own Ray run or the one to resume (a retry re-fits them)
+            trained = train(
+                config, prepared, checked.resume.run_name if checked.resume else None, fitted.scaling
+            )
             # evaluate
             evaluated = evaluate(config, prepared, trained)
             # register: the champion alias moves only if the gate passes

@@ -7,7 +7,7 @@ from typing import Any
 
 from prefect import get_run_logger
 from prefect.cache_policies import NO_CACHE
-from prefect.runtime import flow_run
+from prefect.runtime import flow_run, task_run
 
 from trainflow.cluster.preflight import preflight
 from trainflow.cluster.session import connected
@@ -37,12 +37,18 @@ def _retry_unless_diverged(_task, _task_run, state) -> bool:
     retry_delay_seconds=5,
     retry_condition_fn=_retry_unless_diverged,
 )
-def train(config: PipelineConfig | dict | str, prepared: Prepared, run_name: str | None = None) -> Trained:
-    """TorchTrainer on the prepared splits, on the workers ``config.scaling`` asks for once the
-    cluster is checked to hold them; connects to Ray when the caller has not. ``run_name``:
-    the Ray Train run under ``storage``, by default one per call, so that a retry resumes it;
-    an unfinished run's name continues it (``--resume``), and one trained but not registered
-    returns its result. The run is recorded under ``storage``."""
+def train(
+    config: PipelineConfig | dict | str,
+    prepared: Prepared,
+    run_name: str | None = None,
+    scaling: ScalingSection | None = None,
+) -> Trained:
+    """TorchTrainer on the prepared splits, on the workers ``config.scaling`` asks for, fitted
+    to the cluster; connects to Ray when the caller has not. ``run_name``: the Ray Train run
+    under ``storage``, by default one per call, so that a retry resumes it; an unfinished
+    run's name continues it (``--resume``), and one trained but not registered returns its
+    result. ``scaling``: the workers as the flow's ``preflight`` fitted them; None, or a
+    retry (a node may be gone), fits them here. The run is recorded under ``storage``."""
     config = as_config(config, "train")
     expect(prepared, Prepared, "train", "prepared", "preprocess")
     prepared.check_made_for(config, "train")
@@ -52,12 +58,19 @@ def train(config: PipelineConfig | dict | str, prepared: Prepared, run_name: str
     if (ended := _trained_unregistered(storage, run_name, logger)) is not None:
         return ended
     connected(config, logger)
-    fitted = preflight(config, logger)
+    fitted = _fitted(config, scaling, logger)
     with recorded_run(storage, config, prepared.source_fingerprint, run_name, flow_run.id) as record:
         result = _run(fitted, prepared, run_name, storage, logger, record)
         trained = _trained(config, prepared, run_name, result)
         record.trained = trained.model_dump(mode="json")
     return trained
+
+
+def _fitted(config: PipelineConfig, scaling: ScalingSection | None, logger) -> PipelineConfig:
+    """The config to train: its scaling as the flow fitted it, or fitted now (``preflight``)."""
+    if scaling is None or task_run.run_count > 1:
+        return preflight(config, logger)
+    return config.model_copy(update={"scaling": scaling})
 
 
 def _trained_unregistered(storage: str, run_name: str, logger) -> Trained | None:

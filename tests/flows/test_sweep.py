@@ -126,7 +126,7 @@ def test_pb2_takes_the_spaces_bounds_and_pbt_its_dimensions_as_mutations():
     from ray.tune.schedulers import PopulationBasedTraining
     from ray.tune.schedulers.pb2 import PB2
 
-    from trainflow.pipelines.training.search import trial_scheduler
+    from trainflow.pipelines.sweep.search import trial_scheduler
 
     space = {"train.lr": {"loguniform": [1e-3, 0.3]}, "train.batch_size": {"randint": [16, 64]}}
     sweep = {"space": space, "trials": 4, "scheduler": {"kind": "pb2", "perturbation_interval": 3}}

@@ -27,7 +27,6 @@ from trainflow.pipelines.models.checkpoint import load_checkpoint
 from trainflow.pipelines.training import inputs, optim
 from trainflow.pipelines.training import loop as training_loop
 from trainflow.pipelines.training.in_process import best_kept, on_a_folder, run_folder, save_kept
-from trainflow.pipelines.training.placements import PlacementTracker, record_placement
 from trainflow.pipelines.training.progress import PROGRESS_NAMESPACE, ProgressLog, follow_progress
 from trainflow.pipelines.training.run import build_trainer, run_training
 from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings
@@ -407,32 +406,6 @@ def test_streamed_epochs_give_every_row_once_each_epoch_with_the_next_started_ea
         assert (epochs._ahead is not None) == more  # the next epoch started before this one ended
     batches = list(inputs.chunk_batches(chunks, 50, torch.Generator().manual_seed(0)))
     assert [len(b[LABEL]) for b in batches[:3]] == [50, 50, 28]  # a chunk of 128, cut
-
-
-def test_a_sweep_removes_the_placement_groups_its_worker_groups_recorded(ray_cluster):
-    import ray
-    from ray.util.placement_group import placement_group, placement_group_table
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    tracker = PlacementTracker(f"test-sweep-{uuid.uuid4().hex[:8]}")
-    groups = {run: placement_group([{"CPU": 0.01}]) for run in ("trial-a", "trial-b")}
-    for run, group in groups.items():
-        ray.get(group.ready())
-        strategy = PlacementGroupSchedulingStrategy(placement_group=group)
-        # What rank 0 of a sweep's worker group does as it starts, inside its group.
-        ray.get(
-            ray.remote(record_placement)
-            .options(num_cpus=0.01, scheduling_strategy=strategy)
-            .remote(tracker.name, run)
-        )
-    assert tracker.groups("trial-a") == [groups["trial-a"].id.hex()]
-    assert sorted(tracker.groups()) == sorted(g.id.hex() for g in groups.values())
-    tracker.release("trial-a")
-    assert placement_group_table(groups["trial-a"])["state"] == "REMOVED"
-    assert placement_group_table(groups["trial-b"])["state"] == "CREATED"
-    tracker.close()
-    assert placement_group_table(groups["trial-b"])["state"] == "REMOVED"
-    assert tracker.groups() == []
 
 
 @pytest.mark.slow

@@ -118,7 +118,7 @@ def quiet_worker() -> None:
     if not any(isinstance(f, _NoMissingScore) for f in score.filters):
         score.addFilter(_NoMissingScore())
     # Tune's own lines, where its loop runs in a worker (through Ray Client): a sweep logs
-    # each trial itself, as in the driver (pipelines/training/tuning.py).
+    # each trial itself, as in the driver (pipelines/sweep/run.py).
     logging.getLogger("ray.tune").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.")
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")

@@ -4,11 +4,12 @@ By concern: ``sections`` (what every section shares), ``data`` (data, split, pre
 ``drift`` (how far new data may move from the champion's, and what then),
 ``training`` (model, train, early stopping), ``resources`` (scaling, failure, ray),
 ``outputs`` (checkpoint, evaluation, registry), ``sweep`` (the sweep section: search space,
-scheduler), ``pipeline`` (``PipelineConfig``: the sections together, the rules across them,
-its hashes), ``objective`` (what each objective measures and trains with), ``overrides`` (dotted
-``train.lr=0.01`` overrides), ``load`` (``load_config``, ``smoke_config``), ``trials`` (a
-sweep's space checked, a trial's config), ``errors`` (``ConfigError``) and ``reference``
-(the reference page and the sample config, made from the fields' descriptions).
+scheduler; a sweep's space checked, a trial's config), ``pipeline`` (``PipelineConfig``:
+the sections together, the rules across them, its hashes), ``objective`` (what each
+objective measures and trains with), ``overrides`` (dotted ``train.lr=0.01`` overrides),
+``load`` (``load_config``, ``smoke_config``), ``errors`` (``ConfigError``) and
+``reference`` (the reference page and the sample config, made from the fields'
+descriptions).
 Everything is importable from ``trainflow.config``.
 """
 
@@ -31,7 +32,15 @@ from trainflow.config.overrides import parse_overrides
 from trainflow.config.pipeline import CACHE_SCHEMES, PipelineConfig
 from trainflow.config.resources import FailureSection, RayConfig, ScalingSection
 from trainflow.config.sections import HOOK, hook_path
-from trainflow.config.sweep import DIMENSION_KINDS, SWEEPABLE_SECTIONS, Dimension, SweepConfig, SweepScheduler
+from trainflow.config.sweep import (
+    DIMENSION_KINDS,
+    SWEEPABLE_SECTIONS,
+    Dimension,
+    SweepConfig,
+    SweepScheduler,
+    check_sweep_space,
+    trial_config,
+)
 from trainflow.config.training import (
     LOOP_RESERVED,
     LOOP_SETTINGS,
@@ -41,7 +50,6 @@ from trainflow.config.training import (
     TrainConfig,
     user_module_of,
 )
-from trainflow.config.trials import check_sweep_space, trial_config
 
 __all__ = [
     "CACHE_SCHEMES",

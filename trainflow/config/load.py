@@ -14,7 +14,7 @@ from trainflow.config.errors import ConfigError
 from trainflow.config.objective import renamed_key
 from trainflow.config.overrides import merge, parse_overrides
 from trainflow.config.pipeline import PipelineConfig, validate_config
-from trainflow.config.trials import check_sweep_space
+from trainflow.config.sweep import check_sweep_space
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

@@ -1,15 +1,22 @@
-"""The ``sweep`` section: the search space, the scheduler and each trial's resources."""
+"""The ``sweep`` section: the search space, the scheduler and each trial's resources; the
+space checked against the whole config before any trial runs (:func:`check_sweep_space`),
+and one trial's config made from its sampled values (:func:`trial_config`).
+
+Both take the whole config (a ``PipelineConfig``, which holds :class:`SweepConfig`) and
+use its type, so that this module needs no import of ``pipeline``."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from trainflow.config.errors import ConfigError, validation_message
+from trainflow.config.overrides import at_path, merge
 from trainflow.config.resources import ScalingSection
-from trainflow.config.sections import Section
+from trainflow.config.sections import Section, section_type
 
 # The kinds of search dimension, as Ray Tune names them. Bounds are [low, high]; randint's
 # high is exclusive, as in Ray Tune and NumPy. grid runs every value (in every sample).
@@ -246,3 +253,92 @@ class SweepConfig(Section):
         if self.mode != expected:
             raise ValueError(f"metric {self.metric} is best at its {expected}imum: set mode to {expected}")
         return self
+
+
+# The whole config (PipelineConfig) that a sweep's space is checked against and trials made from.
+Config = TypeVar("Config", bound=Section)
+
+
+def check_sweep_space(config: Config) -> None:
+    """Every dotted field of ``sweep.space`` exists, may vary between trials, and accepts
+    each value a trial can be given (every choice, both bounds); else ConfigError naming it."""
+    whole = type(config)  # PipelineConfig, which holds this module's SweepConfig
+    base = config.model_dump(mode="json")
+    for path, dim in config.sweep.space.items():
+        field = f"sweep.space.{path}"
+        parts = path.split(".")
+        section: type[BaseModel] | None = whole
+        for depth, part in enumerate(parts):
+            if section is None:
+                raise ConfigError(f"invalid config: {field}: {'.'.join(parts[:depth])} has no fields")
+            if part not in section.model_fields:
+                where = ".".join(parts[:depth]) or "the config"
+                raise ConfigError(
+                    f"invalid config: {field}: unknown field; valid keys of {where}: "
+                    + ", ".join(section.model_fields)
+                )
+            section = section_type(section.model_fields[part].annotation)
+        if parts[0] not in SWEEPABLE_SECTIONS:
+            raise ConfigError(
+                f"invalid config: {field}: only model.* and train.* fields vary between trials "
+                "(a sweep prepares the data once, and every trial runs on sweep.scaling)"
+            )
+        if section is not None:
+            raise ConfigError(f"invalid config: {field}: a section; sweep one of its fields instead")
+        for value in dim.extremes():
+            try:
+                whole.model_validate(merge(base, at_path(path, value)))
+            except ValidationError as e:
+                reason = validation_message(e, whole).removeprefix("invalid config: ")
+                if dim.kind in ("uniform", "loguniform") and "integer" in reason:
+                    reason += "; integer fields take randint or choice"
+                raise ConfigError(
+                    f"invalid config: {field}: {dim.kind} value {value!r} does not fit: {reason}"
+                ) from None
+    check_population(config)
+
+
+def check_population(config: Config) -> None:
+    """A population scheduler (pbt, pb2) hands a trial another's checkpoint: the space holds
+    train.* fields only (another model's weights would not load), not train.epochs (every
+    trial trains to the same end), trainflow's own loop resumes the checkpoint, and a
+    perturbation comes before the last epoch; else ConfigError naming the field."""
+    sweep = config.sweep
+    kind = sweep.scheduler.kind
+    if kind not in POPULATION_SCHEDULERS:
+        return
+    for path in sweep.space:
+        if not path.startswith("train.") or path == "train.epochs":
+            raise ConfigError(
+                f"invalid config: sweep.space.{path}: scheduler {kind} hands a trial another trial's "
+                "weights mid-run, so only train.* fields other than train.epochs may vary"
+            )
+    if config.train.loop:
+        raise ConfigError(
+            f"invalid config: sweep.scheduler.kind: {kind} resumes trials from each other's "
+            f"checkpoints, which trainflow's own loop does; train.loop {config.train.loop} is "
+            "your own: use asha or fifo"
+        )
+    if sweep.scheduler.perturbation_interval >= config.train.epochs:
+        raise ConfigError(
+            f"invalid config: sweep.scheduler.perturbation_interval: "
+            f"{sweep.scheduler.perturbation_interval} epochs is not below train.epochs "
+            f"{config.train.epochs}, so no trial would be perturbed: lower it or train longer"
+        )
+
+
+def trial_config(config: Config, params: Mapping[str, Any]) -> Config:
+    """One trial's config: the base config with the sampled ``params`` ("train.lr": 0.01),
+    the sweep's per-trial scaling, checkpoints ranked by the sweep's metric, and no sweep
+    section, so that it runs as it is with `trainflow run`."""
+    sweep = config.sweep
+    raw = config.model_dump(mode="json")
+    raw["sweep"] = None
+    raw["scaling"] = sweep.scaling.model_dump(mode="json")
+    raw["checkpoint"] = {**raw["checkpoint"], "metric": sweep.metric, "mode": sweep.mode}
+    for path, value in params.items():
+        raw = merge(raw, at_path(path, value))
+    try:
+        return type(config).model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(validation_message(e, type(config))) from None

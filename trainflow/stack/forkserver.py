@@ -39,6 +39,7 @@ IMPORTS = (
     "trainflow.run_checks",
     "trainflow.flows.training",
     "trainflow.flows.sweep",
+    "trainflow.pipelines.sweep.run",
     "trainflow.flows.batch_predict",
     "trainflow.pipelines.registry",
     "ray.train.torch",

@@ -13,7 +13,7 @@ from trainflow.cluster.checks import PreflightError
 from trainflow.config import ConfigError
 from trainflow.pipelines.data.schema import DataError
 from trainflow.pipelines.evaluation.drift import DataDrift
-from trainflow.pipelines.training.settings import SweepFailed
+from trainflow.pipelines.sweep.trials import SweepFailed
 
 # DataDrift is a DataError; named apart, since Prefect's records carry only its name.
 EXPECTED_ERRORS = (ConfigError, DataError, DataDrift, PreflightError, SweepFailed)

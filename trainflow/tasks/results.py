@@ -215,7 +215,7 @@ class Swept(BaseModel):
     path: str
     """That folder's path."""
     trials: list[dict[str, Any]]
-    """Every trial (pipelines.training.tuning.TrialSummary as dicts), in trial order."""
+    """Every trial (pipelines.sweep.run.TrialSummary as dicts), in trial order."""
     best_trial: str
     """The best trial's Ray Tune id."""
     best_config: dict[str, Any]

@@ -12,7 +12,8 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.cluster.preflight import preflight_sweep
 from trainflow.cluster.session import connected
 from trainflow.config import PipelineConfig
-from trainflow.pipelines.training import tuning
+from trainflow.pipelines.sweep import run as sweeps
+from trainflow.pipelines.sweep.trials import trial_run
 from trainflow.tasks import render
 from trainflow.tasks.results import Prepared, Swept, Trained
 from trainflow.tasks.steps import as_config, expect, run_id, step
@@ -48,7 +49,7 @@ def sweep(
 def _run(config: PipelineConfig, prepared: Prepared, name: str, storage: str, max_concurrent: int, logger):
     """The trials on Ray Tune, their plan, events and outcome logged as they come."""
     _log_plan(logger, config, name, max_concurrent, storage)
-    outcome = tuning.run_sweep(
+    outcome = sweeps.run_sweep(
         config,
         prepared_splits(prepared),
         name=name,
@@ -61,12 +62,12 @@ def _run(config: PipelineConfig, prepared: Prepared, name: str, storage: str, ma
     return outcome
 
 
-def _swept(name: str, storage: str, outcome: tuning.SweepOutcome, prepared: Prepared) -> Swept:
+def _swept(name: str, storage: str, outcome: sweeps.SweepOutcome, prepared: Prepared) -> Swept:
     """The sweep's result for the flow: every trial, and the best as a training run."""
     best = outcome.best
     trained = Trained(
         # A PBT trial's best checkpoint may be of the run it went on in after an exploit.
-        run_name=Path(best.run_path).name if best.run_path else tuning.trial_run(best.trial_id),
+        run_name=Path(best.run_path).name if best.run_path else trial_run(best.trial_id),
         run_path=best.run_path,
         best_checkpoint=best.best_checkpoint,
         best_metrics=outcome.best_metrics,
@@ -118,7 +119,7 @@ def _scheduler_words(s) -> str:
 def _publish_trials(logger, config: PipelineConfig, name: str):
     """Publish the trial table and warn of each failed trial, once the trials ended."""
 
-    def on_trials(trials: list[tuning.TrialSummary]) -> None:
+    def on_trials(trials: list[sweeps.TrialSummary]) -> None:
         create_table_artifact(
             key=f"{render.artifact_key(config.name)}-sweep-trials",
             table=render.trial_rows(config.sweep.metric, [t.to_dict() for t in trials]),
@@ -132,7 +133,7 @@ def _publish_trials(logger, config: PipelineConfig, name: str):
     return on_trials
 
 
-def _log_outcome(logger, config: PipelineConfig, outcome: tuning.SweepOutcome) -> None:
+def _log_outcome(logger, config: PipelineConfig, outcome: sweeps.SweepOutcome) -> None:
     trials = outcome.trials
     best = outcome.best
     stopped = sum(t.status == "stopped early" for t in trials)

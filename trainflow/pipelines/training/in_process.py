@@ -7,7 +7,7 @@ Their start (torch imported in new processes) costs more than a small model's ep
 loop asks :class:`LocalContext` what it would ask Ray Train's context, saves each epoch's
 checkpoint in the run's folder as Ray Train would (:func:`save_kept`), keeps the best
 ``checkpoint.keep`` and the latest, and a trial reports its epochs to Tune from its thread
-(:class:`.trial_reports.TuneReports`), where ASHA stops it (docs/guides/sweeps.md).
+(:class:`trainflow.pipelines.sweep.trials.TuneReports`), where ASHA stops it (docs/guides/sweeps.md).
 """
 
 from __future__ import annotations
@@ -19,13 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainflow.config import ConfigError, PipelineConfig
+from trainflow.config import ConfigError
 from trainflow.config.outputs import CheckpointSection
-from trainflow.config.sweep import POPULATION_SCHEDULERS
 from trainflow.files import redacted
 from trainflow.pipelines.models.checkpoint import METRICS
-from trainflow.pipelines.training.inputs import TRAIN_SPLITS, splits_in_memory
-from trainflow.pipelines.training.settings import PreparedSplits
 
 
 class LocalContext:
@@ -63,35 +60,6 @@ def run_folder(storage: str, run_name: str) -> Path:
     folder = Path(storage.removeprefix("file://")) / run_name
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
-
-def trains_in_trial(config: PipelineConfig, prepared: PreparedSplits) -> bool:
-    """Whether each trial of ``config.sweep`` trains inside its Tune trial's process: one
-    worker on the CPU with trainflow's own loop, every split of ``prepared`` held in
-    memory, under a scheduler that stops trials rather than copies them (PBT and PB2 hand
-    checkpoints between trials' runs), unless ``sweep.reuse_workers`` is off."""
-    sweep = config.sweep
-    scaling = sweep.scaling
-    trial = config.model_copy(update={"scaling": scaling})  # as a trial's config has it
-    return (
-        sweep.reuse_workers
-        and scaling.num_workers == 1
-        and not scaling.use_gpu
-        and set(scaling.resources_per_worker) <= {"CPU", "memory"}
-        and not config.train.loop
-        and sweep.scheduler.kind not in POPULATION_SCHEDULERS
-        and config.checkpoint.every_n_steps is None
-        and set(TRAIN_SPLITS) <= set(splits_in_memory(trial, prepared.path))
-    )
-
-
-def trial_resources(config: PipelineConfig, in_trial: bool) -> dict[str, float]:
-    """What each trial's process asks of the cluster: its one worker's resources when it
-    trains itself (``in_trial``); else nothing but a byte (Tune refuses a trial that asks
-    for nothing), since its Ray Train workers hold the CPUs."""
-    if in_trial:
-        return {"CPU": 1.0, **config.sweep.scaling.resources_per_worker}
-    return {"CPU": 0, "memory": 1}
 
 
 def save_kept(

@@ -29,11 +29,11 @@ from trainflow.pipelines.metrics import load_metrics
 from trainflow.pipelines.models.build import initial_model
 from trainflow.pipelines.models.checkpoint import metrics_json, save_checkpoint
 from trainflow.pipelines.models.hf import has_adapter
+from trainflow.pipelines.sweep.trials import record_placement
 from trainflow.pipelines.training.in_process import LocalContext, save_kept
 from trainflow.pipelines.training.inputs import Batch, epoch_batches, model_input, open_splits
 from trainflow.pipelines.training.losses import make_loss, on_device
 from trainflow.pipelines.training.optim import EarlyStopping, Precision, make_optimizer, make_scheduler
-from trainflow.pipelines.training.placements import record_placement
 from trainflow.pipelines.training.progress import ProgressLog
 from trainflow.pipelines.training.resume import resume_state, same_start, step_hooks
 from trainflow.pipelines.training.settings import SETTINGS, Outcome

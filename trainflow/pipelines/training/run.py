@@ -25,6 +25,7 @@ from trainflow.files import join, redacted
 from trainflow.pipelines.data import profile as profiles
 from trainflow.pipelines.data.schema import DataError
 from trainflow.pipelines.models.checkpoint import METRICS, read_json
+from trainflow.pipelines.sweep.trials import TuneReports
 from trainflow.pipelines.training.in_process import best_kept, run_folder
 from trainflow.pipelines.training.loop import train_loop_per_worker
 from trainflow.pipelines.training.progress import Progress, follow_progress
@@ -36,7 +37,6 @@ from trainflow.pipelines.training.settings import (
     TrainingResult,
     TrainSettings,
 )
-from trainflow.pipelines.training.trial_reports import TuneReports
 from trainflow.pipelines.training.worker_settings import plan_row, trainer_inputs
 from trainflow.ray_internals.errors import worker_error
 from trainflow.signals import stop_on_signals
@@ -186,9 +186,9 @@ def train_in_trial(
     """Train ``config`` on the ``prepared`` splits in this process, a sweep trial's
     (:mod:`.in_process`), trainflow's loop its only worker, as the run ``run_name`` under
     ``storage``, its epochs reported to Ray Tune ``report_every_s`` seconds' worth at a time
-    and each of ``report_at_epochs`` at once (:class:`.trial_reports.TuneReports`); the
-    train split's profile goes with each checkpoint kept, also when Tune stops the trial at
-    a report. Raises TrainingDiverged when the loss became NaN or infinite."""
+    and each of ``report_at_epochs`` at once (:class:`TuneReports`, the sweep's); the train
+    split's profile goes with each checkpoint kept, also when Tune stops the trial at a
+    report. Raises TrainingDiverged when the loss became NaN or infinite."""
     folder = run_folder(storage, run_name)
     settings = trainer_inputs(
         config, prepared, run_name=run_name, storage=storage, follow=False, placements=None

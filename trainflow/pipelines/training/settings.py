@@ -1,8 +1,7 @@
 """The settings a training run's workers get: one typed, frozen object built from the
 config (:meth:`TrainSettings.from_config`), and what training reads of a prepared entry
-(:class:`PreparedSplits`); how a training ends (:class:`Outcome`), and a sweep with no
-working trial (:class:`SweepFailed`). Torch-free: Ray Train's controller and the steps'
-log filter import it."""
+(:class:`PreparedSplits`); how a training ends (:class:`Outcome`). Torch-free: Ray Train's
+controller imports it."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from trainflow.config import ConfigError, PipelineConfig, TrainConfig
 
 if TYPE_CHECKING:
-    from trainflow.pipelines.training.trial_reports import TuneReports
+    from trainflow.pipelines.sweep.trials import TuneReports
 
 # The key under which the trainer hands every worker its TrainSettings.
 SETTINGS = "settings"
@@ -32,11 +31,6 @@ class Outcome:
     status: str
     epoch: int
     message: str = ""
-
-
-class SweepFailed(RuntimeError):
-    """No trial of a sweep produced a checkpoint; the message lists why each failed. Here,
-    not beside the sweep, for the steps' log filter, which must not import torch."""
 
 
 @dataclass(frozen=True)

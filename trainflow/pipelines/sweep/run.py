@@ -1,12 +1,14 @@
-"""A hyperparameter sweep on Ray Tune: many TorchTrainer runs, weak ones stopped early,
-or trained as a population that copies its best (PBT, PB2).
+"""A hyperparameter sweep on Ray Tune, assembled and run: many TorchTrainer runs, weak
+ones stopped early, or trained as a population that copies its best (PBT, PB2).
 
-Each trial is a function trainable that runs one training (:func:`run_training`, as the
-train step does) for its sampled config (``Tuner(trainer)`` does not work with Ray
-Train V2) and reports every epoch to Tune (:mod:`.trial_reports`), so ASHA can stop it
-and PBT can copy it. The trial actor itself holds no CPU: the trainer's workers ask for
-what ``sweep.scaling`` says. :func:`run_sweep` returns one plain :class:`TrialSummary`
-per trial and the best trial's config and checkpoint.
+Each trial is a function trainable (:func:`run_trial`) that runs one training
+(:func:`run_training`, as the train step does) for its sampled config (``Tuner(trainer)``
+does not work with Ray Train V2) and reports every epoch to Tune (:mod:`.trials`), so
+ASHA can stop it and PBT can copy it. The trial actor itself holds no CPU, the trainer's
+workers ask for what ``sweep.scaling`` says, unless the trial trains in its own process
+(:func:`trains_in_trial`). The search and the scheduler come from :mod:`.search`'s tables.
+:func:`run_sweep` returns one plain :class:`TrialSummary` per trial and the best trial's
+config and checkpoint.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ import logging
 import math
 import os
 import random
-import re
-import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,24 +30,29 @@ from trainflow.cluster.session import driver_side
 from trainflow.config import FailureSection, PipelineConfig, trial_config
 from trainflow.config.sweep import POPULATION_SCHEDULERS
 from trainflow.files import replacing_file
-from trainflow.pipelines.training.in_process import on_a_folder, trains_in_trial, trial_resources
-from trainflow.pipelines.training.placements import PlacementTracker
-from trainflow.pipelines.training.run import checkpoint_metrics, run_training, train_in_trial
-from trainflow.pipelines.training.search import asha_rungs, search_algorithm, search_space, trial_scheduler
-from trainflow.pipelines.training.settings import PreparedSplits, SweepFailed
-from trainflow.pipelines.training.trial_reports import (
+from trainflow.pipelines.sweep.search import asha_rungs, search_algorithm, search_space, trial_scheduler
+from trainflow.pipelines.sweep.trials import (
     CHECKPOINT_PATH,
+    HISTORY_KEYS,
     REPORT_EVERY_S,
-    epoch_rows,
+    PlacementTracker,
+    SweepFailed,
     exploited_checkpoint,
+    history_row,
     quiet_stop,
     report_to_tune,
+    trial_events,
+    trial_id_in,
+    trial_run,
 )
+from trainflow.pipelines.training.in_process import on_a_folder
+from trainflow.pipelines.training.inputs import TRAIN_SPLITS, splits_in_memory
+from trainflow.pipelines.training.run import checkpoint_metrics, run_training, train_in_trial
+from trainflow.pipelines.training.settings import PreparedSplits
 from trainflow.signals import stop_on_signals
 
 # Tune adds its CSV, JSON and TensorBoard loggers to a run's callbacks unless this is "1".
 NO_DEFAULT_LOGGERS = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"
-HISTORY_KEYS = ("epoch", "train_loss", "val_loss", "val_accuracy", "lr")
 
 
 @dataclass
@@ -80,9 +85,9 @@ def run_trial(
     population: bool = False,
     in_trial: bool = False,
 ) -> None:
-    """One trial, run by Ray Tune in its actor: trained there (:func:`.run.train_in_trial`)
-    when ``in_trial`` (:func:`.in_process.trains_in_trial`), else :func:`run_training` of the sampled
-    config, whose reports reach Tune from this thread (:func:`.trial_reports.report_to_tune`).
+    """One trial, run by Ray Tune in its actor: trained there (:func:`train_in_trial`) when
+    ``in_trial`` (:func:`trains_in_trial`), else :func:`run_training` of the sampled
+    config, whose reports reach Tune from this thread (:func:`.trials.report_to_tune`).
     A diverged loss fails the trial. Worker groups record their placement groups with
     ``placements``. Under ``population`` (pbt, pb2) each epoch's checkpoint goes to Tune too,
     and a trial handed another's checkpoint goes on from it, in a Ray Train run named after it."""
@@ -116,71 +121,6 @@ def run_trial(
     if start is not None:
         train = functools.partial(train, run_name=trial_run(trial_id, start), start_from=start)
     report_to_tune(train, checkpoints=population)
-
-
-def trial_run(trial_id: str, start: tuple[str, int] | None = None) -> str:
-    """The name of a trial's Ray Train run; with ``start`` (a checkpoint folder of another
-    trial and its epoch), the run that goes on from it."""
-    if start is None:
-        return f"trial-{trial_id}"
-    # Unique: a run of the same name would resume from its own latest checkpoint instead.
-    return f"trial-{trial_id}-from-{_trial_id_in(start[0])}-epoch-{start[1]}-{uuid.uuid4().hex[:6]}"
-
-
-def trial_events(on_event: Callable[[dict[str, Any]], None], release: Callable[[str], None]):
-    """A Ray Tune callback that hands each trial's start, epochs and end to ``on_event``,
-    and releases an ended or restarted trial's training workers' resources (``release`` of
-    its Ray Train runs' name); a trial restarted from another's checkpoint (a PBT exploit)
-    is an ``exploit`` event, with the trial and epoch it goes on from; an ``epoch`` event
-    carries the trial's report."""
-    from ray.tune import Callback
-
-    class TrialEvents(Callback):
-        def __init__(self) -> None:
-            self.paused: set[str] = set()
-
-        def on_step_end(self, iteration, trials, **info):
-            # PBT pauses a trial by killing its actor, and its trainer with it: the group
-            # of the trainer's workers is released for the trials that run meanwhile.
-            for trial in trials:
-                if trial.status == trial.PAUSED and trial.trial_id not in self.paused:
-                    self.paused.add(trial.trial_id)
-                    release(trial_run(trial.trial_id))
-
-        def on_trial_start(self, iteration, trials, trial, **info):
-            self.paused.discard(trial.trial_id)
-            event = {"kind": "start", "trial_id": trial.trial_id, "params": trial.config["params"]}
-            if (start := exploited_checkpoint(trial.checkpoint)) is not None:
-                source = _trial_id_in(start[0])  # the trial itself: paused to wait for the others
-                kind = "resume" if source == trial.trial_id else "exploit"
-                event.update(kind=kind, source=source, epoch=start[1])
-            on_event(event)
-
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            for row in epoch_rows(result):
-                on_event({"kind": "epoch", "trial_id": trial.trial_id, **_row(row)})
-
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            release(trial_run(trial.trial_id))
-            on_event({"kind": "end", "trial_id": trial.trial_id})
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            release(trial_run(trial.trial_id))
-            on_event({"kind": "error", "trial_id": trial.trial_id, "error": _error_line(trial.error_file)})
-
-    return TrialEvents()
-
-
-def _row(result: dict[str, Any]) -> dict[str, Any]:
-    return {k: result[k] for k in (*HISTORY_KEYS, CHECKPOINT_PATH) if k in result}
-
-
-def _error_line(error_file: str | None) -> str:
-    """The last line of a failed trial's traceback, which says what went wrong."""
-    if not error_file or not Path(error_file).is_file():
-        return "failed (no error recorded)"
-    lines = [line.strip() for line in Path(error_file).read_text().splitlines() if line.strip()]
-    return lines[-1] if lines else "failed (no error recorded)"
 
 
 @dataclass
@@ -217,7 +157,7 @@ def run_sweep(
 
     def record(event: dict[str, Any]) -> None:
         if event["kind"] == "epoch":
-            rows.setdefault(event["trial_id"], []).append(_row(event))
+            rows.setdefault(event["trial_id"], []).append(history_row(event))
         on_event(event)
 
     try:
@@ -305,6 +245,35 @@ def _tune_console_quiet() -> Iterator[None]:
         tune_log.setLevel(before)
 
 
+def trains_in_trial(config: PipelineConfig, prepared: PreparedSplits) -> bool:
+    """Whether each trial of ``config.sweep`` trains inside its Tune trial's process: one
+    worker on the CPU with trainflow's own loop, every split of ``prepared`` held in
+    memory, under a scheduler that stops trials rather than copies them (PBT and PB2 hand
+    checkpoints between trials' runs), unless ``sweep.reuse_workers`` is off."""
+    sweep = config.sweep
+    scaling = sweep.scaling
+    trial = config.model_copy(update={"scaling": scaling})  # as a trial's config has it
+    return (
+        sweep.reuse_workers
+        and scaling.num_workers == 1
+        and not scaling.use_gpu
+        and set(scaling.resources_per_worker) <= {"CPU", "memory"}
+        and not config.train.loop
+        and sweep.scheduler.kind not in POPULATION_SCHEDULERS
+        and config.checkpoint.every_n_steps is None
+        and set(TRAIN_SPLITS) <= set(splits_in_memory(trial, prepared.path))
+    )
+
+
+def trial_resources(config: PipelineConfig, in_trial: bool) -> dict[str, float]:
+    """What each trial's process asks of the cluster: its one worker's resources when it
+    trains itself (``in_trial``); else nothing but a byte (Tune refuses a trial that asks
+    for nothing), since its Ray Train workers hold the CPUs."""
+    if in_trial:
+        return {"CPU": 1.0, **config.sweep.scaling.resources_per_worker}
+    return {"CPU": 0, "memory": 1}
+
+
 def build_tuner(
     config: PipelineConfig,
     prepared: PreparedSplits,
@@ -342,7 +311,7 @@ def build_tuner(
             num_samples=sweep.trials,
             scheduler=trial_scheduler(config, in_trial),
             search_alg=search_algorithm(sweep, max_concurrent),
-            # A trial that trains in its own process hands it to the next (.in_process); one
+            # A trial that trains in its own process hands it to the next (training.in_process); one
             # with a trainer of its own ends with it, as PBT's pause needs.
             reuse_actors=in_trial,
         ),
@@ -408,16 +377,7 @@ def _trial_id(result) -> str:
     if trial_id:
         return str(trial_id)
     # A trial that failed before its first report.
-    return _trial_id_in(result.path) if result.path else "?"
-
-
-def _trial_id_in(path: str) -> str:
-    """The id of the trial whose folder holds ``path``: Tune names a trial's folder after it
-    (run_trial_af7a9_00003_3_train_lr=...)."""
-    for part in reversed(Path(path).parts):
-        if found := re.match(r"run_trial_([0-9a-f]+_\d{5})_", part):
-            return found[1]
-    return "?"
+    return trial_id_in(result.path) if result.path else "?"
 
 
 def _missing(value: Any) -> bool:

@@ -184,9 +184,9 @@ def test_importing_pipelines_and_the_bottom_layers_loads_no_prefect():
 @pytest.mark.slow
 def test_what_ray_trains_controller_unpickles_of_a_run_imports_no_torch():
     # The controller of every training unpickles its trainer's backend config and its
-    # scaling policy (trainflow.ray_internals, defined there on first use), and at the
-    # end what the workers' training function returned (an Outcome) from their last
-    # status: each class's module is imported there.
+    # scaling policy (trainflow.ray_internals.training), and at the end what the workers'
+    # training function returned (an Outcome) from their last status: each class's module
+    # is imported there.
     import pickle
 
     from trainflow import ray_internals
@@ -196,7 +196,7 @@ def test_what_ray_trains_controller_unpickles_of_a_run_imports_no_torch():
     code = (
         "import sys, pickle\n"
         "config, outcome = pickle.loads(sys.stdin.buffer.read())\n"
-        "from trainflow.ray_internals import FixedClusterPolicy, TorchConfig\n"
+        "from trainflow.ray_internals.training import FixedClusterPolicy, TorchConfig\n"
         "assert type(config) is TorchConfig and outcome.status == 'completed'\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
     )

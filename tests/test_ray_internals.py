@@ -381,9 +381,11 @@ def test_the_trainer_and_scaling_policy_override_methods_ray_still_has():
     from ray.train.v2._internal.execution.controller import TrainController
     from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy, create_scaling_policy
 
+    from trainflow.ray_internals import training
+
     trainer_class = ray_internals.trainer_class(fixed_cluster=lambda: True)
     assert trainer_class is not TorchTrainer and issubclass(trainer_class, TorchTrainer)
-    policy_class = ray_internals.FixedClusterPolicy
+    policy_class = training.FixedClusterPolicy
     assert issubclass(policy_class, FixedScalingPolicy)
     for cls, base in ((trainer_class, TorchTrainer), (policy_class, FixedScalingPolicy)):
         overridden = [name for name, value in vars(cls).items() if inspect.isfunction(value)]
@@ -417,8 +419,10 @@ def test_the_controllers_torch_config_is_rays_with_the_same_fields_and_worker_st
     from ray.train.torch import config as rays
     from ray.train.v2._internal.util import TrainingFramework
 
+    from trainflow.ray_internals import training
+
     config = ray_internals.torch_config()
-    assert type(config) is ray_internals.TorchConfig  # not Ray's own, the fallback
+    assert type(config) is training.TorchConfig  # not Ray's own, the fallback
     fields = {f.name: f.default for f in dataclasses.fields(config)}
     assert fields == {f.name: f.default for f in dataclasses.fields(RaysTorchConfig)}
     assert config.to_dict() == dataclasses.asdict(RaysTorchConfig())

@@ -59,8 +59,8 @@ Ray's names; why no public API does it; what happens where Ray moves it.
 
 Nothing here runs on import, and every Ray import is inside a function: every Ray worker
 of a run imports this module (:func:`trainflow.cluster.quiet.quiet_worker`). Uses 9 and
-10's classes, which Ray Train's controller unpickles by this name, are made on first
-access: their bases' modules are slow to import."""
+10's classes, which Ray Train's controller unpickles, are in :mod:`.training`, imported
+where a training starts: their bases' modules are slow to import."""
 
 from __future__ import annotations
 
@@ -306,24 +306,8 @@ def train_report_logger() -> str:
     return os.path.join(os.path.dirname(ray.__file__), "train", "v2", "_internal", "execution", "context.py")
 
 
-# 9 and 10. What Ray Train's controller runs and unpickles of a trainflow training.
-
-_TRAINING_CLASSES = ("FixedClusterPolicy", "TorchConfig", "TorchBackend")
-
-
-def __getattr__(name: str):
-    if name in _TRAINING_CLASSES:
-        return _training_class(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _training_class(name: str) -> type:
-    """One of :data:`_TRAINING_CLASSES`, all defined on the first call: their base
-    classes' modules are slow to import, and no other importer of this module needs
-    them."""
-    if name not in globals():
-        globals().update(_training_classes())
-    return globals()[name]
+# 9 and 10. What Ray Train's controller runs and unpickles of a trainflow training (its
+# classes: .training).
 
 
 def trainer_class(fixed_cluster: Callable[[], bool]) -> type:
@@ -331,16 +315,17 @@ def trainer_class(fixed_cluster: Callable[[], bool]) -> type:
     manager (an actor that imports Ray Data, pandas and pyarrow to shard Datasets), for a
     run whose splits all sit in the workers' memory; and, when ``fixed_cluster()`` (a local
     cluster this process started, which no autoscaler grows) and no Datasets share it, the
-    autoscaling coordinator (:class:`FixedClusterPolicy`). Where Ray moved either,
+    autoscaling coordinator (:class:`~.training.FixedClusterPolicy`). Where Ray moved either,
     TorchTrainer itself."""
     from ray.train.torch import TorchTrainer
 
     try:
         from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
         from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
+
+        from trainflow.ray_internals.training import FixedClusterPolicy
     except ImportError:
         return TorchTrainer
-    fixed_cluster_policy = _training_class("FixedClusterPolicy")
 
     class Trainer(TorchTrainer):
         def _create_default_callbacks(self):
@@ -352,22 +337,21 @@ def trainer_class(fixed_cluster: Callable[[], bool]) -> type:
         def _initialize_and_run_controller(self, **controller_init_kwargs):
             policy = controller_init_kwargs.get("scaling_policy")
             if type(policy) is FixedScalingPolicy and not self.datasets and fixed_cluster():
-                controller_init_kwargs["scaling_policy"] = fixed_cluster_policy(policy.scaling_config)
+                controller_init_kwargs["scaling_policy"] = FixedClusterPolicy(policy.scaling_config)
             return super()._initialize_and_run_controller(**controller_init_kwargs)
 
     return Trainer
 
 
 def torch_config():
-    """The backend config of a CPU or CUDA run's TorchTrainer: :class:`TorchConfig`, whose
+    """The backend config of a CPU or CUDA run's TorchTrainer: :class:`~.training.TorchConfig`, whose
     module imports no torch, where Ray's private names are still there; else Ray's own
     ``TorchConfig`` (its controller then imports torch: slower, same result)."""
     try:
-        return _training_class("TorchConfig")()
+        from trainflow.ray_internals.training import TorchConfig
     except ImportError:
         from ray.train.torch import TorchConfig
-
-        return TorchConfig()
+    return TorchConfig()
 
 
 def process_group_backend(backend: str | None, resources_per_worker: dict[str, float]) -> str:
@@ -378,110 +362,8 @@ def process_group_backend(backend: str | None, resources_per_worker: dict[str, f
     return "nccl" if resources_per_worker.get("GPU", 0) > 0 else "gloo"
 
 
-def _training_classes() -> dict[str, type]:
-    """``FixedClusterPolicy``, ``TorchConfig`` and its ``TorchBackend``, assembled from the
-    module-level methods below and named as this module's own, so that Ray Train's
-    controller unpickles them from here."""
-    import dataclasses
-
-    from ray.train.backend import Backend, BackendConfig
-    from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
-    from ray.train.v2._internal.util import TrainingFramework
-
-    policy = type(
-        "FixedClusterPolicy",
-        (FixedScalingPolicy,),
-        {
-            "__doc__": "Ray Train's FixedScalingPolicy without the requests to the autoscaling "
-            "coordinator, a detached actor that tells an autoscaler what to add: a local cluster has none.",
-            "after_controller_start": _no_request,
-            "_maybe_send_resource_request": _no_request,
-            "_send_resource_request": _no_request,
-        },
-    )
-    backend = type(
-        "TorchBackend",
-        (Backend,),
-        {
-            "__doc__": "Ray's ``_TorchBackend`` steps, each worker-side function Ray's own.",
-            "share_cuda_visible_devices": True,
-            "on_start": _backend_start,
-            "on_shutdown": _backend_shutdown,
-        },
-    )
-    config = dataclasses.make_dataclass(
-        "TorchConfig",
-        [("backend", str | None, None), ("init_method", str, "env"), ("timeout_s", int, 1800)],
-        bases=(BackendConfig,),
-        namespace={
-            "__doc__": "Ray's TorchConfig, the same fields and defaults, for workers on CPUs or CUDA "
-            "GPUs: gloo, or nccl where the workers have GPUs.",
-            "backend_cls": property(lambda self: backend),
-            "train_func_context": property(_train_func_context),
-            "framework": property(lambda self: TrainingFramework.TORCH),
-            "to_dict": _config_dict,
-        },
-    )
-    classes = {"FixedClusterPolicy": policy, "TorchConfig": config, "TorchBackend": backend}
-    for name, cls in classes.items():
-        cls.__module__ = __name__
-        cls.__qualname__ = name
-    return classes
-
-
-def _no_request(self, *args) -> None:
-    """A local cluster has no autoscaler to ask for resources."""
-
-
-def _train_func_context(self):
-    # Read where the trainer wraps its train function (the driver), run on the workers.
-    from ray.train.torch.config import TorchConfigContextManager
-
-    return TorchConfigContextManager
-
-
-def _config_dict(self) -> dict:
-    return {"backend": self.backend, "init_method": self.init_method, "timeout_s": self.timeout_s}
-
-
-def _backend_start(self, worker_group, backend_config) -> None:
-    """Set up torch.distributed on every worker of the group, as Ray's torch backend does."""
-    import ray
-    from ray.train._internal.utils import get_address_and_port
-
-    if backend_config.init_method != "env":
-        raise ValueError(f"init_method {backend_config.init_method!r}: only 'env' is supported")
-    backend = process_group_backend(backend_config.backend, worker_group.get_resources_per_worker())
-    address, port = worker_group.execute_single(0, get_address_and_port)
-    worker_group.execute(_set_master, address=address, port=port)
-    worker_group.execute(_torch, "_set_torch_distributed_env_vars")
-    size = len(worker_group)
-    setup = dict(backend=backend, world_size=size, init_method="env://", timeout_s=backend_config.timeout_s)
-    call = worker_group.execute_single_async
-    ray.get(
-        [call(rank, _torch, "_setup_torch_process_group", world_rank=rank, **setup) for rank in range(size)]
-    )
-
-
-def _backend_shutdown(self, worker_group, backend_config) -> None:
-    """Shut torch.distributed down on every worker, waiting as long as Ray's setting says."""
-    import ray
-    from ray._private import ray_constants
-    from ray.exceptions import GetTimeoutError
-    from ray.train.constants import DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S as DEFAULT_TIMEOUT
-    from ray.train.constants import TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S as TIMEOUT
-
-    futures = worker_group.execute_async(
-        _torch, "_shutdown_torch", destroy_process_group=len(worker_group) > 1
-    )
-    timeout_s = ray_constants.env_integer(TIMEOUT, DEFAULT_TIMEOUT)
-    try:
-        ray.get(futures, timeout=timeout_s)
-    except GetTimeoutError:  # the workers are being stopped either way
-        log.debug("torch process group shutdown timed out after %s seconds", timeout_s)
-
-
-# Run on the workers: each imports Ray's torch module there, not in the controller.
+# Run on the workers (TorchBackend's steps): each imports Ray's torch module there, not in
+# the controller.
 def _set_master(address: str, port: int) -> None:
     os.environ["MASTER_ADDR"] = address
     os.environ["MASTER_PORT"] = str(port)

@@ -503,3 +503,55 @@ def test_the_architecture_docs_concern_tables_are_one_per_layer():
                 wrong.append(f"{heading}: {row[:60]}")
     assert [x for x in layers if x is not None] == sorted(set(LAYERS.values())), layers
     assert wrong == []
+
+
+# A model kind's family is named in one table (pipelines/models/kinds.py) and implemented
+# in its own modules; config/ validates and describes kinds, and a data source's
+# ``torchvision:`` (pipelines/data/sources.py) names a dataset, not a model.
+KIND_MODULES = {
+    "trainflow.pipelines.models.kinds",
+    "trainflow.pipelines.models.builders",
+    "trainflow.pipelines.models.hf",
+    "trainflow.pipelines.hf_hub",
+    "trainflow.pipelines.data.sources",
+}
+KIND_PREFIXES = {"hf:", "torchvision:"}
+KIND_PREFIX_NAMES = {"HF", "TORCHVISION"}
+
+
+def _names_a_kind_prefix(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.startswith(tuple(KIND_PREFIXES))
+    if isinstance(node, ast.Name | ast.Attribute):
+        return (node.id if isinstance(node, ast.Name) else node.attr) in KIND_PREFIX_NAMES
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_names_a_kind_prefix(e) for e in node.elts)
+    return False
+
+
+def kind_prefix_tests(source: str) -> list[int]:
+    """The lines of ``source`` that test a model kind's prefix (``"hf:"``, ``HF``,
+    ``"torchvision:"``, ``TORCHVISION``) with ``startswith``, ``removeprefix``, ``in`` or ``==``."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            tested = node.args if node.func.attr in ("startswith", "removeprefix") else []
+        elif isinstance(node, ast.Compare):
+            tested = [node.left, *node.comparators]
+        else:
+            tested = []
+        if any(_names_a_kind_prefix(arg) for arg in tested):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_shared_code_asks_the_table_of_model_kinds_not_their_prefixes():
+    """Shared code asks ``kinds.family(kind)`` (or ``ModelConfig.family``) what a model kind
+    needs, and never tests whether a kind is ``hf:`` or ``torchvision:`` itself."""
+    offenders = [
+        f"{module}:{line}"
+        for module, path in MODULES.items()
+        if module not in KIND_MODULES and not module.startswith("trainflow.config")
+        for line in kind_prefix_tests(path.read_text())
+    ]
+    assert offenders == []

@@ -263,3 +263,27 @@ def test_a_users_model_predicts_on_ray_data_actors_whose_workers_lack_its_module
     got = predict_rows(ray.data.from_pandas(rows), str(tmp_path / "ckpt"), batch_size=16).to_pandas()
     expected = load_checkpoint(tmp_path / "ckpt").predict(rows)
     assert got["prediction"].tolist() == expected.tolist()
+
+
+def test_a_default_runs_model_imports_no_other_familys_module():
+    """The cnn's spec, model and an old checkpoint load through the table of model kinds
+    without importing Hugging Face's family, torchvision's or the user's builders."""
+    others = (
+        "trainflow.pipelines.models.hf",
+        "trainflow.pipelines.hf_hub",
+        "trainflow.pipelines.models.builders",
+    )
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from trainflow.config import ModelConfig
+        from trainflow.pipelines.models.build import model_spec
+        from trainflow.pipelines.models.checkpoint import load_checkpoint
+        model_spec(ModelConfig(kind="cnn"), 64, 3)
+        load_checkpoint({str(FIXTURE.with_name("checkpoint-0.2.0"))!r})
+        libraries = ("transformers", "peft", "torchvision")
+        print(sorted(m for m in sys.modules if m in {others!r} or m.split(".")[0] in libraries))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

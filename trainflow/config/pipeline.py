@@ -31,7 +31,7 @@ from trainflow.config.outputs import CheckpointSection, EvaluationConfig, Regist
 from trainflow.config.resources import FailureSection, RayConfig, ScalingSection
 from trainflow.config.sections import Section
 from trainflow.config.sweep import SweepConfig
-from trainflow.config.training import HF, LOOP_SETTINGS, ModelConfig, TrainConfig
+from trainflow.config.training import LOOP_SETTINGS, ModelConfig, TrainConfig
 
 # The URI schemes of pyarrow's filesystems, which every trainflow process reads and
 # writes the cache through.
@@ -215,12 +215,12 @@ class PipelineConfig(Section):
     @model_validator(mode="after")
     def _hf_settings_fit(self) -> PipelineConfig:
         tokenizer = self.preprocess.tokenizer
-        if tokenizer is not None and tokenizer.name is None and not self.model.kind.startswith(HF):
+        if tokenizer is not None and tokenizer.name is None and self.model.family != "hf":
             raise ValueError(
                 "preprocess.tokenizer.name: null takes the tokenizer of an hf: model.kind; "
                 f"{self.model.kind} has none, so name one (a model id or folder)"
             )
-        if self.train.lora is not None and not self.model.kind.startswith(HF):
+        if self.train.lora is not None and self.model.family != "hf":
             raise ValueError(f"train.lora adapts an hf: model.kind, not {self.model.kind}")
         return self
 

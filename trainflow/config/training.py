@@ -20,12 +20,31 @@ LOOP_SETTINGS = ("epochs", "batch_size", "lr", "seed")
 LOOP_RESERVED = "trainflow"
 
 
+# model.kind's families besides trainflow's own (mlp, cnn) and the user's: each one's
+# kinds are its name, a colon and what it names (hf:bert-base-uncased).
+PREFIXED_FAMILIES = ("torchvision", "hf")
+
+
+def kind_family(kind: str) -> str:
+    """The family of a model kind: ``own`` (mlp, cnn), ``torchvision``, ``hf`` or ``user``
+    (``package.module:callable``), the key of ``pipelines/models/kinds.py``'s table."""
+    if kind in ("mlp", "cnn"):
+        return "own"
+    prefix, _, _ = kind.partition(":")
+    return prefix if prefix in PREFIXED_FAMILIES else "user"
+
+
+def kind_name(kind: str) -> str:
+    """What a model kind names within its family: ``resnet18`` for ``torchvision:resnet18``,
+    ``bert-base-uncased`` for ``hf:bert-base-uncased``, the kind itself for the others."""
+    family = kind_family(kind)
+    return kind.removeprefix(f"{family}:") if family in PREFIXED_FAMILIES else kind
+
+
 def user_module_of(kind: str) -> str | None:
     """The module of a ``package.module:callable`` model kind (a user's model); None for
     trainflow's own kinds, torchvision's and Hugging Face's."""
-    if kind in ("mlp", "cnn") or kind.startswith(("torchvision:", HF)):
-        return None
-    return kind.partition(":")[0]
+    return kind.partition(":")[0] if kind_family(kind) == "user" else None
 
 
 class ModelConfig(Section):
@@ -110,6 +129,11 @@ class ModelConfig(Section):
                 "channels, dropout and image_shape"
             )
         return v
+
+    @property
+    def family(self) -> str:
+        """``own``, ``torchvision``, ``hf`` or ``user``: the family of :attr:`kind`."""
+        return kind_family(self.kind)
 
     @property
     def user_module(self) -> str | None:

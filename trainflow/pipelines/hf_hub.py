@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from trainflow.config import ConfigError
+from trainflow.config.training import HF, kind_name
 
 # What a model or tokenizer needs of a hub repository: configs, weights, vocabularies.
 FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]
@@ -47,6 +48,12 @@ def resolve(name: str, field: str, prefix: str = "") -> str:
             f"{field} {shown}: not in the Hugging Face cache and {why}; fetch it where the hub answers "
             f"(hf download {name}) or give a local folder"
         ) from None
+
+
+def model_folder(kind: str) -> str:
+    """The folder of ``model.kind: hf:<model id or folder>``, resolved (ConfigError when it
+    is not there): the hf family's check before a run, and where its tokenizer is."""
+    return resolve(kind_name(kind), "model.kind", HF)
 
 
 @functools.lru_cache(maxsize=16)

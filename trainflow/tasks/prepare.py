@@ -11,7 +11,6 @@ from prefect import get_run_logger
 
 from trainflow.cluster.session import connected
 from trainflow.config import ConfigError, PipelineConfig, PreprocessConfig
-from trainflow.config.training import HF
 from trainflow.files import is_uri, redacted
 from trainflow.pipelines.data import entry, schema, tokenizer, transform
 from trainflow.pipelines.data import prepare as prep
@@ -121,14 +120,17 @@ def preprocess(config: PipelineConfig | dict | str, source: schema.SourceInfo) -
 
 
 def preprocessing(config: PipelineConfig, source: schema.SourceInfo) -> PreprocessConfig:
-    """``config.preprocess``; for an ``hf:`` model on images, the fields the config leaves
-    null (``image_size``, ``image_mean``, ``image_std``) as the model's image processor has them."""
+    """``config.preprocess``; on images, the fields the config leaves null (``image_size``,
+    ``image_mean``, ``image_std``) as the model's own image processing has them (an ``hf:``
+    model's image processor: :meth:`~trainflow.pipelines.models.kinds.ModelFamily.image_processing`)."""
     cfg = config.preprocess
-    if not (source.is_images and config.model.kind.startswith(HF)):
+    if not source.is_images:
         return cfg
-    from trainflow.pipelines.models.hf import image_processing
+    from trainflow.pipelines.models.kinds import family
 
-    found = image_processing(config.model.kind)
+    found = family(config.model.kind).image_processing(config.model.kind)
+    if not found:
+        return cfg
     if cfg.image_mean is not None:  # the config's normalization, with the processor's size
         found = {k: v for k, v in found.items() if k == "image_size"}
     return cfg.model_copy(update={k: v for k, v in found.items() if getattr(cfg, k) is None})

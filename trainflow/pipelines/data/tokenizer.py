@@ -63,14 +63,13 @@ def transform_of(config) -> str | None:
     """The data's transform in ``config`` (a PipelineConfig): the user's
     ``preprocess.transform``, the tokenizer's reference, or None. Resolves the tokenizer's
     folder (ConfigError when it is not there)."""
-    from trainflow.config.training import HF
-    from trainflow.pipelines.hf_hub import resolve
+    from trainflow.pipelines.hf_hub import model_folder, resolve
 
     if config.preprocess.transform or config.preprocess.tokenizer is None:
         return config.preprocess.transform
     tok = config.preprocess.tokenizer
     if tok.name is None:
-        folder = resolve(config.model.kind.removeprefix(HF), "model.kind", HF)
+        folder = model_folder(config.model.kind)
     else:
         folder = resolve(tok.name, "preprocess.tokenizer.name")
     return reference(folder, tok.column, tok.max_length)

@@ -1,6 +1,7 @@
-"""Models by ``model.kind``: trainflow's own (``mlp``, ``cnn``), torchvision's
-(``torchvision:resnet18``), pretrained Hugging Face transformers (``hf:``, :mod:`.hf`) and
-the user's own (``package.module:callable``).
+"""Models by ``model.kind``, each built by its family's :class:`~.kinds.ModelFamily`
+(the table :data:`~.kinds.FAMILIES`): trainflow's own, ``mlp`` and ``cnn``, here
+(:data:`OWN_MODELS`); torchvision's and the user's in :mod:`.builders`; Hugging Face's in
+:mod:`.hf`.
 
 A model's JSON spec (``model.json``: kind, builder arguments, input shape, outputs) is
 saved with its checkpoint, so nothing is pickled. :func:`model_spec` builds the model once
@@ -24,11 +25,8 @@ import torch
 from torch import nn
 
 from trainflow.config import ConfigError, ModelConfig
-from trainflow.config.training import HF
 from trainflow.pipelines.data.preprocess import FEATURES, Preprocessor
-from trainflow.pipelines.models import hf as hf_models
 from trainflow.pipelines.models import kinds as model_kinds
-from trainflow.pipelines.models.kinds import OWN, TORCHVISION
 
 # A dry forward pass in the driver runs on a batch this big (BatchNorm needs two rows).
 _DRY_BATCH = 2
@@ -46,36 +44,18 @@ def model_spec(
 ) -> dict[str, Any]:
     """The full architecture, from the config and the data: ``num_features`` flat inputs per
     row, ``num_outputs`` outputs, an image source's ``image_shape`` and array columns'
-    ``inputs`` (:func:`image_shape`, :func:`input_layout`); an ``hf:`` model's head named by
-    ``classes`` and wrapped by ``lora``. Builds the model, runs a batch through it and counts
-    its parameters: a kind, weights or freeze list that does not fit is a ConfigError naming
-    the field."""
-    spec: dict[str, Any] = {
-        "kind": cfg.kind,
-        "num_features": num_features,
-        "num_outputs": num_outputs,
-        "dropout": cfg.dropout,
-    }
-    if cfg.kind == "mlp":
-        spec["hidden_sizes"] = list(cfg.hidden_sizes)
-    elif cfg.kind == "cnn":
-        spec["image_shape"] = _image_shape(cfg, num_features, image_shape)
-        spec["channels"] = list(cfg.channels)
-        spec["hidden_sizes"] = list(cfg.hidden_sizes)
-    elif cfg.kind.startswith(HF):
-        del spec["dropout"]
-        spec.update(_hf_spec(cfg, num_features, num_outputs, inputs, classes, lora, image_shape))
-    else:
-        if cfg.kind.startswith(TORCHVISION):
-            shape = _image_shape(cfg, num_features, image_shape)
-        else:
-            shape = list(cfg.image_shape or image_shape or [num_features])
-            _fits(shape, num_features)
-        spec.update(input_shape=shape, args=dict(cfg.args))
-        del spec["dropout"]
-        if not cfg.kind.startswith(TORCHVISION) and takes_inputs(model_kinds.builder(cfg.kind)):
-            spec["by_name"] = True
-            inputs = inputs or {FEATURES: {"shape": shape, "dtype": "float32"}}
+    ``inputs`` (:func:`image_shape`, :func:`input_layout`); the classes' names ``classes``
+    and a LoRA adapter's settings ``lora`` where the kind's family takes them
+    (:meth:`~.kinds.ModelFamily.spec_part`). Builds the model, runs a batch through it and
+    counts its parameters: a kind, weights or freeze list that does not fit is a
+    ConfigError naming the field."""
+    spec: dict[str, Any] = {"kind": cfg.kind, "num_features": num_features, "num_outputs": num_outputs}
+    spec.update(
+        model_kinds.family(cfg.kind).spec_part(
+            cfg, num_features, num_outputs, image_shape=image_shape, inputs=inputs, classes=classes, lora=lora
+        )
+    )
+    inputs = inputs or spec.get("inputs")
     if inputs:
         spec["inputs"] = {n: {"shape": list(v["shape"]), "dtype": v["dtype"]} for n, v in inputs.items()}
     if cfg.weights is not None:
@@ -92,25 +72,7 @@ def model_spec(
     return spec
 
 
-def _hf_spec(
-    cfg: ModelConfig, num_features: int, num_outputs: int, inputs, classes, lora, image_shape
-) -> dict[str, Any]:
-    """An ``hf:`` model's part of the spec: its inputs by name (the tokenizer's) or the
-    images' shape, its config."""
-    if image_shape is not None:
-        part: dict[str, Any] = {"input_shape": _image_shape(cfg, num_features, image_shape)}
-    elif inputs:
-        part = {"input_shape": [num_features], "by_name": True}
-    else:
-        raise ConfigError(
-            f"model.kind {cfg.kind}: takes a text column through preprocess.tokenizer "
-            "(such as {column: text, max_length: 128}), or images"
-        )
-    part["hf"] = hf_models.spec_part(cfg.kind, cfg.args, num_outputs, classes, images=image_shape is not None)
-    return {**part, "lora": lora} if lora else part
-
-
-def _image_shape(cfg: ModelConfig, num_features: int, image_shape: Sequence[int] | None) -> list[int]:
+def image_shape_of(cfg: ModelConfig, num_features: int, image_shape: Sequence[int] | None) -> list[int]:
     """[c, h, w]: model.image_shape, else the image source's, else a square of one channel."""
     shape = cfg.image_shape or (list(image_shape) if image_shape else None)
     if shape is None:
@@ -118,11 +80,11 @@ def _image_shape(cfg: ModelConfig, num_features: int, image_shape: Sequence[int]
         shape = [1, side, side]
     if len(shape) != 3:
         raise ConfigError(f"model.image_shape {shape}: needs [channels, height, width]")
-    _fits(shape, num_features)
+    check_fits(shape, num_features)
     return list(shape)
 
 
-def _fits(shape: Sequence[int], num_features: int) -> None:
+def check_fits(shape: Sequence[int], num_features: int) -> None:
     if math.prod(shape) != num_features:
         raise ConfigError(
             f"model.image_shape {list(shape)}: its product must be the number of features, {num_features}"
@@ -181,7 +143,23 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x.view(-1, *self.image_shape)))
 
 
-class Reshaped(nn.Module):
+class Wrapper(nn.Module):
+    """A module of trainflow's around the model it holds as ``net``: :class:`Reshaped`, and a
+    family's own (hf's around a transformers model). :attr:`holds_adapter` says whether
+    ``net`` is an adapter over frozen base weights (:func:`holds_adapter`)."""
+
+    @property
+    def holds_adapter(self) -> bool:
+        return False
+
+
+def holds_adapter(model: nn.Module) -> bool:
+    """Whether ``model`` holds an adapter over frozen base weights (a LoRA adapter of an
+    ``hf:`` model): its checkpoint's ``model.pt`` keeps what trains alone."""
+    return any(isinstance(m, Wrapper) and m.holds_adapter for m in model.modules())
+
+
+class Reshaped(Wrapper):
     """A torchvision or user's model behind trainflow's rows, which reach every model flat
     (``num_features`` numbers): views each batch as [N, *input_shape] for the model
     inside, ``net``, whose names (``net.conv1.weight``) the checkpoint's state dict holds.
@@ -221,59 +199,51 @@ def joined(inputs: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
     return torch.cat([p.float() for p in parts], dim=1)
 
 
-def _outputs(spec: dict[str, Any]) -> int:
-    # Specs written before num_outputs (trainflow 0.1.0) name it num_classes.
+def outputs_of(spec: dict[str, Any]) -> int:
+    """The spec's outputs; a spec of trainflow 0.1.0 names them ``num_classes``."""
     return spec["num_outputs"] if "num_outputs" in spec else spec["num_classes"]
+
+
+def inputs_of(spec: dict[str, Any]) -> dict[str, list[int]]:
+    """The spec's inputs by name, each its shape per row; empty for ``features`` alone."""
+    return {name: s["shape"] for name, s in spec.get("inputs", {}).items()}
+
+
+class OwnModels(model_kinds.ModelFamily):
+    """``mlp`` and ``cnn``: trainflow's own, their sizes from the config and the data."""
+
+    def spec_part(self, cfg, num_features, num_outputs, *, image_shape, inputs, classes, lora):
+        part: dict[str, Any] = {"dropout": cfg.dropout}
+        if cfg.kind == "cnn":
+            part["image_shape"] = image_shape_of(cfg, num_features, image_shape)
+            part["channels"] = list(cfg.channels)
+        part["hidden_sizes"] = list(cfg.hidden_sizes)
+        return part
+
+    def build(self, spec):
+        hidden = spec["hidden_sizes"]
+        dropout = spec["dropout"]
+        outputs = outputs_of(spec)
+        if spec["kind"] == "mlp":
+            net = nn.Sequential(*_mlp(spec["num_features"], hidden, outputs, dropout))
+        else:
+            net = SmallCNN(spec["image_shape"], spec["channels"], hidden, outputs, dropout)
+        # Data of several inputs reaches them joined into their flat rows.
+        inputs = inputs_of(spec)
+        return Reshaped(net, [spec["num_features"]], inputs) if inputs else net
+
+
+OWN_MODELS = OwnModels()
 
 
 def build_model(spec: dict[str, Any]) -> nn.Module:
     """The architecture ``spec`` describes, with fresh weights: what a checkpoint's state
     dict loads into. A user's model needs its module importable here (ConfigError)."""
-    kind = spec["kind"]
-    outputs = _outputs(spec)
-    inputs = {name: s["shape"] for name, s in spec.get("inputs", {}).items()}
-    if kind in OWN:
-        hidden = spec["hidden_sizes"]
-        dropout = spec["dropout"]
-        if kind == "mlp":
-            net = nn.Sequential(*_mlp(spec["num_features"], hidden, outputs, dropout))
-        else:
-            net = SmallCNN(spec["image_shape"], spec["channels"], hidden, outputs, dropout)
-        # Data of several inputs reaches them joined into their flat rows.
-        return Reshaped(net, [spec["num_features"]], inputs) if inputs else net
-    if kind.startswith(HF):
-        return Reshaped(hf_models.build(spec), spec["input_shape"], inputs, by_name=bool(inputs))
-    shape = spec["input_shape"]
-    args = spec.get("args", {})
-    make = model_kinds.builder(kind)
-    if kind.startswith(TORCHVISION):
-        net = _call(kind, make, weights=None, num_classes=outputs, **args)
-        if shape[0] != 3:
-            replace_first_conv(net, shape[0], kind)
-    elif spec.get("by_name"):
-        net = _call(kind, make, inputs=inputs, num_outputs=outputs, **args)
-    else:
-        net = _call(kind, make, input_shape=list(shape), num_outputs=outputs, **args)
-    return Reshaped(net, shape, inputs, by_name=spec.get("by_name", False))
+    return model_kinds.family(spec["kind"]).build(spec)
 
 
-def _call(kind: str, make, **kwargs) -> nn.Module:
-    shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-    name = getattr(make, "__name__", "the builder")
-    try:
-        net = make(**kwargs)
-    except Exception as e:
-        raise ConfigError(
-            f"model.kind {kind}: {name}({shown}) raised {type(e).__name__}: {_first_line(e)}"
-        ) from None
-    if not isinstance(net, nn.Module):
-        raise ConfigError(
-            f"model.kind {kind}: {name}({shown}) returned a {type(net).__name__}, not a torch.nn.Module"
-        )
-    return net
-
-
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """An exception's message, its first line alone."""
     return (str(e).strip().splitlines() or [""])[0]
 
 
@@ -283,24 +253,19 @@ def initial_model(spec: dict[str, Any]) -> nn.Module:
     parameters (``freeze``). Each worker builds it from the spec; the file must be on its
     node (torch's hub cache or the path given), as it is on a single machine. An ``hf:``
     model starts from its pretrained weights, read from its folder on the node."""
-    if spec["kind"].startswith(HF):
-        inputs = {name: s["shape"] for name, s in spec.get("inputs", {}).items()}
-        model = Reshaped(hf_models.pretrained(spec), spec["input_shape"], inputs, by_name=bool(inputs))
-    else:
-        model = build_model(spec)
-    inner = inner_model(model)
+    model = model_kinds.family(spec["kind"]).initial(spec)
+    inner = inner_model(model, spec["kind"])
     if spec.get("weights_file"):
         state = _read_weights(spec["weights_file"], spec["weights"])
-        load_weights(inner, state, spec["weights"], _outputs(spec))
+        load_weights(inner, state, spec["weights"], outputs_of(spec))
     if spec.get("freeze"):
         freeze(inner, spec["freeze"])
     return model
 
 
-def inner_model(model: nn.Module) -> nn.Module:
-    """The model that names the parameters ``model.freeze`` and weights files speak of."""
-    inner = model.net if isinstance(model, Reshaped) else model
-    return hf_models.inner(inner) if isinstance(inner, hf_models.HFClassifier) else inner
+def inner_model(model: nn.Module, kind: str) -> nn.Module:
+    """The model of ``kind`` that names the parameters ``model.freeze`` and weights files speak of."""
+    return model_kinds.family(kind).inner(model.net if isinstance(model, Reshaped) else model)
 
 
 def _read_weights(path: str, weights: str) -> dict[str, torch.Tensor]:
@@ -308,7 +273,7 @@ def _read_weights(path: str, weights: str) -> dict[str, torch.Tensor]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise ConfigError(
-            f"model.weights {weights}: {path} is not a state dict torch can load: {_first_line(e)}"
+            f"model.weights {weights}: {path} is not a state dict torch can load: {first_line(e)}"
         ) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ConfigError(f"model.weights {weights}: {path} holds no state dict (names to tensors)")
@@ -336,30 +301,6 @@ def first_conv(model: nn.Module) -> tuple[str, nn.Conv2d] | None:
     """The first Conv2d a model registers (resnet's conv1, a ViT's conv_proj, the stem of
     mobilenet, efficientnet, convnext...): the one that reads the image."""
     return next(((n, m) for n, m in model.named_modules() if isinstance(m, nn.Conv2d)), None)
-
-
-def replace_first_conv(model: nn.Module, channels: int, kind: str) -> None:
-    """Replace the first convolution by one that takes ``channels`` channels, with the
-    same hyperparameters (fresh weights; :func:`load_weights` adapts pretrained ones)."""
-    found = first_conv(model)
-    if found is None or found[1].groups != 1:
-        raise ConfigError(
-            f"model.kind {kind}: takes 3-channel images and has no plain first convolution to "
-            f"replace for the data's {channels}; convert the images (data.image_mode: RGB)"
-        )
-    name, old = found
-    new = nn.Conv2d(
-        channels,
-        old.out_channels,
-        kernel_size=old.kernel_size,
-        stride=old.stride,
-        padding=old.padding,
-        dilation=old.dilation,
-        bias=old.bias is not None,
-        padding_mode=old.padding_mode,
-    )
-    parent_name, _, attr = name.rpartition(".")
-    setattr(model.get_submodule(parent_name), attr, new)
 
 
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor], weights: str, outputs: int) -> None:
@@ -422,8 +363,8 @@ def _dry_run(model: nn.Module, spec: dict[str, Any]) -> None:
     """One batch through the model in the driver, as training runs it (train mode), so a
     model that cannot take the data's shape or gives the wrong outputs fails here."""
     kind = spec["kind"]
-    outputs = _outputs(spec)
-    if kind in OWN:
+    outputs = outputs_of(spec)
+    if "input_shape" not in spec:  # trainflow's own models, whose sizes come from the data
         return
     shape = spec["input_shape"]
     x = dry_batch(spec)
@@ -435,7 +376,7 @@ def _dry_run(model: nn.Module, spec: dict[str, Any]) -> None:
             y = model.train()(x)
     except Exception as e:
         raise ConfigError(
-            f"model.kind {kind}: does not take {what}: {type(e).__name__}: {_first_line(e)}"
+            f"model.kind {kind}: does not take {what}: {type(e).__name__}: {first_line(e)}"
         ) from None
     if not isinstance(y, torch.Tensor) or tuple(y.shape) != (_DRY_BATCH, outputs):
         got = list(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__

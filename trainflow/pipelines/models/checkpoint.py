@@ -6,10 +6,10 @@ architecture spec), ``preprocessor.json``, ``config.json`` and ``metrics.json``;
 trainflow and the folder, nothing pickled with code in it; for a user's model or
 ``preprocess.transform``, its module too (:func:`user_modules`).
 
-Under a LoRA adapter (``train.lora``), a training checkpoint's ``model.pt`` holds what
-trains alone, the adapter and the head (:func:`model_state`), and loads onto the
-pretrained base read from the ``hf:`` model's folder; a registered version holds the
-whole state dict (:func:`complete_weights`), so it loads where the base model is not.
+Under an adapter (``train.lora``), a training checkpoint's ``model.pt`` holds what trains
+alone, the adapter and the head (:func:`model_state`), and loads onto the pretrained base
+the model's family reads (:meth:`~.kinds.ModelFamily.initial`); a registered version holds
+the whole state dict (:func:`complete_weights`), so it loads where the base model is not.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from torch import nn
 from trainflow.pipelines.data import tokenizer
 from trainflow.pipelines.data import transform as transforms
 from trainflow.pipelines.data.preprocess import Preprocessor
-from trainflow.pipelines.models.build import build_model, initial_model
-from trainflow.pipelines.models.hf import has_adapter, is_adapter_state, merge_lora
+from trainflow.pipelines.models.build import build_model, holds_adapter, initial_model
+from trainflow.pipelines.models.kinds import family
 
 log = logging.getLogger("trainflow")
 
@@ -96,12 +96,12 @@ def metrics_json(metrics: dict[str, Any], encoded_rows: list[str] | None = None)
 
 
 def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """What ``model.pt`` holds of ``model``: its state dict; under a LoRA adapter, only the
-    entries that train (the adapter's and the head's), as the base weights are the
-    pretrained ones."""
+    """What ``model.pt`` holds of ``model``: its state dict; under an adapter
+    (:func:`~.build.holds_adapter`), only the entries that train (the adapter's and the
+    head's), as the base weights are the pretrained ones."""
     model = _unwrap(model)
     state = model.state_dict()
-    if not has_adapter(model):
+    if not holds_adapter(model):
         return state
     trains = {name for name, p in model.named_parameters() if p.requires_grad}
     return {name: value for name, value in state.items() if name in trains}
@@ -109,8 +109,8 @@ def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def model_with_state(spec: dict[str, Any], state: dict[str, torch.Tensor]) -> nn.Module:
     """The model of ``spec`` holding ``state``: a whole state dict loads into the bare
-    architecture; an adapter's alone onto the pretrained base (from the ``hf:`` folder)."""
-    if not is_adapter_state(spec, state):
+    architecture; an adapter's alone onto the pretrained base its family reads."""
+    if not family(spec["kind"]).adapter_alone(spec, state):
         model = build_model(spec)
         model.load_state_dict(state)
         return model
@@ -129,7 +129,7 @@ def complete_weights(folder: str | Path) -> None:
     if not spec.get("lora"):
         return
     state = torch.load(folder / MODEL, map_location="cpu", weights_only=True)
-    if is_adapter_state(spec, state):
+    if family(spec["kind"]).adapter_alone(spec, state):
         tmp = folder / f".{MODEL}.tmp"
         torch.save(model_with_state(spec, state).state_dict(), tmp)
         tmp.replace(folder / MODEL)
@@ -260,8 +260,7 @@ def load_checkpoint(folder: str | Path) -> Predictor:
         raise FileNotFoundError(f"checkpoint {folder}: missing {', '.join(missing)}")
     spec = read_json(folder, SPEC)
     model = model_with_state(spec, torch.load(folder / MODEL, map_location="cpu", weights_only=True))
-    if (spec.get("lora") or {}).get("merge"):
-        model = merge_lora(model)
+    model = family(spec["kind"]).loaded(model, spec)
     model.eval()
     pre = Preprocessor.load(folder / PREPROCESSOR)
     check_transform(pre, folder)

@@ -8,6 +8,9 @@ architecture from ``model.json`` alone (:func:`build`) and its ``model.pt`` load
 only a run's start reads the pretrained weights (:func:`pretrained`), from the folder
 :func:`~trainflow.pipelines.hf_hub.resolve` found. With ``train.lora`` the model is wrapped
 by PEFT's LoRA (:func:`with_lora`): only the adapter and the head train.
+
+:data:`HF_MODELS` is the hf family's row of the table in :mod:`.kinds`: what building,
+checkpoints (the adapter alone, merged when loaded) and image preprocessing ask of it.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ import torch
 from torch import nn
 
 from trainflow.config import ConfigError
-from trainflow.config.training import HF
-from trainflow.pipelines.hf_hub import quiet, resolve
+from trainflow.pipelines.hf_hub import model_folder, quiet
+from trainflow.pipelines.models import kinds as model_kinds
+from trainflow.pipelines.models.build import Reshaped, Wrapper, image_shape_of, inputs_of
 
 
-class HFClassifier(nn.Module):
+class HFClassifier(Wrapper):
     """A transformers classifier (or regressor) called with its inputs by name
     (``input_ids``, ``attention_mask``, ...), or with a batch of images as its
     ``pixel_values``; returns its logits."""
@@ -32,6 +36,10 @@ class HFClassifier(nn.Module):
     def __init__(self, net: nn.Module):
         super().__init__()
         self.net = net
+
+    @property
+    def holds_adapter(self) -> bool:
+        return has_adapter(self.net)
 
     def forward(self, inputs: dict[str, torch.Tensor] | torch.Tensor) -> torch.Tensor:
         if isinstance(inputs, torch.Tensor):
@@ -79,7 +87,7 @@ def image_processing(kind: str) -> dict[str, list]:
 
 def source(kind: str) -> str:
     """The folder of ``model.kind: hf:...``, resolved (ConfigError when it is not there)."""
-    return resolve(kind.removeprefix(HF), "model.kind", HF)
+    return model_folder(kind)
 
 
 def spec_part(
@@ -212,3 +220,47 @@ def inner(model: nn.Module) -> nn.Module:
     """The transformers model under its wrappers, whose names ``model.freeze`` speaks of."""
     net = model.net if isinstance(model, HFClassifier) else model
     return net.get_base_model() if hasattr(net, "get_base_model") else net
+
+
+class HFModels(model_kinds.ModelFamily):
+    """``hf:<model id or folder>``: a pretrained transformers classifier in
+    :class:`~.build.Reshaped`, its inputs by name (the tokenizer's) or the images."""
+
+    def spec_part(self, cfg, num_features, num_outputs, *, image_shape, inputs, classes, lora):
+        if image_shape is not None:
+            part: dict[str, Any] = {"input_shape": image_shape_of(cfg, num_features, image_shape)}
+        elif inputs:
+            part = {"input_shape": [num_features], "by_name": True}
+        else:
+            raise ConfigError(
+                f"model.kind {cfg.kind}: takes a text column through preprocess.tokenizer "
+                "(such as {column: text, max_length: 128}), or images"
+            )
+        part["hf"] = spec_part(cfg.kind, cfg.args, num_outputs, classes, images=image_shape is not None)
+        return {**part, "lora": lora} if lora else part
+
+    def build(self, spec):
+        inputs = inputs_of(spec)
+        return Reshaped(build(spec), spec["input_shape"], inputs, by_name=bool(inputs))
+
+    def initial(self, spec):
+        inputs = inputs_of(spec)
+        return Reshaped(pretrained(spec), spec["input_shape"], inputs, by_name=bool(inputs))
+
+    def inner(self, net):
+        return inner(net)
+
+    def adapter_alone(self, spec, state):
+        return is_adapter_state(spec, state)
+
+    def loaded(self, model, spec):
+        return merge_lora(model) if (spec.get("lora") or {}).get("merge") else model
+
+    def adapter_state(self, spec, folder):
+        return adapter_state(spec, folder)
+
+    def image_processing(self, kind):
+        return image_processing(kind)
+
+
+HF_MODELS = HFModels()

@@ -1,38 +1,120 @@
-"""What ``model.kind`` and ``model.weights`` name, resolved without building a model.
+"""What ``model.kind`` and ``model.weights`` name, resolved without building a model, and
+the table of model kinds' families.
 
-``mlp`` and ``cnn`` are trainflow's own; ``torchvision:<architecture>`` names a builder of
-``torchvision.models``; ``package.module:callable`` a model of the user's own;
-``hf:<model id or folder>`` a pretrained Hugging Face model (``hf_hub`` finds it). These
-resolve names, import the user's module and find weights files, each failing in one line
-(ConfigError naming the field). Importing this module imports neither torch nor
-torchvision: the checks before a run use it for every kind, and pay for torchvision only
-when the config names it.
+:data:`FAMILIES` maps each family (``own``: ``mlp`` and ``cnn``; ``torchvision:<architecture>``;
+``hf:<model id or folder>``; the user's ``package.module:callable``) to its
+:class:`ModelFamily`, which builds its models, and to its check before a run. Shared code
+asks :func:`family` and never tests a kind's prefix; a family's module is imported when a
+config names it. The checks resolve names, import the user's module and find weights
+files, each failing in one line (ConfigError naming the field). Importing this module
+imports neither torch nor torchvision: the checks before a run use it for every kind.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
+import importlib
 import math
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainflow.config import ConfigError, ModelConfig
-from trainflow.config.training import HF
+from trainflow.config.training import kind_family, kind_name
 from trainflow.pipelines.hooks import load_hook
 
-TORCHVISION = "torchvision:"
-OWN = ("mlp", "cnn")
 # A torchvision weights name: an enum of torchvision.models and one of its members.
 WEIGHTS_NAME = re.compile(r"[A-Za-z]\w*_Weights\.\w+")
+
+
+class Family(NamedTuple):
+    """A row of :data:`FAMILIES`: ``module:name`` of the family's :class:`ModelFamily`, and of
+    its check before a run (a function of the kind that imports no torch), or None."""
+
+    models: str
+    check: str | None
+
+
+FAMILIES = {
+    "own": Family("trainflow.pipelines.models.build:OWN_MODELS", None),
+    "torchvision": Family(
+        "trainflow.pipelines.models.builders:TORCHVISION_MODELS",
+        "trainflow.pipelines.models.kinds:torchvision_builder",
+    ),
+    "hf": Family("trainflow.pipelines.models.hf:HF_MODELS", "trainflow.pipelines.hf_hub:model_folder"),
+    "user": Family(
+        "trainflow.pipelines.models.builders:USER_MODELS", "trainflow.pipelines.models.kinds:user_callable"
+    ),
+}
+
+
+class ModelFamily:
+    """What shared code asks of a family of model kinds; each family's module defines one.
+    The defaults suit a model whose checkpoint is its whole state dict."""
+
+    def spec_part(
+        self, cfg: ModelConfig, num_features: int, num_outputs: int, *, image_shape, inputs, classes, lora
+    ) -> dict[str, Any]:
+        """The family's fields of the model's spec, from the config and the data
+        (:func:`~trainflow.pipelines.models.build.model_spec` says what each argument is)."""
+        raise NotImplementedError
+
+    def build(self, spec: dict[str, Any]) -> Any:
+        """The architecture ``spec`` describes, with fresh weights: the ``nn.Module`` a
+        checkpoint's state dict loads into."""
+        raise NotImplementedError
+
+    def initial(self, spec: dict[str, Any]) -> Any:
+        """The model a run starts from, before ``model.weights``: the architecture."""
+        return self.build(spec)
+
+    def inner(self, net: Any) -> Any:
+        """The model under the family's own wrapper, whose parameters ``model.freeze`` and
+        ``model.weights`` name."""
+        return net
+
+    def adapter_alone(self, spec: dict[str, Any], state: dict[str, Any]) -> bool:
+        """Whether ``state`` holds an adapter without the base weights it adapts, which
+        :meth:`initial` reads."""
+        return False
+
+    def loaded(self, model: Any, spec: dict[str, Any]) -> Any:
+        """A checkpoint's model as it predicts (an adapter merged where the spec says so)."""
+        return model
+
+    def adapter_state(self, spec: dict[str, Any], folder: Path) -> dict[str, Any] | None:
+        """The state dict of the model of ``spec`` with an adapter a user's loop saved in
+        ``folder`` merged in; None for a family without adapters."""
+        return None
+
+    def image_processing(self, kind: str) -> dict[str, list]:
+        """The preprocess fields (``image_size``, ``image_mean``, ``image_std``) the model's
+        own image processing sets; none by default."""
+        return {}
+
+
+def _named(ref: str) -> Any:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@functools.cache
+def _family_models(name: str) -> ModelFamily:
+    return _named(FAMILIES[name].models)
+
+
+def family(kind: str) -> ModelFamily:
+    """The :class:`ModelFamily` of ``kind``'s family, its module imported on first use."""
+    return _family_models(kind_family(kind))
 
 
 def torchvision_builder(kind: str) -> Callable[..., Any]:
     """The builder ``torchvision:<architecture>`` names; an unknown name lists close ones."""
     import torchvision.models
 
-    name = kind.removeprefix(TORCHVISION)
+    name = kind_name(kind)
     known = torchvision.models.list_models(module=torchvision.models)
     if name not in known:
         close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
@@ -46,13 +128,6 @@ def torchvision_builder(kind: str) -> Callable[..., Any]:
 def user_callable(kind: str) -> Callable[..., Any]:
     """The callable ``package.module:callable`` names, imported here."""
     return load_hook("model.kind", kind)
-
-
-def builder(kind: str) -> Callable[..., Any] | None:
-    """What builds a torchvision or user kind; None for trainflow's own and Hugging Face's."""
-    if kind in OWN or kind.startswith(HF):
-        return None
-    return torchvision_builder(kind) if kind.startswith(TORCHVISION) else user_callable(kind)
 
 
 def weights_file(weights: str) -> Path:
@@ -96,11 +171,9 @@ def check_model(cfg: ModelConfig) -> None:
     module imports and holds the callable, the weights file is there. Building the model
     needs the data's shape and outputs: :func:`~trainflow.pipelines.models.build.model_spec`
     does, in the driver."""
-    if cfg.kind.startswith(HF):
-        from trainflow.pipelines.hf_hub import resolve
-
-        resolve(cfg.kind.removeprefix(HF), "model.kind", HF)
-    builder(cfg.kind)
+    check = FAMILIES[cfg.family].check
+    if check is not None:
+        _named(check)(cfg.kind)
     if cfg.weights is not None:
         weights_file(cfg.weights)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from trainflow.config.training import kind_name
 from trainflow.files import redacted
 from trainflow.pipelines.registry.lineage import (
     CONFIG_HASH_TAG,
@@ -69,7 +70,7 @@ def _what_it_is(reg: Registration, config: PipelineConfig) -> str:
     ]
     if config.preprocess.tokenizer is not None:
         tok = config.preprocess.tokenizer
-        name = tok.name or f"the base model's ({config.model.kind.removeprefix('hf:')})"
+        name = tok.name or f"the base model's ({kind_name(config.model.kind)})"
         rows.append(("tokenizer", f"{name}, column `{tok.column}`, {tok.max_length} tokens; saved with it"))
     if config.train.lora is not None:
         lora = config.train.lora

@@ -26,9 +26,8 @@ from torch import nn
 
 from trainflow.pipelines.data.preprocess import LABEL
 from trainflow.pipelines.metrics import load_metrics
-from trainflow.pipelines.models.build import initial_model
+from trainflow.pipelines.models.build import holds_adapter, initial_model
 from trainflow.pipelines.models.checkpoint import metrics_json, save_checkpoint
-from trainflow.pipelines.models.hf import has_adapter
 from trainflow.pipelines.sweep.trials import record_placement
 from trainflow.pipelines.training.in_process import LocalContext, save_kept
 from trainflow.pipelines.training.inputs import Batch, epoch_batches, model_input, open_splits
@@ -250,7 +249,7 @@ class TrainingParts:
             return 0, 0, []
         train_state, model_state = state
         # An adapter's state alone (train.lora) loads onto the pretrained base built here.
-        _unwrap(self.model).load_state_dict(model_state, strict=not has_adapter(_unwrap(self.model)))
+        _unwrap(self.model).load_state_dict(model_state, strict=not holds_adapter(_unwrap(self.model)))
         # The optimizer's moments and the schedule's place come from the checkpoint, its
         # hyperparameters from this run's config (a PBT trial goes on from another's
         # checkpoint with its own learning rate and weight decay).

@@ -25,10 +25,9 @@ from torch import nn
 from trainflow.config import LOOP_RESERVED, LOOP_SETTINGS, ConfigError, PipelineConfig
 from trainflow.files import publishing_folder
 from trainflow.pipelines.hooks import describe, load_hook
-from trainflow.pipelines.models import hf as hf_models
-from trainflow.pipelines.models.build import Reshaped, build_model
+from trainflow.pipelines.models.build import Wrapper, build_model
 from trainflow.pipelines.models.checkpoint import METRICS, MODEL, save_checkpoint
-from trainflow.pipelines.models.hf import HFClassifier
+from trainflow.pipelines.models.kinds import family
 from trainflow.pipelines.training.run_records import local_checkpoint, stored_run_path
 from trainflow.pipelines.training.settings import TrainingResult
 
@@ -185,17 +184,19 @@ def loop_model(folder: Path, spec: dict[str, Any], path: str) -> nn.Module:
     """The model ``spec`` describes (model.kind's), with the weights of the loop's
     checkpoint ``folder``: the state dict of the model itself or of one it wraps (a
     torchvision, user's or transformers model in Reshaped, a transformers model in
-    HFClassifier); for ``hf:``, a PEFT adapter the loop saved (a Trainer of a PEFT model)
-    merged into the pretrained weights. A ConfigError naming both when the state dict does
-    not fit the model."""
-    adapter = adapter_folder(folder) if "hf" in spec else None
-    state = hf_models.adapter_state(spec, adapter) if adapter else read_loop_state(folder, path)
+    HFClassifier); an adapter the loop saved (a Trainer of a PEFT model) merged by the
+    family into its pretrained weights (:meth:`~.kinds.ModelFamily.adapter_state`). A
+    ConfigError naming both when the state dict does not fit the model."""
+    adapter = adapter_folder(folder)
+    state = family(spec["kind"]).adapter_state(spec, adapter) if adapter else None
+    if state is None:
+        state = read_loop_state(folder, path)
     model = build_model(spec)
-    # trainflow's wrappers (Reshaped around a torchvision, user's or transformers model,
-    # HFClassifier around the transformers model) each hold what they wrap as ``net``: the
-    # loop's state dict is that of the one whose names it shares most.
+    # trainflow's wrappers (build.Wrapper: Reshaped around a torchvision, user's or
+    # transformers model, HFClassifier around the transformers model) each hold what they
+    # wrap as ``net``: the loop's state dict is that of the one whose names it shares most.
     chain = [model]
-    while isinstance(chain[-1], (Reshaped, HFClassifier)):
+    while isinstance(chain[-1], Wrapper):
         chain.append(chain[-1].net)
     target = max(chain, key=lambda m: len(state.keys() & m.state_dict().keys()))
     own = target.state_dict()

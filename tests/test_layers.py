@@ -204,6 +204,40 @@ def test_what_ray_trains_controller_unpickles_of_a_run_imports_no_torch():
     assert out.stdout.decode().strip() == "[]"
 
 
+# What a default training run does not use: drift, sweeps, batch prediction, serving, Hugging
+# Face, a user's own loop, and the registry's modules until the register step.
+OPTIONAL_FEATURES = (
+    "trainflow.tasks.drift",
+    "trainflow.pipelines.evaluation.drift",
+    "trainflow.tasks.sweep",
+    "trainflow.pipelines.sweep.run",
+    "trainflow.pipelines.sweep.search",
+    "trainflow.tasks.predict",
+    "trainflow.pipelines.evaluation.predict",
+    "trainflow.tasks.serving",
+    "trainflow.pipelines.hf_hub",
+    "trainflow.pipelines.models.hf",
+    "trainflow.pipelines.training.user_loop",
+    "trainflow.pipelines.training.loop_reports",
+    "trainflow.pipelines.registry.registration",
+    "trainflow.pipelines.registry.versions",
+    "trainflow.pipelines.registry.card",
+)
+FLOW_MODULES = 88  # at most; down to 60 as modules merge
+
+
+@pytest.mark.slow
+def test_importing_the_training_flow_loads_what_a_default_run_uses():
+    code = (
+        "import sys, trainflow.flows.training\n"
+        "print(*[m for m in sys.modules if m.split('.')[0] == 'trainflow'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = out.stdout.split()
+    assert [m for m in OPTIONAL_FEATURES if m in loaded] == []
+    assert len(loaded) <= FLOW_MODULES, loaded
+
+
 DOC = PACKAGE.parent / "docs" / "architecture.md"
 
 

@@ -22,7 +22,6 @@ from pydantic import BaseModel
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.files import is_uri, redacted
 from trainflow.pipelines.data.schema import SourceInfo
-from trainflow.pipelines.data.tokenizer import is_reference
 from trainflow.pipelines.evaluation.predict_input import InputInfo, check_output, inspect_input
 from trainflow.pipelines.training.run_records import RunRecord
 
@@ -212,6 +211,7 @@ def model(uri: str, *, pin: bool = False) -> ModelRef:
     """The registered version behind NAME@ALIAS, NAME/VERSION or models:/..., downloaded
     and checked (RegistryError, IntegrityError). ``pin``: its ``uri`` becomes NAME/VERSION,
     so that an alias that moves before the run uses it does not change what it predicts with."""
+    from trainflow.pipelines.data.tokenizer import is_reference
     from trainflow.pipelines.models.checkpoint import load_checkpoint
     from trainflow.pipelines.registry import versions
     from trainflow.workspace import workspace

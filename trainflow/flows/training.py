@@ -13,7 +13,6 @@ from trainflow.config import ConfigError, PipelineConfig, load_config, smoke_con
 from trainflow.files import redacted
 from trainflow.run_checks import RunChecks
 from trainflow.tasks import (
-    drift,
     evaluate,
     ingest,
     one_training_at_a_time,
@@ -97,7 +96,7 @@ def training_pipeline(
             # preprocess: skipped (cached) when its prepared entry exists
             prepared = preprocess(config, source)
             # drift: with a drift section, the train split against the champion's (block stops here)
-            drifted = drift(config, prepared) if config.drift else None
+            drifted = _drifted(config, prepared)
             # train: on the fitted workers, its own Ray run or the one to resume (a retry re-fits them)
             trained = train(
                 config, prepared, checked.resume.run_name if checked.resume else None, fitted.scaling
@@ -107,6 +106,16 @@ def training_pipeline(
             # register: the champion alias moves only if the gate passes
             registered = register(config, source, prepared, trained, evaluated, drifted)
     return _summarized(config, prepared, trained, evaluated, registered, steps)
+
+
+def _drifted(config: PipelineConfig, prepared: Prepared):
+    """The drift step's result with a drift section, else None; the step's module is
+    imported only then."""
+    if not config.drift:
+        return None
+    from trainflow.tasks import drift
+
+    return drift(config, prepared)
 
 
 def _summarized(

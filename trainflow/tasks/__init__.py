@@ -17,25 +17,30 @@ handed anything else fails in one line naming it (:class:`StepInputError`)::
         evaluated = evaluate(config, prepared, trained)
         register(config, source, prepared, trained, evaluated)
 
+The steps a default training run does not take (``drift``, ``predict``, ``check_input``,
+``resolve_model``, ``sweep``, ``serve_endpoint``) are imported when first asked for.
 The plumbing of trainflow's own flows is here too: :func:`one_training_at_a_time` (the
 model's concurrency slot) and :func:`step_times` (what each step took); the Ray session
 and the cluster's preflight are in :mod:`trainflow.cluster`.
 """
 
+import importlib
+import sys
+import types
 from typing import TYPE_CHECKING
 
-from trainflow.tasks.drift import drift
 from trainflow.tasks.evaluate import evaluate
-from trainflow.tasks.predict import check_input, predict, resolve_model
 from trainflow.tasks.prepare import ingest, preprocess
 from trainflow.tasks.register import register
 from trainflow.tasks.slots import one_training_at_a_time
 from trainflow.tasks.steps import StepInputError, step_times
-from trainflow.tasks.sweep import sweep
 from trainflow.tasks.train import train
 
 if TYPE_CHECKING:
+    from trainflow.tasks.drift import drift
+    from trainflow.tasks.predict import check_input, predict, resolve_model
     from trainflow.tasks.serving import serve_endpoint
+    from trainflow.tasks.sweep import sweep
 
 __all__ = [
     "StepInputError",
@@ -54,12 +59,34 @@ __all__ = [
     "train",
 ]
 
+# The steps imported when first asked for, by the module that defines each.
+LAZY = {
+    "drift": "drift",
+    "check_input": "predict",
+    "predict": "predict",
+    "resolve_model": "predict",
+    "serve_endpoint": "serving",
+    "sweep": "sweep",
+}
+
 
 def __getattr__(name: str):
-    """``serve_endpoint``, imported when first asked for: it imports Ray Serve and FastAPI,
-    which a flow that trains never uses."""
-    if name == "serve_endpoint":
-        from trainflow.tasks.serving import serve_endpoint
-
-        return serve_endpoint
+    if name in LAZY:
+        step = getattr(importlib.import_module(f"{__name__}.{LAZY[name]}"), name)
+        globals()[name] = step
+        return step
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _Steps(types.ModuleType):
+    """This package, whose ``drift``, ``predict`` and ``sweep`` stay the steps when their
+    modules of the same names are imported (Python's import sets a package's attribute to
+    each submodule it imports)."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Steps

@@ -12,14 +12,13 @@ import logging
 from trainflow.cluster.checks import PreflightError
 from trainflow.config import ConfigError
 from trainflow.pipelines.data.schema import DataError
-from trainflow.pipelines.evaluation.drift import DataDrift
 from trainflow.pipelines.sweep.trials import SweepFailed
 
-# DataDrift is a DataError; named apart, since Prefect's records carry only its name.
-EXPECTED_ERRORS = (ConfigError, DataError, DataDrift, PreflightError, SweepFailed)
+EXPECTED_ERRORS = (ConfigError, DataError, PreflightError, SweepFailed)
 # The loggers of Prefect's flow and task run records (console and API handlers).
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
-_NAMES = tuple(cls.__name__ for cls in EXPECTED_ERRORS)
+# DataDrift is a DataError; named apart, since Prefect's records carry only its name.
+_NAMES = (*(cls.__name__ for cls in EXPECTED_ERRORS), "DataDrift")
 
 
 def is_expected(record: logging.LogRecord) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prefect import get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
@@ -11,14 +13,14 @@ from trainflow.cluster.session import connected
 from trainflow.config import PipelineConfig
 from trainflow.pipelines.data import schema
 from trainflow.pipelines.evaluation import evaluate as scoring
-from trainflow.pipelines.registry import card, gate, lineage, registration
-from trainflow.pipelines.registry.registration import FLOW_NAME_TAG, FLOW_RUN_NAME_TAG
-from trainflow.pipelines.registry.versions import server_in_one_line
 from trainflow.pipelines.training.run_records import mark_registered
 from trainflow.tasks import render
 from trainflow.tasks.results import Drifted, Evaluated, Prepared, Registered, Trained
 from trainflow.tasks.steps import StepInputError, as_config, expect, step
 from trainflow.workspace import Workspace, storage_location, workspace
+
+if TYPE_CHECKING:
+    from trainflow.pipelines.registry import gate, registration
 
 
 @step(name="register", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10])
@@ -52,6 +54,9 @@ def _registered(
     logger,
 ) -> registration.Registration:
     """The version made of ``trained`` behind the gate; a registry server gone is one line."""
+    from trainflow.pipelines.registry import registration
+    from trainflow.pipelines.registry.versions import server_in_one_line
+
     with server_in_one_line(ws):
         return registration.register_checkpoint(
             ws,
@@ -105,6 +110,9 @@ def _checked(
 def _lineage(config: PipelineConfig, source: schema.SourceInfo, prepared: Prepared, trained: Trained) -> dict:
     """The lineage tags, with the flow run's name and flow, which MLflow's UI shows as who
     registered the version (``registration.creator_tags``)."""
+    from trainflow.pipelines.registry import lineage
+    from trainflow.pipelines.registry.registration import FLOW_NAME_TAG, FLOW_RUN_NAME_TAG
+
     tags = lineage.lineage_tags(
         config_hash=config.config_hash(),
         data_fingerprint=source.fingerprint,
@@ -159,6 +167,8 @@ def _publish(
     """The version and the gate's decision in the log; the gate's report, the version's
     model card (also logged with its MLflow run) and a link to the version as Prefect
     artifacts."""
+    from trainflow.pipelines.registry import card, registration
+
     verdict = "champion" if reg.champion else "champion unchanged"
     logger.info("registered %s version %s; %s: %s", reg.name, reg.version, verdict, reg.decision.reason)
     key = render.artifact_key(config.name)

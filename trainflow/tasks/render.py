@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainflow.config import headline_metrics
 from trainflow.pipelines.evaluation import reports
-from trainflow.pipelines.registry import registration
-from trainflow.pipelines.registry.listing import columns
 from trainflow.tasks.results import Evaluated, PipelineResult, Registered, Reproduced, SweepResult
+
+if TYPE_CHECKING:
+    from trainflow.pipelines.registry import registration
 
 # The summary's labels are padded to one width so that the values line up.
 _LABEL = 12
@@ -249,6 +250,8 @@ def _or_dash(value: Any) -> str:
 def drift_lines(summary: str, rows: Sequence[dict[str, Any]], sampled: str, limit: int = 20) -> list[str]:
     """What ``trainflow models drift`` prints: where the rows came from, the line, and the
     table of the first ``limit`` features (the drifted and highest PSI first)."""
+    from trainflow.pipelines.registry.listing import columns
+
     header = ["feature", "kind", "psi", "ks", "p-value", "drifted", "note"]
     table = [
         [r["feature"], r["kind"], f"{r['psi']:.4f}", _or_dash(r["ks"]), _or_dash(r["p_value"]),
@@ -293,6 +296,8 @@ def trial_rows(metric: str, trials: Sequence[dict[str, Any]]) -> list[dict[str, 
 
 def sweep_lines(r: SweepResult, metric: str, also_written: Path | None = None) -> list[str]:
     """What ``trainflow sweep`` prints when the sweep is done: the trial table, then the summary."""
+    from trainflow.pipelines.registry.listing import columns
+
     rows = [
         (t["trial_id"], t["status"], f"{t['epochs']}/{t['max_epochs']}", _best(t), trial_params(t["params"]))
         for t in r.trials
@@ -374,6 +379,8 @@ def reproduce_rows(r: Reproduced) -> list[list[str]]:
 def reproduce_lines(r: Reproduced) -> list[str]:
     """What ``trainflow models reproduce`` prints: the new version, as ``trainflow run``
     prints it, then each test metric beside the original's."""
+    from trainflow.pipelines.registry.listing import columns
+
     reg = r.result.registered
     header, *rows = reproduce_rows(r)
     return [

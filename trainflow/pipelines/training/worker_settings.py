@@ -16,7 +16,6 @@ from trainflow.pipelines.training.progress import clear_progress
 from trainflow.pipelines.training.resume import step_folder
 from trainflow.pipelines.training.run_records import newest_checkpoint
 from trainflow.pipelines.training.settings import PreparedSplits, TrainSettings, balanced_class_weights
-from trainflow.pipelines.training.user_loop import check_loop
 
 if TYPE_CHECKING:
     import ray.data
@@ -38,6 +37,8 @@ def trainer_inputs(
     progress rows, to a :class:`~.progress.ProgressLog` of this call's own. A loop of the
     user's own is checked here, and reads every split from its Ray Data shard."""
     if config.train.loop:
+        from trainflow.pipelines.training.user_loop import check_loop
+
         check_loop(config.train.loop)
     in_memory = () if config.train.loop else splits_in_memory(config, prepared.path)
     memory_splits, datasets = split_inputs(

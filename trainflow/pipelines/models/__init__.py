@@ -1,4 +1,5 @@
-"""Models, by concern: ``kinds`` (``model.kind`` resolved without torch: torchvision
-builders, a user's callable, weights files), ``build`` (the model built, its weights and
-frozen prefixes), ``hf`` (a pretrained Hugging Face transformers model) and ``checkpoint``
-(the self-describing checkpoint folder)."""
+"""Models, by concern: ``kinds`` (``model.kind`` resolved without torch, and the table of
+model kinds' families), ``build`` (the model built, trainflow's own ``mlp`` and ``cnn``,
+its weights and frozen prefixes), ``builders`` (torchvision's and the user's builders),
+``hf`` (a pretrained Hugging Face transformers model) and ``checkpoint`` (the
+self-describing checkpoint folder)."""

@@ -4,8 +4,8 @@ ones stopped early, or trained as a population that copies its best (PBT, PB2).
 Each trial is a function trainable (:func:`run_trial`) that runs one training
 (:func:`run_training`, as the train step does) for its sampled config (``Tuner(trainer)``
 does not work with Ray Train V2) and reports every epoch to Tune (:mod:`.trials`), so
-ASHA can stop it and PBT can copy it. The trial actor itself holds no CPU, the trainer's
-workers ask for what ``sweep.scaling`` says, unless the trial trains in its own process
+ASHA can stop it and PBT can copy it. The trial actor itself holds no CPU (the trainer's
+workers ask for what ``sweep.scaling`` says) unless the trial trains in its own process
 (:func:`trains_in_trial`). The search and the scheduler come from :mod:`.search`'s tables.
 :func:`run_sweep` returns one plain :class:`TrialSummary` per trial and the best trial's
 config and checkpoint.

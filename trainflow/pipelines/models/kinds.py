@@ -31,7 +31,8 @@ WEIGHTS_NAME = re.compile(r"[A-Za-z]\w*_Weights\.\w+")
 
 class Family(NamedTuple):
     """A row of :data:`FAMILIES`: ``module:name`` of the family's :class:`ModelFamily`, and of
-    its check before a run (a function of the kind that imports no torch), or None."""
+    its check before a run (a function of the kind, which spares the checks the family's
+    module and torch where the family allows), or None."""
 
     models: str
     check: str | None

@@ -43,12 +43,11 @@ def train(
     run_name: str | None = None,
     scaling: ScalingSection | None = None,
 ) -> Trained:
-    """TorchTrainer on the prepared splits, on the workers ``config.scaling`` asks for, fitted
-    to the cluster; connects to Ray when the caller has not. ``run_name``: the Ray Train run
-    under ``storage``, by default one per call, so that a retry resumes it; an unfinished
-    run's name continues it (``--resume``), and one trained but not registered returns its
-    result. ``scaling``: the workers as the flow's ``preflight`` fitted them; None, or a
-    retry (a node may be gone), fits them here. The run is recorded under ``storage``."""
+    """TorchTrainer on the prepared splits, on ``config.scaling``'s workers fitted to the cluster
+    (``scaling``: as the flow's ``preflight`` fitted them; None, or a retry after a lost node,
+    fits them here), connected to Ray unless the caller is. ``run_name``: the Ray Train run
+    under ``storage``, recorded there; by default one per call, which a retry resumes. An
+    unfinished run's name continues it (``--resume``); one trained, not registered, returns it."""
     config = as_config(config, "train")
     expect(prepared, Prepared, "train", "prepared", "preprocess")
     prepared.check_made_for(config, "train")
@@ -57,7 +56,6 @@ def train(
     storage = storage_location(config)
     if (ended := _trained_unregistered(storage, run_name, logger)) is not None:
         return ended
-    connected(config, logger)
     fitted = _fitted(config, scaling, logger)
     with recorded_run(storage, config, prepared.source_fingerprint, run_name, flow_run.id) as record:
         result = _run(fitted, prepared, run_name, storage, logger, record)
@@ -67,7 +65,8 @@ def train(
 
 
 def _fitted(config: PipelineConfig, scaling: ScalingSection | None, logger) -> PipelineConfig:
-    """The config to train: its scaling as the flow fitted it, or fitted now (``preflight``)."""
+    """The config to train, Ray connected: its scaling as the flow fitted it, or fitted now."""
+    connected(config, logger)
     if scaling is None or task_run.run_count > 1:
         return preflight(config, logger)
     return config.model_copy(update={"scaling": scaling})

@@ -208,7 +208,8 @@ def test_what_ray_trains_controller_unpickles_of_a_run_imports_no_torch():
 # Face, a user's own loop, and the registry's modules until the register step.
 OPTIONAL_FEATURES = (
     "trainflow.tasks.drift",
-    "trainflow.pipelines.evaluation.drift",
+    "trainflow.pipelines.drift.compare",
+    "trainflow.pipelines.drift.samples",
     "trainflow.tasks.sweep",
     "trainflow.pipelines.sweep.run",
     "trainflow.pipelines.sweep.search",

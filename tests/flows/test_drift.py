@@ -13,7 +13,7 @@ from trainflow.config.outputs import RegistryConfig
 from trainflow.flows.training import training_pipeline
 from trainflow.pipelines.data import profile as profiles
 from trainflow.pipelines.data.sources import digits_frame
-from trainflow.pipelines.evaluation.drift import DataDrift
+from trainflow.pipelines.drift.compare import DataDrift
 from trainflow.pipelines.registry import registration, store, versions
 from trainflow.tasks import drift, ingest, preprocess
 from trainflow.testing import small_config

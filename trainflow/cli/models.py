@@ -270,7 +270,7 @@ def models_drift(
     What it was asked, against its champion's train split: each feature's PSI and KS test,
     from the sample of requests each replica of `trainflow models serve` keeps under
     serving/NAME/ of the model's storage, else of TRAINFLOW_HOME."""
-    from trainflow.pipelines.serving.sampled import served_drift
+    from trainflow.pipelines.drift.samples import served_drift
 
     _, ws = _registry()
     with registry_errors(), one_line_errors():

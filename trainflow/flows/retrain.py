@@ -141,8 +141,8 @@ def watch_served(model: str = "digits") -> bool:
         whether it emitted the event.
     """
     from trainflow.config import DriftConfig
+    from trainflow.pipelines.drift.samples import served_drift
     from trainflow.pipelines.registry.reproduce import saved_config
-    from trainflow.pipelines.serving.sampled import served_drift
     from trainflow.workspace import workspace
 
     one_line_expected_errors()

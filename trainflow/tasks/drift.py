@@ -13,8 +13,7 @@ from trainflow.config import DriftConfig, PipelineConfig
 from trainflow.files import write_text
 from trainflow.pipelines.data import profile as profiles
 from trainflow.pipelines.data.schema import DataError
-from trainflow.pipelines.evaluation import drift as drift_measure
-from trainflow.pipelines.evaluation import reports
+from trainflow.pipelines.drift import compare as drift_measure
 from trainflow.tasks import render
 from trainflow.tasks.results import Drifted, Prepared
 from trainflow.tasks.steps import as_config, expect, run_id, step
@@ -28,7 +27,7 @@ def drift(config: PipelineConfig | dict | str, prepared: Prepared) -> Drifted:
     """Each feature of the prepared train split against the champion's saved profile (PSI,
     a KS test for numbers, the label's distribution), published as a table and a plot.
     A drifted feature is logged; under ``drift.action: block`` it stops the run in one
-    line (:class:`~trainflow.pipelines.evaluation.drift.DataDrift`). Without a champion,
+    line (:class:`~trainflow.pipelines.drift.compare.DataDrift`). Without a champion,
     or one registered before profiles were saved, it says so and returns."""
     config = as_config(config, "drift")
     expect(prepared, Prepared, "drift", "prepared", "preprocess")
@@ -71,7 +70,7 @@ def _write(report: drift_measure.DriftReport, folder: Path) -> list[str]:
     """The report as JSON (every feature, its bins' shares) and its plot, in ``folder``."""
     data = json.dumps({"summary": report.summary(), **report.to_dict()}, indent=1)
     write_text(folder / REPORT, data)
-    return [str(folder / REPORT), str(reports.drift_png(report, folder / reports.DRIFT))]
+    return [str(folder / REPORT), str(drift_measure.drift_png(report, folder / drift_measure.DRIFT_PNG))]
 
 
 def _decided(

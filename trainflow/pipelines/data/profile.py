@@ -1,5 +1,5 @@
 """What the train split looked like, saved with every model: the reference that drift is
-measured against (:mod:`trainflow.pipelines.evaluation.drift`).
+measured against (:mod:`trainflow.pipelines.drift.compare`).
 
 A :class:`Profile` holds, per numeric column (and a regression's label), a bounded
 sample of the train split's values: the rows with the :data:`PROFILE_ROWS` smallest

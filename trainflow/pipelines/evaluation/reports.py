@@ -1,6 +1,5 @@
 """Plots a user looks at, as PNG files: the learning curve; the confusion matrix of a
-classifier; a regression's predicted-against-true scatter and residual histogram; the
-drift of new data from a champion's.
+classifier; a regression's predicted-against-true scatter and residual histogram.
 
 Drawn with matplotlib's Agg canvas on a Figure of their own, so nothing touches pyplot's
 global state or needs a display (Prefect workers, CI, Ray nodes have none).
@@ -10,25 +9,20 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from trainflow.files import replacing_file
 
-if TYPE_CHECKING:
-    from trainflow.pipelines.evaluation.drift import DriftReport
-
 LEARNING_CURVE = "learning_curve.png"
 CONFUSION_MATRIX = "confusion_matrix.png"
 PREDICTED_VS_TRUE = "predicted_vs_true.png"
 RESIDUALS = "residuals.png"
-DRIFT = "drift.png"
-# The features the drift plot shows, the highest PSI first.
-DRIFT_FEATURES = 20
 
 
-def _save(fig, path: str | Path) -> Path:
+def save_png(fig, path: str | Path) -> Path:
+    """A matplotlib Figure written to ``path`` as a PNG, whole (under a temporary name, renamed)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     with replacing_file(path) as tmp:
@@ -61,7 +55,7 @@ def learning_curve_png(history: list[dict[str, Any]], path: str | Path, metric: 
     ax.legend(lines, labels, loc="center right")
     ax.set_title("learning curve")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def confusion_matrix_png(matrix: list[list[int]], classes: list[Any], path: str | Path) -> Path:
@@ -86,7 +80,7 @@ def confusion_matrix_png(matrix: list[list[int]], classes: list[Any], path: str 
                 ax.text(j, i, str(cm[i, j]), ha="center", va="center", color=color, fontsize=8)
     ax.set_title("confusion matrix (test)")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def predicted_vs_true_png(y_true: list[float], y_pred: list[float], path: str | Path) -> Path:
@@ -106,7 +100,7 @@ def predicted_vs_true_png(y_true: list[float], y_pred: list[float], path: str | 
     ax.grid(alpha=0.3)
     ax.set_title("predicted vs true (test)")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def residuals_png(y_true: list[float], y_pred: list[float], path: str | Path) -> Path:
@@ -122,37 +116,7 @@ def residuals_png(y_true: list[float], y_pred: list[float], path: str | Path) ->
     ax.set_ylabel("rows")
     ax.set_title("residuals (test)")
     fig.tight_layout()
-    return _save(fig, path)
-
-
-def drift_png(report: DriftReport, path: str | Path) -> Path:
-    """Left, each feature's PSI (the highest first, drifted ones in red) against the
-    threshold; right, the reference's and the new data's share of each bin of the
-    feature with the highest PSI."""
-    from matplotlib.figure import Figure
-
-    shown = sorted(report.features, key=lambda f: -f.psi)[:DRIFT_FEATURES]
-    fig = Figure(figsize=(11.0, 0.6 + 0.25 * max(len(shown), 8)), dpi=100)
-    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.4]})
-    names = [f.feature for f in reversed(shown)]
-    colors = ["tab:red" if f.drifted else "tab:blue" for f in reversed(shown)]
-    left.barh(names, [f.psi for f in reversed(shown)], color=colors)
-    left.axvline(report.psi_threshold, color="tab:gray", linestyle="--", linewidth=1)
-    left.set_xlabel("population stability index")
-    left.set_title(f"drift from {report.reference or 'the reference'}")
-    if shown and shown[0].bins:
-        top = shown[0]
-        x = np.arange(len(shown[0].bins))
-        right.bar(x - 0.2, top.reference, width=0.4, label="reference", color="tab:gray")
-        right.bar(
-            x + 0.2, top.current, width=0.4, label="new", color="tab:red" if top.drifted else "tab:blue"
-        )
-        right.set_xticks(x, top.bins, rotation=45, ha="right", fontsize=7)
-        right.set_ylabel("share of rows")
-        right.set_title(f"{top.feature} ({top.scores()})", fontsize=9)
-        right.legend()
-    fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def data_uri(path: str | Path) -> str:

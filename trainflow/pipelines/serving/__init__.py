@@ -10,8 +10,9 @@ moves without dropping a request. docs/guides/serving.md says each in full.
 By concern: ``serve_settings`` (limits, batching, polling), ``requests`` (a request's body,
 checked), ``served`` (a loaded version, one pass over a batch), ``deployment``
 (``ModelServer``, :func:`app`; Serve imports it by this path), ``server`` (the command's
-checks, :func:`serve_until_stopped`), ``sampled`` (the rows each replica answered, for
-``trainflow models drift``) and ``shadow`` (a challenger answering off the answers' path)."""
+checks, :func:`serve_until_stopped`) and ``shadow`` (a challenger answering off the
+answers' path). The sample of requests each replica keeps for ``trainflow models drift``
+is :mod:`trainflow.pipelines.drift.samples`."""
 
 from trainflow.pipelines.serving.deployment import ModelServer, app
 from trainflow.pipelines.serving.requests import Inputs, RequestError, parse_body, parse_inputs, read_body

@@ -1,7 +1,7 @@
 """The Serve application: ``ModelServer``, the deployment whose replicas each serve one
 loaded version behind a FastAPI ingress, batch the requests, follow an alias and keep a
-sample of the rows they answer (``sampled.py``); and :func:`app`, which binds it to a
-model for ``serve.run``."""
+sample of the rows they answer, for drift (:mod:`trainflow.pipelines.drift.samples`); and
+:func:`app`, which binds it to a model for ``serve.run``."""
 
 # No ``from __future__ import annotations``: FastAPI reads the routes' parameter types
 # (``request: Request``) at run time, through Serve's ingress wrapper.
@@ -20,10 +20,10 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from trainflow.config import ConfigError
+from trainflow.pipelines.drift.samples import SAVE_EVERY_S, RequestSample, samples_folder
 from trainflow.pipelines.models.checkpoint import model_actor_options
 from trainflow.pipelines.registry import versions
 from trainflow.pipelines.serving.requests import Inputs, RequestError, parse_body, parse_inputs, read_body
-from trainflow.pipelines.serving.sampled import SAVE_EVERY_S, RequestSample, samples_folder
 from trainflow.pipelines.serving.serve_settings import (
     BATCH_MAX_ROWS,
     BATCH_WAIT_S,

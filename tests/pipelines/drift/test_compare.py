@@ -10,8 +10,7 @@ from scipy.stats import ks_2samp
 from trainflow.config import ConfigError, load_config
 from trainflow.pipelines.data import profile as profiles
 from trainflow.pipelines.data.profile import PROFILE_ROWS, Profile, frame_profile
-from trainflow.pipelines.evaluation import reports
-from trainflow.pipelines.evaluation.drift import compare, numeric_bins, psi
+from trainflow.pipelines.drift.compare import compare, drift_png, numeric_bins, psi
 
 
 def table(rows: int, seed: int = 0, shift: float = 0.0) -> pd.DataFrame:
@@ -149,7 +148,7 @@ def test_the_drift_plot_is_a_png(tmp_path):
         profile_of(table(500)), profile_of(table(500, shift=1.0)), psi_threshold=0.2, ks_pvalue=0.01
     )
     report.reference = "digits version 1"
-    path = reports.drift_png(report, tmp_path / "drift.png")
+    path = drift_png(report, tmp_path / "drift.png")
     assert path.read_bytes().startswith(b"\x89PNG")
 
 

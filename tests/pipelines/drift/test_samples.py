@@ -18,7 +18,7 @@ from trainflow.cli import app
 from trainflow.pipelines.data import profile as profiles
 from trainflow.pipelines.data.preprocess import Preprocessor
 from trainflow.pipelines.data.schema import DataError
-from trainflow.pipelines.serving.sampled import RequestSample, read_samples, samples_folder
+from trainflow.pipelines.drift.samples import RequestSample, read_samples, samples_folder
 from trainflow.workspace import workspace
 
 pytestmark = pytest.mark.slow  # Ray Serve's controller, proxy and replica

@@ -1,4 +1,4 @@
-"""Drift: how far new data moved from a model's train split, feature by feature.
+"""How far new data moved from a model's train split, feature by feature.
 
 Two profiles (:mod:`trainflow.pipelines.data.profile`) are compared: the reference (a
 champion's, saved with it) and the current one (this run's train split, or any rows as
@@ -7,7 +7,8 @@ the population stability index over ten bins cut at the reference sample's decil
 column of few distinct values: one bin per value, and one for anything else), and
 SciPy's two-sample Kolmogorov-Smirnov test of the two samples. Per categorical column
 and a classifier's label: the PSI over the categories, a category the reference never
-saw among them.
+saw among them. The report is a table (:meth:`DriftReport.rows`) and a plot
+(:func:`drift_png`).
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from trainflow.pipelines.data import profile as profiles
 from trainflow.pipelines.data.schema import DataError
+from trainflow.pipelines.evaluation.reports import save_png
 
 if TYPE_CHECKING:
     from trainflow.config import DriftConfig
@@ -31,6 +34,9 @@ PSI_BINS = 10
 MIN_SHARE = 1e-4
 OTHER = "other"  # the bin of values the reference never held
 EXACT_KS = 10_000  # samples' sizes multiplied, up to which the KS p-value is exact
+DRIFT_PNG = "drift.png"
+# The features the drift plot shows, the highest PSI first.
+PLOT_FEATURES = 20
 
 
 class DataDrift(DataError):
@@ -209,6 +215,36 @@ def compare(
 def compare_with(reference: dict[str, Any], current: dict[str, Any], config: DriftConfig) -> DriftReport:
     """:func:`compare` with a config's drift thresholds."""
     return compare(reference, current, psi_threshold=config.psi, ks_pvalue=config.ks_pvalue)
+
+
+def drift_png(report: DriftReport, path: str | Path) -> Path:
+    """Left, each feature's PSI (the highest first, drifted ones in red) against the
+    threshold; right, the reference's and the new data's share of each bin of the
+    feature with the highest PSI."""
+    from matplotlib.figure import Figure
+
+    shown = sorted(report.features, key=lambda f: -f.psi)[:PLOT_FEATURES]
+    fig = Figure(figsize=(11.0, 0.6 + 0.25 * max(len(shown), 8)), dpi=100)
+    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.4]})
+    names = [f.feature for f in reversed(shown)]
+    colors = ["tab:red" if f.drifted else "tab:blue" for f in reversed(shown)]
+    left.barh(names, [f.psi for f in reversed(shown)], color=colors)
+    left.axvline(report.psi_threshold, color="tab:gray", linestyle="--", linewidth=1)
+    left.set_xlabel("population stability index")
+    left.set_title(f"drift from {report.reference or 'the reference'}")
+    if shown and shown[0].bins:
+        top = shown[0]
+        x = np.arange(len(shown[0].bins))
+        right.bar(x - 0.2, top.reference, width=0.4, label="reference", color="tab:gray")
+        right.bar(
+            x + 0.2, top.current, width=0.4, label="new", color="tab:red" if top.drifted else "tab:blue"
+        )
+        right.set_xticks(x, top.bins, rotation=45, ha="right", fontsize=7)
+        right.set_ylabel("share of rows")
+        right.set_title(f"{top.feature} ({top.scores()})", fontsize=9)
+        right.legend()
+    fig.tight_layout()
+    return save_png(fig, path)
 
 
 @dataclass

@@ -1,9 +1,10 @@
-"""What a served model was asked: each replica keeps a bounded uniform sample of the rows
-it answered and writes it under ``serving/<name>/`` of the served version's ``storage``
-(where every machine of a team reaches it), else of TRAINFLOW_HOME (every SAVE_EVERY_S
-seconds when it took rows, from a thread of the replica's own), where
-``trainflow models drift NAME`` and the watch-served flow score the samples against the
-champion's profile.
+"""What a served model was asked, scored for drift: each serving replica keeps a bounded
+uniform sample of the rows it answered (:class:`RequestSample`) and writes it under
+``serving/<name>/`` of the served version's ``storage`` (where every machine of a team
+reaches it), else of TRAINFLOW_HOME (every SAVE_EVERY_S seconds when it took rows, from a
+thread of the replica's own); ``trainflow models drift NAME`` and the watch-served flow
+read every replica's sample and score it against the champion's profile
+(:func:`served_drift`).
 
 A replica's sample is a reservoir (Vitter's algorithm R): every row answered so far is
 in it with the same chance, whatever the traffic, in at most SAMPLE_ROWS rows. It is
@@ -26,7 +27,7 @@ from trainflow.files import filesystem, is_uri, replacing_file
 from trainflow.pipelines.data.schema import IMAGE, DataError
 
 if TYPE_CHECKING:
-    from trainflow.pipelines.evaluation.drift import DriftReport
+    from trainflow.pipelines.drift.compare import DriftReport
     from trainflow.workspace import Workspace
 
 SAMPLE_ROWS = 1000
@@ -147,7 +148,7 @@ def served_drift(
     sampled. DataError when there are no samples, or the champion has no profile;
     RegistryError when there is no champion."""
     from trainflow.pipelines.data.profile import frame_profile
-    from trainflow.pipelines.evaluation.drift import compare, registered_profile
+    from trainflow.pipelines.drift.compare import compare, registered_profile
     from trainflow.pipelines.registry.versions import RegistryError
 
     reference = registered_profile(ws, name)

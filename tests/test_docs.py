@@ -119,7 +119,7 @@ def test_the_troubleshooting_pages_errors_are_what_trainflow_says(tmp_path, monk
     """Each ``error:`` line the page quotes is what the run's checks say for that mistake
     (the CLI prints ``error: `` and the message); paths under /tmp are the test's own."""
     import trainflow
-    from tests.e2e.test_cli import trainflow as trainflow_cli
+    from tests.commands import trainflow as trainflow_cli
     from trainflow import run_checks
     from trainflow.config import load_config
 
@@ -202,8 +202,9 @@ def test_the_tutorials_csv_and_config_validate_as_it_shows(tmp_path, monkeypatch
     """The tutorial's CSV snippet, run as written, and its config block, saved as it says,
     pass `trainflow validate` with the line the page quotes (its hash aside); its mistake
     fails with the line it quotes. Its training, serving and UI are what the commands'
-    own tests run (tests/e2e): here, the page's inputs are checked, in a second or two."""
-    from tests.e2e.test_cli import trainflow_in_process
+    own tests run (tests/e2e/test_tutorial.py, tests/cli): here, the page's inputs are
+    checked, in a second or two."""
+    from tests.commands import trainflow_in_process
 
     page = DOCS / "tutorial.md"
     make_csv, _ = _blocks(page, "python")

@@ -53,7 +53,7 @@ def test_a_sweep_without_a_sweep_section_is_refused_naming_the_field(inspections
 def test_a_command_run_checks_once_and_its_flow_run_takes_the_result(
     ray_cluster, prefect_harness, inspections
 ):
-    from tests.e2e.test_cli import trainflow_in_process
+    from tests.commands import trainflow_in_process
 
     out = trainflow_in_process("run", "--smoke")
     assert out.returncode == 0, out.output

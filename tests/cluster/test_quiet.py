@@ -112,7 +112,7 @@ def test_no_usage_telemetry_of_mlflows_is_kept_or_sent_from_a_command(tmp_path):
     import os
     import subprocess
 
-    from tests.e2e.test_cli import REPO, TRAINFLOW
+    from tests.commands import REPO, TRAINFLOW
 
     testing = {"PYTEST_CURRENT_TEST", "CI", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "XDG_CONFIG_HOME"}
     env = {k: v for k, v in os.environ.items() if k not in testing}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.e2e.test_cli import session_services
+from tests.commands import session_services
 from trainflow.cluster.quiet import LOCAL_CLUSTER_ENV
 from trainflow.testing import small_config
 

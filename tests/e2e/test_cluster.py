@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.test_cli import session_services
+from tests.commands import session_services
 from trainflow.testing import small_config
 
 pytestmark = pytest.mark.slow

@@ -2,7 +2,7 @@
 stopping `trainflow run` before training, in one line.
 
 Both run the command in this process, on the session's Ray cluster and Prefect server:
-what the run does is the point here (tests/e2e/test_cli.py runs the command as a user
+what the run does is the point here (tests/cli/test_run_commands.py runs the command as a user
 types it). The bundled churn config runs twice in tests/flows/test_data_caching.py."""
 
 import asyncio
@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from tests.e2e.test_cli import REPO, trainflow_in_process
+from tests.commands import REPO, trainflow_in_process
 from tests.flows.test_training_pipeline import flow_logs, task_runs
 from trainflow.config import load_config
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.commands import session_services, trainflow_in_process
 from tests.e2e.flow_runs import run_deployment
-from tests.e2e.test_cli import session_services, trainflow_in_process
 from tests.web import POLL_TIMEOUT_S, http
 
 pytestmark = pytest.mark.slow

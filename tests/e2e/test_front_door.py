@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.e2e.test_cli import trainflow
+from tests.commands import trainflow
 from trainflow.cluster.processes import marked
 from trainflow.prefect_server import PrefectServerError, TemporaryServer
 from trainflow.ray_internals import local_cluster_resources, switches
@@ -273,7 +273,7 @@ def test_ctrl_c_stops_a_training_in_one_line_and_leaves_it_to_resume(ray_cluster
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
-    from tests.e2e.test_cli import session_services
+    from tests.commands import session_services
     from trainflow.testing import small_config
 
     config = tmp_path / "stop.json"
@@ -312,7 +312,7 @@ def _signal_at_epoch_2(args: list[str], env: dict[str, str], log, signum: int):
     import subprocess
     import time
 
-    from tests.e2e.test_cli import REPO, TRAINFLOW
+    from tests.commands import REPO, TRAINFLOW
 
     with log.open("w") as out:
         run = subprocess.Popen(

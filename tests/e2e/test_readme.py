@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_cli import session_services
+from tests.commands import session_services
 from tests.pipelines.test_serving import _free_port
 from tests.web import POLL_TIMEOUT_S, http
 

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.e2e.test_cli import trainflow_in_process
+from tests.commands import trainflow_in_process
 from tests.flows.test_training_pipeline import read_artifacts
 from trainflow.pipelines.data.sources import digits_frame
 from trainflow.pipelines.registry import card, lineage, store, versions

@@ -16,7 +16,7 @@ import time
 import pytest
 import yaml
 
-from tests.e2e.test_cli import REPO, TRAINFLOW, session_services, trainflow
+from tests.commands import REPO, TRAINFLOW, session_services, trainflow
 from trainflow.pipelines.models.checkpoint import METRICS
 from trainflow.testing import small_config
 

@@ -284,17 +284,3 @@ def test_a_team_stack_trains_serves_follows_and_reproduces_then_stops_clean(tmp_
     assert kept  # the data stays for the next `up`; --delete removes it
     assert deleted.returncode == 0, deleted.stdout + deleted.stderr
     assert not folder.exists() and not stack.postgres.root.exists()
-
-
-@pytest.mark.parametrize("command", ["status", "env", "down"])
-def test_a_stack_command_where_no_stack_was_brought_up_says_so_in_one_line(tmp_path, command):
-    from typer.testing import CliRunner
-
-    from trainflow.cli import app
-
-    result = CliRunner().invoke(app, ["stack", command, "--folder", str(tmp_path / "none")])
-    assert result.exit_code != 0
-    assert result.output.strip().splitlines() == [
-        f"error: no stack in {tmp_path / 'none'}"
-        + ("" if command == "down" else ": start one with trainflow stack up")
-    ]

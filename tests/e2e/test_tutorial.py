@@ -5,7 +5,7 @@ on top of the rest of its `tumours.yaml` block, and its commands are the page's 
 wrongly fails here. The commands run as subprocesses from the reader's folder (so
 `.trainflow/` lands there), on the session's Ray cluster and Prefect server; the refusals
 the page promises run through the same command line in this process. Serving and the UIs
-are what tests/e2e/test_serve_cli.py, test_readme.py and test_ui_cli.py run."""
+are what tests/cli/test_models_serve.py, tests/e2e/test_readme.py and tests/cli/test_ui.py run."""
 
 import os
 import re
@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.e2e.test_cli import session_services, trainflow_in_process
+from tests.commands import session_services, trainflow_in_process
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.e2e.test_cli import trainflow
+from tests.commands import trainflow
 from tests.e2e.test_front_door import PREFECT_LINE, _signal_at_epoch_2
 from trainflow.stack.services import alive, answers, members, stop_members
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prefect import flow
 
-from tests.e2e.test_cli import session_services
+from tests.commands import session_services
 from tests.flows.test_training_pipeline import flow_logs
 from trainflow.config import load_config
 from trainflow.pipelines.registry import versions

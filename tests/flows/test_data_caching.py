@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_cli import trainflow_in_process
+from tests.commands import trainflow_in_process
 from tests.flows.test_training_pipeline import flow_logs
 from trainflow.config import load_config
 from trainflow.flows.training import training_pipeline

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import trainflow
-from tests.e2e.test_cli import trainflow as trainflow_cli
+from tests.commands import trainflow as trainflow_cli
 from tests.web import http, start_serve
 from trainflow.config import load_config
 from trainflow.flows.batch_predict import batch_predict
@@ -173,7 +173,7 @@ def test_the_trainer_example_registers_the_trainers_checkpoint_which_answers_raw
     """examples/hf_trainer as a user's project runs it: a transformers.Trainer as
     train.loop, through prepare_trainer and RayTrainReportCallback; its save_pretrained
     checkpoint is registered and answers raw text with label names."""
-    from tests.e2e.test_cli import trainflow_in_process
+    from tests.commands import trainflow_in_process
     from tests.flows.test_training_pipeline import flow_logs
     from trainflow.pipelines.registry import store
     from trainflow.workspace import workspace

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import trainflow
-from tests.e2e.test_cli import trainflow_in_process
+from tests.commands import trainflow_in_process
 from tests.flows.test_training_pipeline import flow_logs, raw_test_rows
 from trainflow.config import load_config
 from trainflow.pipelines.registry import store

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import trainflow
-from tests.e2e.test_cli import trainflow_in_process
+from tests.commands import trainflow_in_process
 from tests.flows.test_training_pipeline import flow_logs, raw_test_rows, read_artifacts
 from trainflow.config import load_config
 from trainflow.flows.training import training_pipeline

@@ -5,7 +5,7 @@ server and MLflow."""
 import numpy as np
 import pytest
 
-from tests.e2e.test_cli import trainflow_in_process
+from tests.commands import trainflow_in_process
 from trainflow.config import load_config
 from trainflow.flows.training import training_pipeline
 from trainflow.pipelines.data.entry import read_split

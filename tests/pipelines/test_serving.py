@@ -330,7 +330,7 @@ def test_a_shadowed_challenger_answers_off_the_path_and_its_comparison_gates_a_p
     answer's path: GET /shadow counts both models' answers, POST /feedback scores them,
     the shadow-report flow publishes the comparison, and a promotion asking for more
     agreement than was shown is refused."""
-    from tests.e2e.test_cli import trainflow_in_process
+    from tests.commands import trainflow_in_process
     from tests.flows.test_training_pipeline import read_artifacts
     from trainflow.flows.serving import shadow_report
 

@@ -106,30 +106,6 @@ def test_errors_are_one_line_with_exit_code_2(three_versions):
         assert out.stderr.strip().splitlines() == [f"error: {message}"]
 
 
-def test_predict_refuses_a_bad_model_input_or_output_before_prefect_and_ray(three_versions, tmp_path):
-    import pandas as pd
-
-    pd.DataFrame({"id": [1, 2], "a": [0.5, 1.0]}).to_csv(tmp_path / "rows.csv", index=False)
-    pd.DataFrame({"a": [0.5], "b": [1.0]}).to_parquet(tmp_path / "ok.parquet")
-    (tmp_path / "taken").mkdir()
-    cases = [
-        (["nobody@champion", "rows.csv", "out"], "unknown model 'nobody'; registered models: toy"),
-        (["toy/1", "nothing.csv", "out"], "input {tmp}/nothing.csv: no such file or folder"),
-        (
-            ["toy@champion", "rows.csv", "out"],
-            "input {tmp}/rows.csv lacks the feature column 'b' that the model was trained on; "
-            "its columns are: id, a",
-        ),
-        (["toy@champion", "ok.parquet", "taken"], "output {tmp}/taken already exists; choose a new folder"),
-    ]
-    for (model, rows, out), message in cases:
-        result = trainflow("predict", model, str(tmp_path / rows), str(tmp_path / out), home=three_versions)
-        assert result.returncode == 2, result.output
-        line = result.stderr.strip()
-        assert line.startswith("error: " + message.format(tmp=tmp_path)), line
-        assert "\n" not in line
-
-
 def test_the_registry_commands_import_no_torch(three_versions):
     """`trainflow models list | show | promote | rollback` read and move MLflow's records:
     PyTorch's seconds of imports are for the commands that load a model."""

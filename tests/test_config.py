@@ -482,3 +482,16 @@ def test_an_hf_kind_with_its_tokenizer_and_lora_loads_and_hashes_apart_from_the_
         "merge": False,
     }
     assert config.config_hash() != load_config({"model": {"kind": "hf:org/model"}}).config_hash()
+
+
+def test_the_drift_section_is_checked_and_hashed_only_when_set():
+    plain = load_config({})
+    assert plain.drift is None
+    warned = load_config({"drift": {}})
+    assert (warned.drift.action, warned.drift.psi, warned.drift.ks_pvalue) == ("warn", 0.2, 0.001)
+    assert warned.config_hash() != plain.config_hash()
+    assert load_config({}, ["drift.action=block"]).drift.action == "block"
+    with pytest.raises(ConfigError, match="drift.action"):
+        load_config({"drift": {"action": "stop"}})
+    with pytest.raises(ConfigError, match="drift.ks_pvalue"):
+        load_config({"drift": {"ks_pvalue": 1.5}})

@@ -1,9 +1,9 @@
 """One training run, assembled in one place: :func:`run_training` hands a prepared entry's
 train and val splits to a TorchTrainer running :func:`~.loop.train_loop_per_worker` with
-the run's :class:`~.settings.TrainSettings`, or the user's own loop (``train.loop``: the
-:data:`LOOPS` table names the module of each), and returns what came of it; with ``scaling.num_workers: 0``, the loop
-runs in this process instead (:mod:`.in_process`). The train task runs it once per flow
-run; a sweep, once per trial.
+the run's :class:`~.settings.TrainSettings`, or the user's own loop (``train.loop``; the
+:data:`LOOPS` table names the module of each), and returns what came of it; with
+``scaling.num_workers: 0``, the loop runs in this process instead (:mod:`.in_process`).
+The train task runs it once per flow run; a sweep, once per trial.
 """
 
 from __future__ import annotations

@@ -342,10 +342,13 @@ class _Background:
 
 def _before_register() -> None:
     """What a flow that registers needs by its end, made ready beside it: the registry's
-    store, and the imports of the evaluation plots it publishes."""
+    store, the register step's modules, and the imports of the evaluation plots it publishes."""
     _open_registry()
     import matplotlib.backends.backend_agg  # noqa: F401
     import matplotlib.figure  # noqa: F401
+
+    import trainflow.pipelines.registry.card  # noqa: F401
+    import trainflow.pipelines.registry.registration  # noqa: F401
 
 
 def _open_registry() -> None:

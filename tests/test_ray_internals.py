@@ -332,7 +332,7 @@ def test_a_local_cluster_would_have_this_machines_cpus_before_it_starts():
 
 def test_a_local_module_is_uploaded_to_the_cluster_as_a_gcs_uri(ray_cluster, tmp_path):
     """Where the upload works, a worker imports what it names
-    (tests/cluster/test_shipping.py)."""
+    (tests/cluster/test_session.py)."""
     package = tmp_path / "trainflow_test_uploaded"
     package.mkdir()
     (package / "__init__.py").write_text("VALUE = 7\n")

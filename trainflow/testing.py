@@ -49,9 +49,9 @@ def ray_cluster() -> Iterator[None]:
     """One local Ray cluster for the session, with at least 2 CPUs (the default scaling's need)."""
     import ray
 
-    from trainflow.cluster.processes import cluster_marked, end_cluster
     from trainflow.cluster.quiet import LOCAL_CLUSTER_ENV, configure_ray_data, quiet_token_auth_notice
     from trainflow.cluster.session import ray_init_kwargs
+    from trainflow.cluster.watch import cluster_marked, end_cluster
     from trainflow.ray_internals import drop_worker_noise
     from trainflow.ray_internals.switches import agent_port_of_the_systems_choosing
 

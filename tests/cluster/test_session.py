@@ -1,8 +1,9 @@
-"""A run's Ray session: the worker processes it starts ahead of its first tasks, and the
-priority of its workers."""
+"""A run's Ray session: the worker processes it starts ahead of its first tasks, the
+priority of its workers, and trainflow shipped to a cluster's workers as runtime_env py_modules."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -99,8 +100,8 @@ def test_ray_client_init_is_tried_again_only_when_the_jobs_server_process_died()
 LEAVING_DRIVER = """\
 import json, subprocess, sys, time
 import ray
-from trainflow.cluster.processes import alive
 from trainflow.cluster.session import connect, shutdown
+from trainflow.cluster.watch import alive
 from trainflow.config import PipelineConfig
 
 connect(PipelineConfig.model_validate({}))
@@ -126,7 +127,7 @@ print("ANSWER " + json.dumps(answer), flush=True)
 
 @pytest.mark.slow
 def test_nothing_a_local_cluster_started_outlives_its_shutdown(tmp_path):
-    from trainflow.cluster.processes import alive
+    from trainflow.cluster.watch import alive
 
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and k not in LOCAL_CLUSTER_ENV}
     command = [sys.executable, "-c", LEAVING_DRIVER]
@@ -215,3 +216,38 @@ def test_a_local_cluster_past_the_start_bound_is_one_line_naming_it(monkeypatch)
         " CPUs): set TRAINFLOW_START_TIMEOUT above 45 (seconds), or run when the machine is less busy"
     )
     assert "\n" not in str(failed.value)
+
+
+def test_a_shipped_trainflow_comes_before_one_the_cluster_has(ray_cluster, tmp_path):
+    """A cluster's own trainflow (here: an older copy first on the workers' PYTHONPATH, and
+    the session's editable install) loses to the copy shipped as runtime_env py_modules:
+    Ray puts py_modules ahead of the path the worker had."""
+    import ray
+
+    from trainflow import __version__
+    from trainflow.cluster.session import trainflow_package, uploaded_modules
+
+    # An older release of trainflow, as a cluster's image might hold (a copy, since every
+    # worker of this job runs trainflow's setup hook from whichever copy it imports).
+    stale = tmp_path / "site" / "trainflow"
+    shutil.copytree(trainflow_package(), stale, ignore=shutil.ignore_patterns("__pycache__"))
+    version = stale / "version.py"
+    version.write_text(version.read_text().replace(f'__version__ = "{__version__}"', '__version__ = "0.0.1"'))
+    older = {"env_vars": {"PYTHONPATH": str(stale.parent)}}
+
+    @ray.remote(num_cpus=0)
+    def imported() -> tuple[str, str]:
+        import trainflow
+
+        return trainflow.__file__, trainflow.__version__
+
+    where, version = ray.get(
+        imported.options(runtime_env={**uploaded_modules([trainflow_package()]), **older}).remote()
+    )
+    assert "runtime_resources" in where and version != "0.0.1", where
+    # Without the shipped copy, the same worker environment imports the stale one: the
+    # check above is about the order, not about a path that was never there.
+    assert ray.get(imported.options(runtime_env=older).remote()) == (
+        str(stale / "__init__.py"),
+        "0.0.1",
+    )

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from tests.commands import trainflow
-from trainflow.cluster.processes import marked
+from trainflow.cluster.watch import marked
 from trainflow.prefect_server import PrefectServerError, TemporaryServer
 from trainflow.ray_internals import local_cluster_resources, switches
 

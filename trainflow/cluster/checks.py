@@ -12,8 +12,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from trainflow.cluster.session import PreflightError, current_session
-from trainflow.cluster.shipping import trainflow_package
+from trainflow.cluster.session import PreflightError, current_session, trainflow_package
 from trainflow.config import PipelineConfig
 from trainflow.files import filesystem, is_uri, join, redacted, write_text
 from trainflow.ray_internals.client import wants_token

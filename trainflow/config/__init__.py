@@ -1,13 +1,13 @@
 """The config schema: one typed place for every setting of a training run.
 
-By concern: ``sections`` (what every section shares), ``data`` (data, split, preprocess),
-``drift`` (how far new data may move from the champion's, and what then),
+By concern: ``sections`` (what every section shares; ``ConfigError``), ``data`` (data,
+split, preprocess), ``drift`` (how far new data may move from the champion's, and what then),
 ``training`` (model, train, early stopping), ``resources`` (scaling, failure, ray),
 ``outputs`` (checkpoint, evaluation, registry), ``sweep`` (the sweep section: search space,
 scheduler; a sweep's space checked, a trial's config), ``pipeline`` (``PipelineConfig``:
 the sections together, the rules across them, its hashes), ``objective`` (what each
 objective measures and trains with), ``overrides`` (dotted ``train.lr=0.01`` overrides),
-``load`` (``load_config``, ``smoke_config``), ``errors`` (``ConfigError``) and
+``load`` (``load_config``, ``smoke_config``) and
 ``reference`` (the reference page and the sample config, made from the fields'
 descriptions).
 Everything is importable from ``trainflow.config``.
@@ -15,7 +15,6 @@ Everything is importable from ``trainflow.config``.
 
 from trainflow.config.data import DataConfig, PreprocessConfig, SplitConfig, TokenizerConfig
 from trainflow.config.drift import DRIFT_ACTIONS, DriftConfig
-from trainflow.config.errors import ConfigError
 from trainflow.config.load import SMOKE_OVERRIDES, load_config, read_config_file, smoke_config
 from trainflow.config.objective import (
     EPOCH_METRICS,
@@ -31,7 +30,7 @@ from trainflow.config.outputs import CheckpointSection, EvaluationConfig, Regist
 from trainflow.config.overrides import parse_overrides
 from trainflow.config.pipeline import CACHE_SCHEMES, PipelineConfig
 from trainflow.config.resources import FailureSection, RayConfig, ScalingSection
-from trainflow.config.sections import HOOK, hook_path
+from trainflow.config.sections import HOOK, ConfigError, hook_path
 from trainflow.config.sweep import (
     DIMENSION_KINDS,
     SWEEPABLE_SECTIONS,

@@ -10,10 +10,10 @@ from typing import Any
 
 import yaml
 
-from trainflow.config.errors import ConfigError
 from trainflow.config.objective import renamed_key
 from trainflow.config.overrides import merge, parse_overrides
 from trainflow.config.pipeline import PipelineConfig, validate_config
+from trainflow.config.sections import ConfigError
 from trainflow.config.sweep import check_sweep_space
 
 

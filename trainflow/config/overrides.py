@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from trainflow.config.errors import ConfigError
+from trainflow.config.sections import ConfigError
 
 
 def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:

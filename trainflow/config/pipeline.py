@@ -17,7 +17,6 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from trainflow.config.data import DataConfig, PreprocessConfig
 from trainflow.config.drift import DriftConfig
-from trainflow.config.errors import ConfigError, validation_message
 from trainflow.config.objective import (
     EPOCH_METRICS,
     LOWER_IS_BETTER,
@@ -29,7 +28,7 @@ from trainflow.config.objective import (
 )
 from trainflow.config.outputs import CheckpointSection, EvaluationConfig, RegistryConfig
 from trainflow.config.resources import FailureSection, RayConfig, ScalingSection
-from trainflow.config.sections import Section
+from trainflow.config.sections import ConfigError, Section, validation_message
 from trainflow.config.sweep import SweepConfig
 from trainflow.config.training import LOOP_SETTINGS, ModelConfig, TrainConfig
 

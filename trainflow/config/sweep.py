@@ -13,10 +13,9 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from trainflow.config.errors import ConfigError, validation_message
 from trainflow.config.overrides import at_path, merge
 from trainflow.config.resources import ScalingSection
-from trainflow.config.sections import Section, section_type
+from trainflow.config.sections import ConfigError, Section, section_type, validation_message
 
 # The kinds of search dimension, as Ray Tune names them. Bounds are [low, high]; randint's
 # high is exclusive, as in Ray Tune and NumPy. grid runs every value (in every sample).

@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from trainflow.cluster.processes import alive, marked
+from trainflow.cluster.watch import alive, marked
 
 # Set in the environment of every process a stack starts; inherited by their children.
 MEMBER_ENV = "TRAINFLOW_STACK_MEMBER"

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trainflow.config.errors import listed
+from trainflow.config.sections import listed
 from trainflow.pipelines.data import sources
 from trainflow.pipelines.data.schema import UNREADABLE, DataError, SourceInfo, filesystem, unreadable
 

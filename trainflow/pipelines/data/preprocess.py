@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from trainflow.config.errors import listed
+from trainflow.config.sections import listed
 from trainflow.files import is_uri, read_text, write_text
 from trainflow.pipelines.data import tokenizer
 from trainflow.pipelines.data import transform as transforms

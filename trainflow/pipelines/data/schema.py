@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from trainflow.config import ConfigError, DataConfig
-from trainflow.config.errors import listed
+from trainflow.config.sections import listed
 from trainflow.pipelines.data import sources
 from trainflow.pipelines.data import transform as transforms
 from trainflow.pipelines.data.sources import SourceError

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from trainflow.config.errors import listed
+from trainflow.config.sections import listed
 from trainflow.pipelines.data.schema import DataError
 
 # The files batch prediction reads, by suffix.

@@ -218,7 +218,7 @@ def model_actor_options(checkpoint_dir: str) -> dict[str, Any]:
     """The Ray actor options that let an actor load the checkpoint's model and apply its
     preprocessing: the user's modules they need (:func:`user_modules`) shipped as
     runtime_env ``py_modules``, which the cluster's workers need not have."""
-    from trainflow.cluster.shipping import worker_runtime_env
+    from trainflow.cluster.session import worker_runtime_env
 
     env = worker_runtime_env(user_modules(checkpoint_dir))
     return {"runtime_env": env} if env else {}

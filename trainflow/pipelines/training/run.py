@@ -18,8 +18,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from trainflow import ray_internals
-from trainflow.cluster.session import started_local_cluster
-from trainflow.cluster.shipping import worker_runtime_env
+from trainflow.cluster.session import started_local_cluster, worker_runtime_env
 from trainflow.config import ConfigError, PipelineConfig
 from trainflow.files import join, redacted
 from trainflow.pipelines.data import profile as profiles

@@ -1,7 +1,6 @@
 """The one renderer: the lines a user reads, from the result models."""
 
-from trainflow.pipelines.registry import listing
-from trainflow.pipelines.registry.versions import VersionSummary
+from trainflow.pipelines.registry.versions import VersionSummary, move_line, versions_lines
 from trainflow.tasks import render
 from trainflow.tasks.results import PipelineResult, Registered, SweepResult
 
@@ -122,12 +121,12 @@ def test_the_models_listing_and_alias_moves():
         VersionSummary("1", [], {"test_accuracy": 0.9}, True, 0),
         VersionSummary("2", ["champion"], {"test_accuracy": 0.95, "test_macro_f1": 0.94}, None, 60_000),
     ]
-    assert listing.versions_lines(versions) == [
+    assert versions_lines(versions) == [
         "version  aliases   accuracy  macro_f1  gate    created (UTC)",
         "1        -         0.9000    -         passed  1970-01-01 00:00",
         "2        champion  0.9500    0.9400    -       1970-01-01 00:01",
     ]
     promoted = {"action": "promote", "version": "2", "previous": "1"}
-    assert listing.move_line("digits", promoted) == "digits: champion -> v2 (was v1)"
+    assert move_line("digits", promoted) == "digits: champion -> v2 (was v1)"
     back = {"action": "rollback", "version": "1", "previous": "2"}
-    assert listing.move_line("digits", back) == "digits: champion -> v1 (rolled back from v2)"
+    assert move_line("digits", back) == "digits: champion -> v1 (rolled back from v2)"

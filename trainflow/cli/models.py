@@ -13,8 +13,9 @@ from trainflow.config import ConfigError
 
 
 def _registry():
-    """The registry's ``versions`` module and the workspace, with MLflow's own logging kept
-    quiet and its telemetry off, as in a run."""
+    """The registry's ``versions`` module (which also shows it, torch-free, unlike
+    ``tasks.render``) and the workspace, with MLflow's own logging kept quiet and its
+    telemetry off, as in a run."""
     from trainflow.cluster.quiet import apply_quiet_env
 
     apply_quiet_env()
@@ -23,13 +24,6 @@ def _registry():
     from trainflow.workspace import workspace
 
     return versions, workspace()
-
-
-def _listing():
-    """How these commands show the registry; torch-free, unlike ``tasks.render``."""
-    from trainflow.pipelines.registry import listing
-
-    return listing
 
 
 def registry_errors():
@@ -72,9 +66,9 @@ def models_list(
     versions, ws = _registry()
     with registry_errors():
         if name is None:
-            lines = _listing().models_lines(versions.model_summaries(ws))
+            lines = versions.models_lines(versions.model_summaries(ws))
         else:
-            lines = _listing().versions_lines(versions.version_summaries(ws, name))
+            lines = versions.versions_lines(versions.version_summaries(ws, name))
     typer.echo("\n".join(lines))
 
 
@@ -84,7 +78,7 @@ def models_show(model: ModelArg) -> None:
     versions, ws = _registry()
     with registry_errors():
         details = versions.version_details(ws, model)
-    typer.echo(_listing().version_json(details))
+    typer.echo(versions.version_json(details))
 
 
 @models_app.command("promote")
@@ -126,7 +120,7 @@ def models_promote(
             reason = f"promoted by hand, {found}"
             typer.echo(f"{name} version {version}: {found}")
         move = versions.promote(ws, name, version, reason=reason)
-    typer.echo(_listing().move_line(name, move))
+    typer.echo(versions.move_line(name, move))
 
 
 @models_app.command("rollback")
@@ -135,7 +129,7 @@ def models_rollback(name: NameArg) -> None:
     versions, ws = _registry()
     with registry_errors():
         move = versions.rollback(ws, name)
-    typer.echo(_listing().move_line(name, move))
+    typer.echo(versions.move_line(name, move))
 
 
 ShadowOpt = Annotated[

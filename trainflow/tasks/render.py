@@ -1,7 +1,7 @@
 """Results rendered for people: the command's text (the run summary, the sweep's trial
 table) and Prefect's artifacts (markdown and tables), each from the result models of
-:mod:`trainflow.tasks.results` and the registry; `trainflow models`' listings are
-:mod:`trainflow.pipelines.registry.listing`, which imports no torch.
+:mod:`trainflow.tasks.results` and the registry; `trainflow models`' listings are in
+:mod:`trainflow.pipelines.registry.versions`, which imports no torch.
 
 Nothing here computes or fetches: callers hand over what they got, this shapes it.
 """
@@ -250,7 +250,7 @@ def _or_dash(value: Any) -> str:
 def drift_lines(summary: str, rows: Sequence[dict[str, Any]], sampled: str, limit: int = 20) -> list[str]:
     """What ``trainflow models drift`` prints: where the rows came from, the line, and the
     table of the first ``limit`` features (the drifted and highest PSI first)."""
-    from trainflow.pipelines.registry.listing import columns
+    from trainflow.pipelines.registry.versions import columns
 
     header = ["feature", "kind", "psi", "ks", "p-value", "drifted", "note"]
     table = [
@@ -296,7 +296,7 @@ def trial_rows(metric: str, trials: Sequence[dict[str, Any]]) -> list[dict[str, 
 
 def sweep_lines(r: SweepResult, metric: str, also_written: Path | None = None) -> list[str]:
     """What ``trainflow sweep`` prints when the sweep is done: the trial table, then the summary."""
-    from trainflow.pipelines.registry.listing import columns
+    from trainflow.pipelines.registry.versions import columns
 
     rows = [
         (t["trial_id"], t["status"], f"{t['epochs']}/{t['max_epochs']}", _best(t), trial_params(t["params"]))
@@ -379,7 +379,7 @@ def reproduce_rows(r: Reproduced) -> list[list[str]]:
 def reproduce_lines(r: Reproduced) -> list[str]:
     """What ``trainflow models reproduce`` prints: the new version, as ``trainflow run``
     prints it, then each test metric beside the original's."""
-    from trainflow.pipelines.registry.listing import columns
+    from trainflow.pipelines.registry.versions import columns
 
     reg = r.result.registered
     header, *rows = reproduce_rows(r)

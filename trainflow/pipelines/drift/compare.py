@@ -265,7 +265,7 @@ def registered_profile(ws: Workspace, name: str, alias: str = "champion") -> Ref
     """The profile of the version ``alias`` of model ``name`` points at; None when the
     registry holds no such model or alias."""
     from trainflow.pipelines.models.checkpoint import CONFIG
-    from trainflow.pipelines.registry.aliases import alias_version
+    from trainflow.pipelines.registry.gate import alias_version
     from trainflow.pipelines.registry.store import client
     from trainflow.pipelines.registry.versions import local_checkpoint
 

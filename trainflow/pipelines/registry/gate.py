@@ -1,24 +1,29 @@
-"""The promotion gate: whether a new version beats the champion, and the alias it gets.
+"""The promotion gate: whether a new version beats the champion, and the aliases it moves.
 
 The gate compares the candidate's test metric with the champion's on the same test
 data, re-scoring the champion when it was measured on other data, then moves
 ``champion`` to the candidate if it passes and ``challenger`` otherwise.
+
+``champion`` (the version in use) moves only when the gate passes or a user promotes or
+rolls back; ``challenger`` marks the latest version that did not pass. Every alias move
+is kept as a registered-model tag ``trainflow.move.NNNNNN`` (JSON), so ``rollback``
+knows the previous champion and a user can read who moved what, when.
 """
 
 from __future__ import annotations
 
+import getpass
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainflow.config import LOWER_IS_BETTER
-from trainflow.pipelines.registry.aliases import CHALLENGER, CHAMPION, alias_version, move_alias
-from trainflow.pipelines.registry.lease import LeaseLost, model_lease
-from trainflow.pipelines.registry.lineage import TEST_FINGERPRINT_TAG
-from trainflow.pipelines.registry.store import set_version_tags
-from trainflow.pipelines.registry.versions import gate_tags, local_checkpoint
+from trainflow.pipelines.registry.lineage import TEST_FINGERPRINT_TAG, local_checkpoint
+from trainflow.pipelines.registry.store import LeaseLost, model_lease, set_version_tags
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -28,6 +33,10 @@ if TYPE_CHECKING:
     from trainflow.workspace import Workspace
 
 log = logging.getLogger("trainflow")
+
+CHAMPION = "champion"
+CHALLENGER = "challenger"
+MOVE_TAG = "trainflow.move."
 
 # What re-scores a champion on the candidate's test data: its local checkpoint folder in,
 # its test metrics out (``accuracy``, ``macro_f1``...).
@@ -145,7 +154,7 @@ def gate_version(
 
     ``metrics``: its test metrics; ``fingerprint``: the test data they were measured on;
     ``lower_is_better``: the gate metric's direction (:func:`decide`). Decided and moved under
-    the model's lease (:mod:`.lease`), so no other process sharing the registry moves the
+    the model's lease (:func:`.store.model_lease`), so no other process sharing the registry moves the
     champion between; one that lost its lease decides again."""
     lost = 0
     while True:
@@ -193,3 +202,73 @@ def _decide_on(
         champion_reevaluated=reevaluated,
         champion_note=note,
     )
+
+
+def gate_tags(decision: dict[str, Any]) -> dict[str, str]:
+    """A gate decision (``GateDecision.to_dict()``) as the version's ``gate.*`` tags, strings
+    all (:func:`~trainflow.pipelines.registry.versions.gate_values` reads them back typed)."""
+    return {f"gate.{key}": str(value) for key, value in decision.items()}
+
+
+# --- the aliases and the history of their moves ----------------------------------------
+
+
+def alias_version(c: MlflowClient, name: str, alias: str) -> ModelVersion | None:
+    """The version ``alias`` points at; None when the model has no such alias."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return c.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+
+
+def moves(c: MlflowClient, name: str) -> list[dict[str, Any]]:
+    """Every alias move of a registered model, oldest first."""
+    rm = c.get_registered_model(name)
+    return [json.loads(v) for k, v in sorted(rm.tags.items()) if k.startswith(MOVE_TAG)]
+
+
+def move_alias(c: MlflowClient, name: str, alias: str, version: str, *, action: str, reason: str) -> dict:
+    """Point ``alias`` at ``version`` and record the move. Call it under the model's lease
+    (:func:`~trainflow.pipelines.registry.store.model_lease`)."""
+    before = alias_version(c, name, alias)
+    c.set_registered_model_alias(name, alias, version)
+    if alias == CHAMPION:
+        # A challenger that becomes champion is no longer a challenger.
+        challenger = alias_version(c, name, CHALLENGER)
+        if challenger is not None and str(challenger.version) == version:
+            c.delete_registered_model_alias(name, CHALLENGER)
+    record = {
+        "alias": alias,
+        "version": version,
+        "previous": str(before.version) if before else None,
+        "action": action,
+        "reason": reason,
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "by": _user(),
+    }
+    n = len(moves(c, name)) + 1
+    c.set_registered_model_tag(name, f"{MOVE_TAG}{n:06d}", json.dumps(record))
+    return record
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def champion_stack(history: list[dict[str, Any]]) -> list[str]:
+    """The champions in the order they took over; a rollback pops the latest."""
+    stack: list[str] = []
+    for m in history:
+        if m["alias"] != CHAMPION:
+            continue
+        if m["action"] == "rollback":
+            if stack:
+                stack.pop()
+        elif not stack or stack[-1] != m["version"]:
+            stack.append(m["version"])
+    return stack

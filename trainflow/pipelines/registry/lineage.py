@@ -3,14 +3,28 @@
 Lineage tags name the config, data, test split, Ray run, Prefect flow run and git
 commit of a version. Every version owns a copy of its checkpoint folder as its
 artifact, with the SHA-256 of each file, so it outlives Ray's run folders and an
-altered copy is refused.
+altered copy is refused: a version's folder on this machine (:func:`local_checkpoint`) is
+checked each time it is used.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
+import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainflow.files import publishing_folder
+from trainflow.pipelines.registry.store import tracking_uri
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
+
+    from trainflow.workspace import Workspace
 
 CONFIG_HASH_TAG = "trainflow.config_hash"
 DATA_FINGERPRINT_TAG = "trainflow.data_fingerprint"
@@ -95,3 +109,39 @@ def verify_files(folder: str | Path, expected: dict[str, str], what: str) -> Non
                 f"{what}: {rel} in {folder} differs from the file registered (SHA-256 mismatch); "
                 "the checkpoint was altered after registration"
             )
+
+
+def local_checkpoint(ws: Workspace, mv: ModelVersion) -> Path:
+    """The version's checkpoint folder on this machine, downloaded once, checked every time."""
+    from mlflow.artifacts import download_artifacts
+
+    local = ws.home / "models" / mv.name / str(mv.version)
+    if not local.is_dir():
+        # A half-copied model is never loaded; a copy another process finished first is kept.
+        with publishing_folder(local, finished=Path.is_dir) as tmp, _no_progress_bar():
+            got = Path(
+                download_artifacts(artifact_uri=mv.source, dst_path=str(tmp), tracking_uri=tracking_uri(ws))
+            )
+            if got != tmp:  # the artifacts came in a folder of their own: lift its files
+                for item in got.iterdir():
+                    item.rename(tmp / item.name)
+                got.rmdir()
+    expected = mv.tags.get(HASHES_TAG)
+    if expected:
+        verify_files(local, json.loads(expected), f"{mv.name} version {mv.version}")
+    return local
+
+
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """MLflow draws a progress bar on stderr for a few small files; a command's one-line
+    error or a Prefect log should not start with it. The user's own setting wins."""
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    if key in os.environ:
+        yield
+        return
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        os.environ.pop(key, None)

@@ -1,33 +1,34 @@
 """A registered model's versions: find one by URI, list and describe them, move the
-champion by hand, and load a version's checkpoint on this machine."""
+champion by hand, and load a version's checkpoint on this machine; and the registry as
+`trainflow models` shows it: a model per line, a version per line, a version's details,
+where the champion alias went, and the plain-text table every console summary uses
+(:func:`columns`). Torch-free at import, as those commands are: :mod:`trainflow.tasks.render`
+shapes the rest."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainflow.files import publishing_folder
-from trainflow.pipelines.registry.aliases import (
+from trainflow.config import headline_metrics
+from trainflow.pipelines.registry.gate import (
     CHAMPION,
     alias_version,
     champion_stack,
     move_alias,
     moves,
 )
-from trainflow.pipelines.registry.lease import is_queue, model_lease
 from trainflow.pipelines.registry.lineage import (
     CONFIG_HASH_TAG,
     DATA_FINGERPRINT_TAG,
-    HASHES_TAG,
-    verify_files,
+    local_checkpoint,
 )
-from trainflow.pipelines.registry.store import client, tracking_uri
+from trainflow.pipelines.registry.store import client, is_queue, model_lease, tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -214,14 +215,9 @@ def model_summaries(ws: Workspace) -> list[ModelSummary]:
     return out
 
 
-# The gate's decision is kept as ``gate.*`` tags, which MLflow holds as strings; these two
-# write and read them, each value read back as the type GateDecision gave it.
+# The gate's decision is kept as ``gate.*`` tags (:func:`~trainflow.pipelines.registry.gate.gate_tags`),
+# which MLflow holds as strings; each value is read back as the type GateDecision gave it.
 _GATE_TEXT = ("metric", "reason", "champion_version")
-
-
-def gate_tags(decision: dict[str, Any]) -> dict[str, str]:
-    """A gate decision (``GateDecision.to_dict()``) as the version's ``gate.*`` tags."""
-    return {f"gate.{key}": str(value) for key, value in decision.items()}
 
 
 def gate_values(tags: dict[str, str]) -> dict[str, Any]:
@@ -303,42 +299,6 @@ def rollback(ws: Workspace, name: str) -> dict:
 # --- loading -------------------------------------------------------------------------
 
 
-def local_checkpoint(ws: Workspace, mv: ModelVersion) -> Path:
-    """The version's checkpoint folder on this machine, downloaded once, checked every time."""
-    from mlflow.artifacts import download_artifacts
-
-    local = ws.home / "models" / mv.name / str(mv.version)
-    if not local.is_dir():
-        # A half-copied model is never loaded; a copy another process finished first is kept.
-        with publishing_folder(local, finished=Path.is_dir) as tmp, _no_progress_bar():
-            got = Path(
-                download_artifacts(artifact_uri=mv.source, dst_path=str(tmp), tracking_uri=tracking_uri(ws))
-            )
-            if got != tmp:  # the artifacts came in a folder of their own: lift its files
-                for item in got.iterdir():
-                    item.rename(tmp / item.name)
-                got.rmdir()
-    expected = mv.tags.get(HASHES_TAG)
-    if expected:
-        verify_files(local, json.loads(expected), f"{mv.name} version {mv.version}")
-    return local
-
-
-@contextlib.contextmanager
-def _no_progress_bar() -> Iterator[None]:
-    """MLflow draws a progress bar on stderr for a few small files; a command's one-line
-    error or a Prefect log should not start with it. The user's own setting wins."""
-    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
-    if key in os.environ:
-        yield
-        return
-    os.environ[key] = "false"
-    try:
-        yield
-    finally:
-        os.environ.pop(key, None)
-
-
 def load_model(uri: str, ws: Workspace | None = None) -> Predictor:
     """A registered model, ready to predict raw rows with its saved preprocessing.
 
@@ -353,3 +313,55 @@ def load_model(uri: str, ws: Workspace | None = None) -> Predictor:
     predictor = load_checkpoint(local_checkpoint(ws, mv))
     predictor.version = str(mv.version)
     return predictor
+
+
+# --- the registry as `trainflow models` shows it ---------------------------------------
+
+
+def columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A plain-text table: each column as wide as its widest cell, two spaces apart."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
+
+
+def _score(metrics: dict[str, float], name: str) -> str:
+    return f"{metrics[name]:.4f}" if name in metrics else "-"
+
+
+def models_lines(models: Sequence[ModelSummary]) -> list[str]:
+    """``trainflow models list`` with no name: a registered model per line, with the version
+    its champion alias names and its newest version."""
+    if not models:
+        return ["no registered models yet: `trainflow run` registers one"]
+    rows = [(m.name, m.champion or "-", m.latest or "-", str(m.versions)) for m in models]
+    return columns(("model", "champion", "latest", "versions"), rows)
+
+
+def versions_lines(versions: Sequence[VersionSummary]) -> list[str]:
+    """``trainflow models list``: a version per line, with aliases, test metrics (the
+    newest version's objective's) and gate."""
+    names = headline_metrics(versions[-1].metrics, "test_")[:2] if versions else ("accuracy", "macro_f1")
+    rows = [
+        (
+            v.version,
+            ",".join(v.aliases) or "-",
+            *(_score(v.metrics, f"test_{name}") for name in names),
+            {True: "passed", False: "failed"}.get(v.gate_passed, "-"),
+            time.strftime("%Y-%m-%d %H:%M", time.gmtime(v.created_ms / 1000)),
+        )
+        for v in versions
+    ]
+    return columns(("version", "aliases", *names, "gate", "created (UTC)"), rows)
+
+
+def version_json(details: dict[str, Any]) -> str:
+    """``trainflow models show``: a version's details as indented JSON."""
+    return json.dumps(details, indent=2)
+
+
+def move_line(name: str, move: dict[str, Any]) -> str:
+    """``trainflow models promote`` and ``rollback``: where the champion alias went."""
+    if move["action"] == "rollback":
+        return f"{name}: champion -> v{move['version']} (rolled back from v{move['previous']})"
+    was = f" (was v{move['previous']})" if move["previous"] else ""
+    return f"{name}: champion -> v{move['version']}{was}"
